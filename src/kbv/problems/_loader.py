@@ -1,0 +1,186 @@
+"""Loading KernelBench-format problem files, single, by directory, or as a KernelBench tree.
+
+Problem files are benchmark code, trusted like kbv itself: the parent may import them. Candidate
+files are never imported here.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import re
+import sys
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
+_LEVEL_DIR = re.compile(r"^level[_-]?(\d+)$", re.IGNORECASE)
+_ID_PREFIX = re.compile(r"^(\d+)_")
+
+
+class ProblemError(ValueError):
+    """A problem file that cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A problem's identity and source. Its module is loaded where it runs, by ``load_module``."""
+
+    name: str
+    path: Path
+    source: str
+    source_sha256: str
+    level: int | None = None
+    problem_id: int | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def ref(self) -> dict[str, Any]:
+        """The record's ``problem`` field."""
+        return {
+            "name": self.name,
+            "level": self.level,
+            "id": self.problem_id,
+            "path": str(self.path),
+            "source_sha256": self.source_sha256,
+        }
+
+    def sizes_for(self, device_type: str) -> dict[str, Any]:
+        """Size constants to override for a device: the bundled suite runs small on the CPU.
+
+        KernelBench files have no ``KBV`` dict and keep their own sizes.
+        """
+        if device_type == "cpu":
+            return dict(self.extras.get("cpu_sizes", {}))
+        return dict(self.extras.get("gpu_sizes", {}))
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read and validate one problem file. Raises ProblemError with an actionable message."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProblemError(f"problem file {path} does not exist")
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise ProblemError(f"problem file {path} has a syntax error on line {exc.lineno}: {exc.msg}") from exc
+    missing = [n for n in REQUIRED_NAMES if n not in _top_level_names(tree)]
+    if missing:
+        raise ProblemError(
+            f"problem file {path} does not define {', '.join(missing)}; a KernelBench problem needs "
+            "class Model(nn.Module), get_inputs() and get_init_inputs()"
+        )
+    extras = _literal_extras(tree, path)
+    level = extras.get("level", _level_from_path(path))
+    problem_id = extras.get("id", _id_from_name(path.stem))
+    return Problem(
+        name=path.stem,
+        path=path.resolve(),
+        source=source,
+        source_sha256=hashlib.sha256(source.encode()).hexdigest(),
+        level=level,
+        problem_id=problem_id,
+        extras=extras,
+    )
+
+
+def check_importable(problem: Problem) -> None:
+    """Import the problem once so a broken file is reported before any worker starts."""
+    load_module(problem.path)
+
+
+def load_module(path: str | Path, sizes: dict[str, Any] | None = None) -> ModuleType:
+    """Import a problem file under a private module name and apply size overrides.
+
+    Size constants are module globals read by ``get_inputs``/``get_init_inputs`` at call time, so
+    overriding the globals resizes the problem without editing the file.
+    """
+    path = Path(path)
+    name = f"kbv_problem_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"problem file {path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        raise ProblemError(f"problem file {path} failed to import: {last}") from exc
+    for key, value in (sizes or {}).items():
+        if not hasattr(module, key):
+            raise ProblemError(f"problem file {path}: size override {key!r} names no module constant")
+        setattr(module, key, value)
+    return module
+
+
+def discover(path: str | Path) -> list[Path]:
+    """Problem files under a file, a directory, or a KernelBench tree, in a stable order."""
+    root = Path(path)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise ProblemError(f"{root} is neither a problem file nor a directory")
+    files = [p for p in root.rglob("*.py") if not p.name.startswith("_") and "__pycache__" not in p.parts]
+    return sorted(files, key=_sort_key)
+
+
+def load_problems(path: str | Path) -> tuple[list[Problem], list[tuple[Path, str]]]:
+    """All loadable problems under ``path`` plus (file, error) for those that are not."""
+    problems: list[Problem] = []
+    errors: list[tuple[Path, str]] = []
+    for file in discover(path):
+        try:
+            problems.append(load_problem(file))
+        except ProblemError as exc:
+            errors.append((file, str(exc)))
+    return problems, errors
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _literal_extras(tree: ast.Module, path: Path) -> dict[str, Any]:
+    """The optional module-level ``KBV = {...}`` dict, read without running the file."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KBV" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError as exc:
+                raise ProblemError(f"problem file {path}: KBV must be a literal dict ({exc})") from exc
+            if not isinstance(value, dict):
+                raise ProblemError(f"problem file {path}: KBV must be a dict")
+            return value
+    return {}
+
+
+def _level_from_path(path: Path) -> int | None:
+    for part in reversed(path.parent.parts):
+        match = _LEVEL_DIR.match(part)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _id_from_name(stem: str) -> int | None:
+    match = _ID_PREFIX.match(stem)
+    return int(match.group(1)) if match else None
+
+
+def _sort_key(path: Path) -> tuple[int, int, str]:
+    return (_level_from_path(path) or 0, _id_from_name(path.stem) or 0, str(path))

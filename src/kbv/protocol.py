@@ -1,0 +1,216 @@
+"""Protocols: named, versioned evaluation settings, resolved once and hashed into every record.
+
+A protocol is pure data. ``standard`` reproduces KernelBench's own settings; ``verified`` is kbv's
+stronger protocol. A user's TOML file starts from one of them (``base = "verified"``) and overrides
+sections, for example::
+
+    name = "my-protocol"
+    version = 1
+    base = "verified"
+    [timing]
+    baselines = ["eager_fp32", "eager_tf32", "compile"]
+    [integrity.severity]
+    reference_operator = "fail"
+
+This module depends on nothing else in kbv, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+
+class ProtocolError(ValueError):
+    """A protocol name or file that cannot be resolved; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class CorrectnessSettings:
+    """How outputs are checked.
+
+    ``mode`` selects the comparison: ``allclose`` is KernelBench's fixed tolerance; ``error_model``
+    derives the tolerance from the realistic baseline's own error against a float64 truth.
+    """
+
+    mode: str = "allclose"
+    distributions: tuple[str, ...] = ("original",)
+    draws_per_distribution: int = 5
+    atol_fp32: float = 1e-4
+    rtol_fp32: float = 1e-4
+    atol_half: float = 1e-2
+    rtol_half: float = 1e-2
+    # error_model only: the candidate's error may be this many times the baseline's own error ...
+    error_multiple: float = 8.0
+    # ... but never has to be below these floors (relative to the output's scale).
+    elementwise_floor: float = 1e-5
+    norm_floor: float = 1e-6
+    redraw_parameters: bool = False
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """One explicit timing recipe; its name and settings are written into every record."""
+
+    recipe: str = "events-median"
+    warmup_calls: int = 3
+    warmup_seconds: float = 0.05
+    repeats: int = 30
+    max_seconds: float = 5.0
+    l2_flush: bool = False
+    input_sets: int = 1
+    cuda_graph: bool = False
+    baselines: tuple[str, ...] = ("eager_fp32",)
+    # Pairs of (baseline, candidate) rounds measured alternately; 1 means no interleaving.
+    rounds: int = 1
+    bootstrap_resamples: int = 1000
+
+
+@dataclass(frozen=True)
+class IntegritySettings:
+    """Which reward-hack checks run, and per-check severity overrides (``fail``/``warn``/``info``/``off``)."""
+
+    static: bool = False
+    dynamic: bool = False
+    severity: tuple[tuple[str, str], ...] = ()
+
+    def severity_for(self, check: str, default: str) -> str:
+        return dict(self.severity).get(check, default)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    version: int
+    correctness: CorrectnessSettings = field(default_factory=CorrectnessSettings)
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    integrity: IntegritySettings = field(default_factory=IntegritySettings)
+    timeout_s: float = 300.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+    def sha256(self) -> str:
+        """Hash of the resolved settings: two records with equal hashes were judged alike."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def with_timeout(self, timeout_s: float | None) -> Protocol:
+        return self if timeout_s is None else replace(self, timeout_s=float(timeout_s))
+
+
+STANDARD = Protocol(
+    name="standard",
+    version=1,
+    correctness=CorrectnessSettings(mode="allclose", distributions=("original",), draws_per_distribution=5),
+    timing=TimingSettings(recipe="events-median", repeats=30, baselines=("eager_fp32",)),
+    integrity=IntegritySettings(static=False, dynamic=False),
+)
+
+VERIFIED = Protocol(
+    name="verified",
+    version=1,
+    correctness=CorrectnessSettings(
+        mode="error_model",
+        distributions=("original", "signed", "wide", "shifted", "blockwise"),
+        draws_per_distribution=2,
+        redraw_parameters=True,
+    ),
+    timing=TimingSettings(
+        recipe="flush-rotate-events-median",
+        repeats=30,
+        l2_flush=True,
+        input_sets=3,
+        baselines=("eager_fp32", "eager_tf32"),
+        rounds=3,
+    ),
+    integrity=IntegritySettings(static=True, dynamic=True),
+)
+
+BUILTIN: dict[str, Protocol] = {p.name: p for p in (STANDARD, VERIFIED)}
+
+
+def load_protocol(spec: str | Path | Protocol) -> Protocol:
+    """Resolve ``standard``, ``verified`` or a path to a TOML file into a Protocol."""
+    if isinstance(spec, Protocol):
+        return spec
+    text = str(spec)
+    if text in BUILTIN:
+        return BUILTIN[text]
+    path = Path(text)
+    if path.suffix != ".toml":
+        raise ProtocolError(
+            f"unknown protocol {text!r}: use one of {', '.join(BUILTIN)} or a path to a .toml file"
+        )
+    if not path.is_file():
+        raise ProtocolError(f"protocol file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProtocolError(f"protocol file {path} is not valid TOML: {exc}") from exc
+    return protocol_from_dict(data, source=str(path))
+
+
+def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol:
+    """Build a protocol from a mapping (a TOML file or a stored record's ``protocol.settings``)."""
+    data = dict(data)
+    base_name = data.pop("base", None)
+    base = BUILTIN.get(base_name or "standard")
+    if base is None:
+        raise ProtocolError(f"{source}: base must be one of {', '.join(BUILTIN)}, not {base_name!r}")
+    if "name" not in data:
+        raise ProtocolError(f"{source}: a protocol needs a name (name = \"...\")")
+    sections = {
+        "correctness": CorrectnessSettings,
+        "timing": TimingSettings,
+        "integrity": IntegritySettings,
+    }
+    updates: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in sections:
+            updates[key] = _merge_section(getattr(base, key), value, f"{source} [{key}]")
+        elif key in ("name", "version", "timeout_s"):
+            updates[key] = value
+        else:
+            raise ProtocolError(f"{source}: unknown protocol key {key!r}")
+    updates.setdefault("version", 1)
+    return replace(base, **updates)
+
+
+def _merge_section(current: Any, overrides: Any, where: str) -> Any:
+    if not isinstance(overrides, dict):
+        raise ProtocolError(f"{where}: expected a table of settings")
+    known = {f.name: f for f in fields(current)}
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ProtocolError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
+        if key == "severity":
+            if not isinstance(value, dict):
+                raise ProtocolError(f"{where}: severity must be a table of check = \"fail|warn|info|off\"")
+            bad = {k: v for k, v in value.items() if v not in ("fail", "warn", "info", "off")}
+            if bad:
+                raise ProtocolError(f"{where}: severities must be fail, warn, info or off, not {bad}")
+            value = tuple(sorted(value.items()))
+        elif isinstance(value, list):
+            value = tuple(value)
+        changes[key] = value
+    return replace(current, **changes)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

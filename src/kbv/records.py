@@ -1,0 +1,146 @@
+"""The evaluation record: one typed, versioned object per problem x candidate x protocol.
+
+Field names follow ``docs/contract.md``. Records are plain dataclasses so they serialise to JSON
+without a schema library; ``Record.from_dict`` reads any record this version or an older one wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Outcome(str, Enum):
+    PASSED = "passed"
+    INCORRECT = "incorrect"
+    HACK_DETECTED = "hack_detected"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+
+
+class Severity(str, Enum):
+    FAIL = "fail"
+    WARN = "warn"
+    INFO = "info"
+
+
+@dataclass
+class Finding:
+    """One observation of an integrity or correctness check, with the evidence that backs it."""
+
+    check: str
+    severity: str
+    detail: str
+
+    @staticmethod
+    def fail(check: str, detail: str) -> Finding:
+        return Finding(check, Severity.FAIL.value, detail)
+
+    @staticmethod
+    def warn(check: str, detail: str) -> Finding:
+        return Finding(check, Severity.WARN.value, detail)
+
+    @staticmethod
+    def info(check: str, detail: str) -> Finding:
+        return Finding(check, Severity.INFO.value, detail)
+
+
+@dataclass
+class DistributionResult:
+    name: str
+    applicable: bool
+    passed: bool
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+    tolerance: dict[str, Any] | None = None
+    note: str = ""
+    baseline_err: dict[str, Any] | None = None
+    draws: int = 0
+
+
+@dataclass
+class Record:
+    problem: dict[str, Any]
+    candidate: dict[str, Any]
+    protocol: dict[str, Any]
+    device: dict[str, Any]
+    outcome: str
+    correct: bool
+    distributions: list[DistributionResult] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    timing: dict[str, Any] = field(default_factory=lambda: {"candidate": None, "baselines": {}})
+    speedup: dict[str, float | None] = field(default_factory=lambda: {"best": None})
+    memory: dict[str, Any] = field(
+        default_factory=lambda: {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
+    )
+    seeds: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    logs: dict[str, str] = field(default_factory=dict)
+    phases_s: dict[str, float] = field(default_factory=dict)
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.to_dict()), sort_keys=True, allow_nan=False, default=_json_default)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Record:
+        data = dict(data)
+        version = data.get("schema_version", 1)
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"record schema version {version} is newer than this kbv understands ({SCHEMA_VERSION}); "
+                "upgrade kbv to read it"
+            )
+        known = {f.name for f in dataclasses.fields(Record)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["distributions"] = [DistributionResult(**d) for d in data.get("distributions", [])]
+        data["findings"] = [Finding(**f) for f in data.get("findings", [])]
+        return Record(**data)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """What makes two evaluations the same pair (used to skip finished work on resume)."""
+        return (
+            self.problem["source_sha256"],
+            self.candidate["source_sha256"],
+            self.protocol["sha256"],
+            self.device.get("name", ""),
+        )
+
+
+def decide_outcome(correct: bool, findings: list[Finding]) -> str:
+    """The contract's rule: any ``fail`` finding is a hack; otherwise correctness decides."""
+    if any(f.severity == Severity.FAIL.value for f in findings):
+        return Outcome.HACK_DETECTED.value
+    return Outcome.PASSED.value if correct else Outcome.INCORRECT.value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"cannot serialise {type(value).__name__} in a record")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or Inf: write them as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
