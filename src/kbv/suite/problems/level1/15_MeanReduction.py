@@ -1,0 +1,32 @@
+"""Mean over the last dimension."""
+
+import torch
+import torch.nn as nn
+
+batch_size = 128
+dim1 = 2048
+dim2 = 1024
+reduce_dim = 2
+
+KBV = {
+    "cpu_sizes": {"batch_size": 4, "dim1": 64, "dim2": 256},
+    "tags": ["reduction", "accumulation-order"],
+    "domain": "any",
+}
+
+
+class Model(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mean(x, dim=self.dim)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim1, dim2)]
+
+
+def get_init_inputs():
+    return [reduce_dim]
