@@ -1,0 +1,679 @@
+"""Timing: clocks, the timing recipe, L2 flush, statistics with confidence intervals, cache keys.
+
+Two processes use this module:
+
+- the candidate **worker**, which runs hostile code. It constructs a timer *before* importing the
+  candidate, so the timer holds references to the real ``time.perf_counter``, ``torch.cuda.Event``,
+  ``torch.cuda.synchronize`` ... and a later monkey-patch of those names does not reach it. It
+  also takes :func:`snapshot_identities` then, and :func:`verify_identities` afterwards reports
+  which names the candidate replaced. None of this stops a determined candidate (it shares the
+  process and can find the timer with ``gc``); it raises the bar, and the real defence is below.
+- the trusted **parent**, which never imports candidate code. It computes every statistic from the
+  raw samples (:func:`summarize`, :func:`paired_speedup`), compares the two clocks the worker
+  reports (:func:`wall_vs_device_disagreement`), and brackets each timed batch with its own clock,
+  which the candidate cannot reach (:func:`bracket_check`).
+
+The recipe keeps raw per-call samples; statistics are derived later and carry named quality
+warnings whose thresholds are module constants. Everything is testable on the CPU: a
+:class:`Clock` is injectable, and :class:`CpuTimer` uses it as both the wall and the device clock.
+
+Import discipline: stdlib, numpy, torch and :mod:`kbv.protocol` only (the worker imports this
+module before the candidate), and nothing from ``torch.cuda`` is touched at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kbv.protocol import TimingSettings
+
+# --------------------------------------------------------------------------------------------
+# Named thresholds. Each is written into a warning's meaning; change them here, nowhere else.
+# --------------------------------------------------------------------------------------------
+
+#: "noisy": the coefficient of variation (stdev / mean) of the samples exceeds this.
+NOISY_CV = 0.10
+#: "overhead_dominated": the median is below this (ms). A CUDA launch plus event recording costs
+#: a few microseconds, so below ~20 us the measurement says more about the launch path than the
+#: kernel, and speedups between such kernels are mostly noise.
+OVERHEAD_DOMINATED_MS = 0.02
+#: "few_samples": fewer samples than this (the time budget cut the run short).
+MIN_SAMPLES = 10
+#: "outliers": the largest sample exceeds this multiple of the median.
+OUTLIER_FACTOR = 3.0
+
+#: wall_vs_device_disagreement: the wall clock may exceed the device timer by the measured
+#: per-call overhead or by this fraction of the device time, whichever is larger ...
+WALL_DEVICE_REL_TOLERANCE = 0.5
+#: ... plus this absolute slack (ms), which absorbs the two synchronisations and the clock reads.
+WALL_DEVICE_SLACK_MS = 0.05
+
+#: bracket_check: the parent's bracket may exceed the worker's reported total by the expected
+#: overhead plus this absolute slack (ms: process scheduling, the private channel's latency) ...
+BRACKET_SLACK_ABS_MS = 2.0
+#: ... plus this fraction of the reported total (timer granularity and jitter that grow with the
+#: batch). An under-report smaller than this fraction goes unnoticed; that is the price of no
+#: false alarms.
+BRACKET_SLACK_REL = 0.10
+
+#: Warm-up stops after this many calls even if the time budget is not spent (guards against a
+#: clock that does not advance).
+MAX_WARMUP_CALLS = 100_000
+#: If ``L2_cache_size`` is missing from the device properties, assume this many bytes of L2.
+FALLBACK_L2_BYTES = 50 * 1024 * 1024
+#: Bootstrap resamples are drawn in chunks of at most this many elements, to bound memory.
+_BOOTSTRAP_CHUNK_ELEMENTS = 2_000_000
+
+
+# --------------------------------------------------------------------------------------------
+# Clocks and timers
+# --------------------------------------------------------------------------------------------
+
+
+class Clock(ABC):
+    """A monotonic wall clock in seconds. Tests inject a fake one."""
+
+    @abstractmethod
+    def now(self) -> float: ...
+
+
+class WallClock(Clock):
+    """``time.perf_counter``, as it was when this clock was constructed."""
+
+    def __init__(self) -> None:
+        self._perf_counter = time.perf_counter
+
+    def now(self) -> float:
+        return self._perf_counter()
+
+
+class DeviceTimer(ABC):
+    """A wall clock plus a device timer, with a device-wide synchronisation.
+
+    The recipe uses it like this for every timed call::
+
+        start, end = timer.new_marks()          # allocated outside the timed region
+        timer.synchronize(); w0 = timer.now()
+        timer.record(start); fn(); timer.record(end)
+        timer.synchronize(); w1 = timer.now()
+        device_ms = timer.elapsed_ms(start, end); wall_ms = (w1 - w0) * 1e3
+    """
+
+    #: Short name written into measurements ("cpu", "cuda-events").
+    name: str = "timer"
+
+    @abstractmethod
+    def now(self) -> float:
+        """Wall-clock seconds (monotonic)."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until all work on the device (every stream) has finished."""
+
+    @abstractmethod
+    def new_marks(self) -> tuple[Any, Any]:
+        """A fresh (start, end) pair of device-time markers."""
+
+    @abstractmethod
+    def record(self, mark: Any) -> None:
+        """Record ``mark`` now, on the device's timed stream."""
+
+    @abstractmethod
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Device time between two recorded markers, in ms; call after :meth:`synchronize`."""
+
+    def capture(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Capture ``fn`` into a replayable graph and return the replay; CUDA only."""
+        raise NotImplementedError(
+            f"the cuda_graph timing regime needs a CUDA timer, not {self.name!r}; "
+            "set timing.cuda_graph = false or run on a GPU"
+        )
+
+
+@dataclass
+class _CpuMark:
+    t: float | None = None
+
+
+class CpuTimer(DeviceTimer):
+    """On the CPU the device timer is the wall clock; work is synchronous, so syncing is a no-op."""
+
+    name = "cpu"
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock if clock is not None else WallClock()
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def synchronize(self) -> None:
+        return None
+
+    def new_marks(self) -> tuple[_CpuMark, _CpuMark]:
+        return _CpuMark(), _CpuMark()
+
+    def record(self, mark: _CpuMark) -> None:
+        mark.t = self._clock.now()
+
+    def elapsed_ms(self, start: _CpuMark, end: _CpuMark) -> float:
+        if start.t is None or end.t is None:
+            raise RuntimeError("elapsed_ms needs two recorded marks")
+        return (end.t - start.t) * 1e3
+
+
+class CudaTimer(DeviceTimer):
+    """CUDA events on one stream for device time; ``torch.cuda.synchronize`` plus the wall clock
+    for the device-wide time.
+
+    Every torch function it calls is looked up once, here. Construct it before the candidate is
+    imported. The events are recorded on the stream that was current at construction (or the
+    ``stream`` given), not on whatever stream is current later, so a candidate that switches the
+    current stream and leaves it switched does not move the harness's events.
+    """
+
+    name = "cuda-events"
+
+    def __init__(self, device: torch.device | str | int | None = None, stream: Any = None,
+                 clock: Clock | None = None) -> None:
+        cuda = torch.cuda
+        if not cuda.is_available():
+            raise RuntimeError("CudaTimer needs a CUDA device; use CpuTimer on the CPU")
+        self.device = torch.device("cuda", cuda.current_device()) if device is None else torch.device(device)
+        self._clock = clock if clock is not None else WallClock()
+        self._event_cls = cuda.Event
+        self._record = cuda.Event.record
+        self._elapsed = cuda.Event.elapsed_time
+        self._synchronize = cuda.synchronize
+        self._graph_cls = cuda.CUDAGraph
+        self._graph_ctx = cuda.graph
+        self._stream_ctx = cuda.stream
+        self._synchronize(self.device)  # initialise CUDA now, not inside the first timed call
+        self._stream = stream if stream is not None else cuda.current_stream(self.device)
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def synchronize(self) -> None:
+        self._synchronize(self.device)
+
+    def new_marks(self) -> tuple[Any, Any]:
+        return self._event_cls(enable_timing=True), self._event_cls(enable_timing=True)
+
+    def record(self, mark: Any) -> None:
+        self._record(mark, self._stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._elapsed(start, end))
+
+    def capture(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Capture one call of ``fn`` into a CUDA graph; replays run on the timed stream.
+
+        ``fn`` must have run eagerly before (the recipe's warm-up does that), so lazy
+        initialisation (cuBLAS handles, allocator growth, autotuning) is not captured.
+        """
+        graph = self._graph_cls()
+        self.synchronize()
+        with self._graph_ctx(graph):
+            fn()
+        self.synchronize()
+        stream, stream_ctx = self._stream, self._stream_ctx
+
+        def replay() -> None:
+            with stream_ctx(stream):
+                graph.replay()
+
+        return replay
+
+
+def make_timer(device: torch.device | str | int | None = None) -> DeviceTimer:
+    """A :class:`CudaTimer` for a CUDA device, else a :class:`CpuTimer`."""
+    if device is not None and torch.device(device).type == "cuda":
+        return CudaTimer(device)
+    return CpuTimer()
+
+
+def make_l2_flush(device: torch.device | str | int) -> Callable[[], None] | None:
+    """A function that evicts the L2 cache by zeroing a buffer of twice its size; None on CPU.
+
+    Call it outside the timed region; the recipe synchronises after it, so its kernel never
+    overlaps a timed call. ``zero_`` is bound now, before the candidate can patch it.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(dev)
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or FALLBACK_L2_BYTES)
+    buffer = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)
+    zero = torch.Tensor.zero_
+
+    def flush() -> None:
+        zero(buffer)
+
+    return flush
+
+
+# --------------------------------------------------------------------------------------------
+# Identity snapshot of the timing functions
+# --------------------------------------------------------------------------------------------
+
+_TIME_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "sleep")
+_CUDA_NAMES = ("Event", "synchronize", "current_stream", "Stream", "stream", "graph", "CUDAGraph",
+               "device", "_lazy_init")
+_EVENT_METHODS = ("record", "elapsed_time", "synchronize", "query", "wait")
+_OWN_NAMES = ("measure", "summarize", "paired_speedup", "wall_vs_device_disagreement", "bracket_check",
+              "make_l2_flush", "Measurement", "CudaTimer", "CpuTimer", "WallClock")
+# Holding the objects keeps their ids from being reused by a replacement after they are freed.
+_PINNED: list[object] = []
+
+
+def _identity_targets() -> dict[str, object]:
+    targets: dict[str, object] = {}
+    for name in _TIME_NAMES:
+        targets[f"time.{name}"] = getattr(time, name, None)
+    cuda = torch.cuda
+    for name in _CUDA_NAMES:
+        targets[f"torch.cuda.{name}"] = getattr(cuda, name, None)
+    event_cls = getattr(cuda, "Event", None)
+    for name in _EVENT_METHODS:
+        targets[f"torch.cuda.Event.{name}"] = getattr(event_cls, name, None)
+    targets["torch._C._cuda_synchronize"] = getattr(torch._C, "_cuda_synchronize", None)
+    targets["torch.Tensor.zero_"] = torch.Tensor.zero_
+    own = sys.modules[__name__]
+    for name in _OWN_NAMES:
+        targets[f"kbv.timing.{name}"] = getattr(own, name, None)
+    return targets
+
+
+def snapshot_identities() -> dict[str, int]:
+    """``id()`` of every timing-relevant function, keyed by dotted name (0 = absent).
+
+    Take it in the worker before importing the candidate; compare with :func:`verify_identities`.
+    """
+    targets = _identity_targets()
+    _PINNED.extend(obj for obj in targets.values() if obj is not None)
+    return {name: (0 if obj is None else id(obj)) for name, obj in targets.items()}
+
+
+def verify_identities(snapshot: dict[str, int]) -> list[str]:
+    """Names whose function was replaced (or added or removed) since ``snapshot`` was taken."""
+    current = {name: (0 if obj is None else id(obj)) for name, obj in _identity_targets().items()}
+    names = set(snapshot) | set(current)
+    return sorted(name for name in names if snapshot.get(name) != current.get(name))
+
+
+# --------------------------------------------------------------------------------------------
+# The recipe
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """Raw per-call samples of one timed run, plus the regime they were taken under."""
+
+    recipe: str
+    device_ms: list[float] = field(default_factory=list)
+    wall_ms: list[float] = field(default_factory=list)
+    warmup_calls: int = 0
+    n_input_sets: int = 1
+    l2_flush: bool = False
+    total_wall_s: float = 0.0
+    timer: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown Measurement fields {sorted(unknown)}; known: {sorted(known)}")
+        values = dict(data)
+        values["device_ms"] = [float(x) for x in values.get("device_ms", [])]
+        values["wall_ms"] = [float(x) for x in values.get("wall_ms", [])]
+        return cls(**values)
+
+
+def recipe_name(settings: TimingSettings) -> str:
+    """The regime's name as written into a measurement: graph replays are their own regime."""
+    return settings.recipe + ("+graph" if settings.cuda_graph else "")
+
+
+def measure(
+    fn: Callable[[int], object],
+    *,
+    settings: TimingSettings,
+    n_input_sets: int,
+    timer: DeviceTimer,
+    flush: Callable[[], object] | None = None,
+    on_sample: Callable[[int, float, float], object] | None = None,
+) -> Measurement:
+    """Time ``fn(set_index)`` under ``settings``; return the raw samples.
+
+    1. Warm-up: calls rotate over the input sets until at least ``settings.warmup_calls`` calls
+       were made AND ``settings.warmup_seconds`` have passed (capped at :data:`MAX_WARMUP_CALLS`).
+    2. With ``settings.cuda_graph``, the eager warm-up covers every input set at least once; then
+       one call per set is captured into a CUDA graph, and the graphs' replays are warmed up the
+       same way and timed instead of ``fn`` (regime ``<recipe>+graph``); ``warmup_calls`` in the
+       result counts both warm-ups.
+    3. Timed calls: up to ``settings.repeats``, call ``i`` on set ``i % n_input_sets``; no new call
+       starts once the timed phase has used ``settings.max_seconds`` (at least one call is timed).
+       Before each, outside the timed region, ``flush()`` runs when ``settings.l2_flush`` is set
+       and a flush was supplied, and the device is synchronised. Each call yields a device-timer
+       sample (events on the timed stream) and a wall sample (device-wide sync before and after,
+       wall clock around); the wall one also sees work on other streams.
+
+    ``on_sample(i, device_ms, wall_ms)`` is called after each timed call (outside the region).
+    Exceptions from ``fn`` propagate: a failing candidate is the caller's outcome to record.
+    """
+    if n_input_sets < 1:
+        raise ValueError(f"n_input_sets must be >= 1, not {n_input_sets}")
+    if settings.repeats < 1:
+        raise ValueError(f"timing.repeats must be >= 1, not {settings.repeats}")
+    started = timer.now()
+    call = fn
+    if settings.cuda_graph:
+        # Every set runs eagerly at least once before its capture (lazy init must not be captured).
+        warmed = _warm_up(fn, settings, n_input_sets, timer, min_calls=n_input_sets)
+        replays = [timer.capture(_bind(fn, k)) for k in range(n_input_sets)]
+
+        def call(k: int) -> object:
+            return replays[k]()
+
+        warmed += _warm_up(call, settings, n_input_sets, timer)
+    else:
+        warmed = _warm_up(fn, settings, n_input_sets, timer)
+    use_flush = flush if settings.l2_flush else None
+    device_ms, wall_ms = _timed_calls(call, settings, n_input_sets, timer, use_flush, on_sample)
+    return Measurement(
+        recipe=recipe_name(settings),
+        device_ms=device_ms,
+        wall_ms=wall_ms,
+        warmup_calls=warmed,
+        n_input_sets=n_input_sets,
+        l2_flush=use_flush is not None,
+        total_wall_s=timer.now() - started,
+        timer=timer.name,
+    )
+
+
+def _bind(fn: Callable[[int], object], k: int) -> Callable[[], object]:
+    return lambda: fn(k)
+
+
+def _warm_up(fn: Callable[[int], object], settings: TimingSettings, n_input_sets: int,
+             timer: DeviceTimer, min_calls: int = 0) -> int:
+    start = timer.now()
+    calls = 0
+    at_least = max(settings.warmup_calls, min_calls)
+    while calls < MAX_WARMUP_CALLS:
+        if calls >= at_least and timer.now() - start >= settings.warmup_seconds:
+            break
+        fn(calls % n_input_sets)
+        calls += 1
+        timer.synchronize()  # so the time budget counts finished work, not queued launches
+    return calls
+
+
+def _timed_calls(fn: Callable[[int], object], settings: TimingSettings, n_input_sets: int,
+                 timer: DeviceTimer, flush: Callable[[], object] | None,
+                 on_sample: Callable[[int, float, float], object] | None) -> tuple[list[float], list[float]]:
+    device_ms: list[float] = []
+    wall_ms: list[float] = []
+    phase_start = timer.now()
+    for i in range(settings.repeats):
+        if i > 0 and timer.now() - phase_start >= settings.max_seconds:
+            break
+        start, end = timer.new_marks()
+        if flush is not None:
+            flush()
+        timer.synchronize()
+        w0 = timer.now()
+        timer.record(start)
+        fn(i % n_input_sets)
+        timer.record(end)
+        timer.synchronize()
+        w1 = timer.now()
+        device_ms.append(timer.elapsed_ms(start, end))
+        wall_ms.append((w1 - w0) * 1e3)
+        if on_sample is not None:
+            on_sample(i, device_ms[-1], wall_ms[-1])
+    return device_ms, wall_ms
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics (pure functions over raw samples; run them in the trusted parent)
+# --------------------------------------------------------------------------------------------
+
+
+def _as_array(samples: Sequence[float]) -> np.ndarray:
+    arr = np.asarray(samples, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("timing samples must be finite numbers")
+    return arr
+
+
+def _bootstrap_medians(arr: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    n = arr.size
+    per_chunk = max(1, _BOOTSTRAP_CHUNK_ELEMENTS // n)
+    out = np.empty(resamples)
+    for lo in range(0, resamples, per_chunk):
+        hi = min(resamples, lo + per_chunk)
+        idx = rng.integers(0, n, size=(hi - lo, n))
+        out[lo:hi] = np.median(arr[idx], axis=1)
+    return out
+
+
+def quality_warnings(n: int, median: float, cv: float, maximum: float) -> list[str]:
+    """Named warnings for a sample set; each compares against one module-level threshold."""
+    found = []
+    if n < MIN_SAMPLES:
+        found.append("few_samples")
+    if cv > NOISY_CV:
+        found.append("noisy")
+    if median < OVERHEAD_DOMINATED_MS:
+        found.append("overhead_dominated")
+    if maximum > OUTLIER_FACTOR * median:
+        found.append("outliers")
+    return found
+
+
+def summarize(samples_ms: Sequence[float], *, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Descriptive statistics of raw samples (ms), a bootstrap CI of the median, and warnings.
+
+    The CI is a percentile bootstrap: ``resamples`` resamples with replacement from a generator
+    seeded with ``seed`` (so a record can be recomputed exactly), 2.5th and 97.5th percentiles of
+    the resampled medians. ``stdev`` is the sample standard deviation (ddof=1); ``cv`` is
+    stdev / mean. Warnings: ``few_samples`` (n < MIN_SAMPLES), ``noisy`` (cv > NOISY_CV),
+    ``overhead_dominated`` (median < OVERHEAD_DOMINATED_MS), ``outliers`` (max > OUTLIER_FACTOR x
+    median). No samples gives None statistics and the warning ``no_samples``.
+    """
+    arr = _as_array(samples_ms)
+    n = int(arr.size)
+    if n == 0:
+        empty: dict[str, Any] = dict.fromkeys(
+            ("median", "mean", "min", "max", "stdev", "iqr", "cv", "ci95_low", "ci95_high"))
+        return {"n": 0, **empty, "n_outliers": 0, "resamples": resamples, "seed": seed,
+                "warnings": ["no_samples"]}
+    median = float(np.median(arr))
+    mean = float(arr.mean())
+    stdev = float(arr.std(ddof=1)) if n > 1 else 0.0
+    q25, q75 = np.percentile(arr, [25, 75])
+    cv = stdev / mean if mean > 0 else 0.0
+    boot = _bootstrap_medians(arr, resamples, np.random.default_rng(seed))
+    ci_low, ci_high = np.percentile(boot, [2.5, 97.5])
+    return {
+        "n": n,
+        "median": median,
+        "mean": mean,
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "stdev": stdev,
+        "iqr": float(q75 - q25),
+        "cv": cv,
+        "ci95_low": float(ci_low),
+        "ci95_high": float(ci_high),
+        "n_outliers": int(np.sum(arr > OUTLIER_FACTOR * median)),
+        "resamples": resamples,
+        "seed": seed,
+        "warnings": quality_warnings(n, median, cv, float(arr.max())),
+    }
+
+
+def paired_speedup(
+    baseline_rounds: Sequence[Sequence[float]],
+    candidate_rounds: Sequence[Sequence[float]],
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Speedup of the candidate over the baseline from interleaved rounds (A B A B ...).
+
+    Round ``r`` of the baseline and round ``r`` of the candidate were measured back to back, so
+    they share the machine's state (clocks, temperature, neighbours); the bootstrap keeps them
+    paired. ``speedup`` = median(all baseline samples) / median(all candidate samples). The 95%
+    interval is a two-level percentile bootstrap: draw rounds with replacement (the same round
+    indices for both sides), then samples with replacement within each drawn round, and take the
+    ratio of pooled medians. With one round only the sample level varies. ``per_round`` holds each
+    round's own median ratio; a spread among them shows drift the pooled number hides.
+    """
+    base = [_as_array(r) for r in baseline_rounds]
+    cand = [_as_array(r) for r in candidate_rounds]
+    if len(base) != len(cand) or not base:
+        raise ValueError(
+            f"paired_speedup needs the same, non-zero number of rounds on both sides; "
+            f"got {len(base)} baseline and {len(cand)} candidate rounds")
+    if any(r.size == 0 for r in base + cand):
+        raise ValueError("every round needs at least one sample")
+    if any(np.any(r <= 0) for r in base + cand):
+        raise ValueError("timing samples must be positive to form a speedup")
+    base_median = float(np.median(np.concatenate(base)))
+    cand_median = float(np.median(np.concatenate(cand)))
+    rng = np.random.default_rng(seed)
+    boot = np.empty(resamples)
+    k = len(base)
+    for j in range(resamples):
+        rounds = rng.integers(0, k, size=k)
+        b = np.concatenate([base[r][rng.integers(0, base[r].size, base[r].size)] for r in rounds])
+        c = np.concatenate([cand[r][rng.integers(0, cand[r].size, cand[r].size)] for r in rounds])
+        boot[j] = np.median(b) / np.median(c)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {
+        "speedup": base_median / cand_median,
+        "ci95_low": float(low),
+        "ci95_high": float(high),
+        "per_round": [float(np.median(b) / np.median(c)) for b, c in zip(base, cand, strict=True)],
+        "baseline_median": base_median,
+        "candidate_median": cand_median,
+        "n_rounds": k,
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+
+def wall_vs_device_disagreement(measurement: Measurement, overhead_ms: float) -> dict[str, Any]:
+    """Compare the device-wide wall clock with the device timer; flag work the events missed.
+
+    The events are recorded on the timed stream, so work the candidate enqueues on another stream
+    (or a background thread launches) lies outside them: the end event fires early and the device
+    time looks small. The wall samples synchronise the whole device before and after, so they
+    include that work. An honest call's wall time exceeds its device time only by fixed overhead
+    (``overhead_ms``: what the caller measured for an empty call, i.e. sync and launch costs).
+    ``disagrees`` when median(wall) - median(device) > max(overhead_ms, WALL_DEVICE_REL_TOLERANCE
+    x median(device)) + WALL_DEVICE_SLACK_MS; the relative term tolerates host-side launch gaps
+    that grow with the call. On the CPU the two clocks are the same, so this never fires there.
+    """
+    if not measurement.device_ms or not measurement.wall_ms:
+        raise ValueError("wall_vs_device_disagreement needs a measurement with samples")
+    device = float(np.median(measurement.device_ms))
+    wall = float(np.median(measurement.wall_ms))
+    allowed = max(overhead_ms, WALL_DEVICE_REL_TOLERANCE * device) + WALL_DEVICE_SLACK_MS
+    excess = wall - device
+    return {
+        "device_median_ms": device,
+        "wall_median_ms": wall,
+        "ratio": wall / device if device > 0 else math.inf,
+        "excess_ms": excess,
+        "allowed_excess_ms": allowed,
+        "disagrees": bool(excess > allowed),
+    }
+
+
+def bracket_check(reported_total_ms: float, parent_bracket_ms: float, expected_overhead_ms: float,
+                  *, n_calls: int = 1) -> dict[str, Any]:
+    """Compare the worker's reported total with the trusted parent's own bracket of the batch.
+
+    The parent reads its monotonic clock before it asks the worker to run a timed batch and after
+    the result arrives. Whatever the worker reports (the sum of its per-call wall samples, say),
+    real time passed in between, and the candidate cannot touch the parent's clock. An honest
+    worker's report falls short of the bracket only by the batch's untimed work
+    (``expected_overhead_ms``: warm-up, flushes, syncs, the channel), up to a slack of
+    BRACKET_SLACK_ABS_MS + BRACKET_SLACK_REL x reported_total_ms. A larger gap means the worker
+    under-reported (its clock or stats were tampered with): ``disagrees``. A report larger than
+    the bracket by more than the absolute slack is impossible: ``overreports``.
+
+    ``trusted_per_call_ms`` = (bracket - expected overhead) / n_calls, an upper-bound estimate of a
+    call's time that needs no trust in the worker; use it instead of the report when they disagree.
+    """
+    if n_calls < 1:
+        raise ValueError(f"n_calls must be >= 1, not {n_calls}")
+    gap = parent_bracket_ms - reported_total_ms
+    allowed = expected_overhead_ms + BRACKET_SLACK_ABS_MS + BRACKET_SLACK_REL * reported_total_ms
+    return {
+        "reported_total_ms": reported_total_ms,
+        "parent_bracket_ms": parent_bracket_ms,
+        "gap_ms": gap,
+        "allowed_gap_ms": allowed,
+        "trusted_per_call_ms": max(0.0, parent_bracket_ms - expected_overhead_ms) / n_calls,
+        "disagrees": bool(gap > allowed),
+        "overreports": bool(-gap > BRACKET_SLACK_ABS_MS),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline cache key
+# --------------------------------------------------------------------------------------------
+
+
+def baseline_cache_key(
+    problem_sha: str,
+    input_spec: dict[str, Any],
+    device: dict[str, Any],
+    torch_version: str,
+    timing_settings: TimingSettings | dict[str, Any],
+    baseline_name: str,
+) -> str:
+    """sha256 of the canonical JSON of everything a cached baseline timing depends on.
+
+    ``device`` must name the GPU (``name``) and the driver (``driver_version``); other keys (CUDA
+    version, clocks, MIG profile) are included as given. Every timing setting is included, even
+    those that do not change a baseline's samples: a needless cache miss costs a re-measurement,
+    a wrong hit costs a wrong speedup.
+    """
+    missing = [k for k in ("name", "driver_version") if k not in device]
+    if missing:
+        raise ValueError(f"baseline_cache_key: device needs {missing}; pass e.g. "
+                         "{'name': 'NVIDIA H200', 'driver_version': '580.65'}")
+    settings = (dataclasses.asdict(timing_settings) if isinstance(timing_settings, TimingSettings)
+                else dict(timing_settings))
+    payload = {
+        "problem_sha": problem_sha,
+        "input_spec": input_spec,
+        "device": device,
+        "torch_version": torch_version,
+        "timing_settings": settings,
+        "baseline": baseline_name,
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
