@@ -1,0 +1,461 @@
+"""Hidden input distributions, parameter redraws and secret seeds.
+
+This module is imported inside the worker process *before* any candidate code, so it depends only
+on the standard library, torch and :mod:`kbv.protocol`.
+
+Every distribution starts from the problem's own ``get_inputs()`` under a fresh seed, then replaces
+each floating-point tensor with values drawn on the tensor's device from a ``torch.Generator``
+seeded from the same seed (integer, bool and plain values keep the problem's own fresh draw). See
+``docs/correctness.md`` for the rationale; :data:`DISTRIBUTIONS` documents each name.
+
+Names
+-----
+A distribution name is a *base* name (``original``, ``signed``, ``wide``, ``shifted``,
+``blockwise``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or ``_unit``
+(every value in the open interval (0, 1)). :func:`domain_fallback` walks ``X -> X_positive ->
+X_unit -> None``; the pipeline uses it when the reference output is non-finite under ``X`` but finite
+on the original inputs, and records the variant's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import hmac
+import math
+import random
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BASE_DISTRIBUTIONS",
+    "DISTRIBUTIONS",
+    "DOMAINS",
+    "derive_seed",
+    "domain_fallback",
+    "make_inputs",
+    "new_seed",
+    "redraw_parameters",
+    "split_distribution",
+]
+
+_SEED_MASK = (1 << 63) - 1
+
+#: Exponent range (base 10) of the ``wide`` magnitudes: log-uniform over [1e-4, 1e4].
+WIDE_EXPONENTS = (-4.0, 4.0)
+#: Common offset of ``shifted`` (times a random sign); the spread around it is standard normal.
+SHIFT_OFFSET = 1e3
+#: Number of contiguous chunks (along the flattened tensor) of ``blockwise``.
+BLOCKWISE_CHUNKS = 8
+
+BASE_DISTRIBUTIONS: tuple[str, ...] = ("original", "signed", "wide", "shifted", "blockwise")
+
+_BASE_DOCS: dict[str, str] = {
+    "original": "the problem's own get_inputs() under a fresh seed, unchanged",
+    "signed": "zero-mean standard normal scaled by the RMS of the original draw of the same tensor "
+    "(so the typical magnitude is kept but half the values are negative)",
+    "wide": "random signs, magnitudes log-uniform over [1e-4, 1e4] (exp without max-subtraction "
+    "overflows, underflow and small-value shortcuts show)",
+    "shifted": "one common offset of 1e3 with a random sign per tensor plus a standard-normal spread "
+    "(|mean| >> std, so E[x^2]-E[x]^2 cancels catastrophically)",
+    "blockwise": "not identically distributed: the flattened tensor is cut at seeded points into up to "
+    "8 chunks; the first chunk and the first eighth of every last-dim row keep the original draw "
+    "(values like [0,1)), the other chunks are large negative, shifted, wide, tiny, signed or "
+    "negated-original in a seeded order, so a kernel that samples a few leading elements to pick a "
+    "shortcut is caught deterministically",
+}
+
+_DOMAIN_SUFFIX: dict[str, str] = {"positive": "_positive", "unit-interval": "_unit"}
+
+#: Input domains a problem may declare for its inputs (one for all, or one per positional input).
+DOMAINS: dict[str, str] = {
+    "any": "no constraint",
+    "positive": "every value > 0: magnitudes only (half-normal, log-uniform wide, +1e3 offset)",
+    "unit-interval": "every value in (0, 1): the positive variant y mapped by y/(1+y) and clamped "
+    "strictly inside (0, 1)",
+    "probabilities": "non-negative, summing to 1 along the last dim: the positive variant "
+    "renormalised along the last dim (original inputs are kept as they are)",
+}
+
+
+def _make_docs() -> dict[str, str]:
+    docs = dict(_BASE_DOCS)
+    for base in BASE_DISTRIBUTIONS[1:]:
+        docs[f"{base}_positive"] = f"domain-preserving variant of {base!r}: the same construction with every value made positive"
+        docs[f"{base}_unit"] = f"domain-preserving variant of {base!r}: its positive variant y mapped by y/(1+y) into (0, 1)"
+    return docs
+
+
+#: Every valid distribution name (base names first) with a one-line definition.
+DISTRIBUTIONS: dict[str, str] = _make_docs()
+
+_STRICTNESS = {"any": 0, "positive": 1, "unit-interval": 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# seeds
+
+
+def new_seed() -> int:
+    """A fresh, unpredictable 63-bit seed from the operating system's CSPRNG."""
+    return int.from_bytes(secrets.token_bytes(8), "big") & _SEED_MASK
+
+
+def derive_seed(master: int, *parts: Any) -> int:
+    """A 63-bit seed derived from ``master`` and ``parts`` by HMAC-SHA256.
+
+    The master is the HMAC key, so a derived seed handed to the worker reveals nothing about the
+    master or about seeds derived with other parts. Parts are encoded with their type and length, so
+    ``derive_seed(m, 1)`` and ``derive_seed(m, "1")`` differ.
+    """
+    master = int(master)
+    if master < 0:
+        raise ValueError("derive_seed: the master seed must be a non-negative integer")
+    key = master.to_bytes(max(8, (master.bit_length() + 7) // 8), "big")
+    message = bytearray()
+    for part in parts:
+        encoded = f"{type(part).__name__}:{part}".encode()
+        message += len(encoded).to_bytes(8, "big") + encoded
+    digest = hmac.new(key, bytes(message), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") & _SEED_MASK
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+# --------------------------------------------------------------------------------------------------
+# names and domains
+
+
+def split_distribution(distribution: str) -> tuple[str, str]:
+    """``"wide_positive" -> ("wide", "positive")``; raise ValueError for an unknown name."""
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"unknown input distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+    for domain, suffix in _DOMAIN_SUFFIX.items():
+        if distribution.endswith(suffix):
+            return distribution[: -len(suffix)], domain
+    return distribution, "any"
+
+
+def domain_fallback(distribution: str) -> str | None:
+    """The domain-preserving variant to try when the reference is non-finite under ``distribution``.
+
+    ``X -> X_positive -> X_unit -> None`` for every base name except ``original`` (which has none).
+    Follow the chain until the reference is finite or it returns None (then the distribution is
+    not applicable, and the record says why).
+    """
+    base, domain = split_distribution(distribution)
+    if base == "original":
+        return None
+    if domain == "any":
+        return f"{base}_positive"
+    if domain == "positive":
+        return f"{base}_unit"
+    return None
+
+
+def _effective_domain(suffix_domain: str, declared: str) -> str:
+    if declared not in DOMAINS:
+        raise ValueError(f"unknown input domain {declared!r}; known: {', '.join(DOMAINS)}")
+    if declared == "probabilities":
+        return declared
+    return max(suffix_domain, declared, key=_STRICTNESS.__getitem__)
+
+
+# --------------------------------------------------------------------------------------------------
+# transforms (all on the tensor's own device, all in place on freshly allocated tensors)
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    """RMS of ``x`` as a 0-d float32 tensor on its device; 1 when zero or non-finite (no host sync)."""
+    n = max(x.numel(), 1)
+    norm = torch.linalg.vector_norm(x, dtype=torch.float32) if x.numel() else torch.zeros((), device=x.device)
+    rms = norm / math.sqrt(n)
+    return torch.where(torch.isfinite(rms) & (rms > 0), rms, torch.ones_like(rms))
+
+
+def _fill_signed(y: torch.Tensor, gen: torch.Generator, scale: torch.Tensor | float, positive: bool) -> None:
+    y.normal_(0.0, 1.0, generator=gen)
+    if positive:
+        y.abs_()
+    y.mul_(scale)
+
+
+def _fill_wide(y: torch.Tensor, gen: torch.Generator, positive: bool, lo: float = WIDE_EXPONENTS[0],
+               hi: float = WIDE_EXPONENTS[1]) -> None:
+    if positive:
+        y.uniform_(lo, hi, generator=gen).mul_(math.log(10.0)).exp_()
+        return
+    # One uniform draw in (-1, 1) carries both the sign and the exponent.
+    y.uniform_(-1.0, 1.0, generator=gen)
+    mag = y.abs().mul_(hi - lo).add_(lo).mul_(math.log(10.0)).exp_()
+    y.copy_(mag.copysign_(y))
+
+
+def _fill_shifted(y: torch.Tensor, gen: torch.Generator, positive: bool, offset: float = SHIFT_OFFSET) -> None:
+    sign = 1.0
+    if not positive:
+        coin = torch.empty(1, device=y.device).uniform_(0.0, 1.0, generator=gen)
+        sign = 1.0 if float(coin) < 0.5 else -1.0  # one tiny host sync per tensor
+    y.normal_(0.0, 1.0, generator=gen)
+    y.add_(sign * offset)
+    if positive:
+        y.abs_()
+
+
+_BLOCK_MODES = ("large_negative", "shifted", "wide", "tiny", "signed", "negated")
+
+
+def _fill_block(mode: str, seg: torch.Tensor, orig: torch.Tensor, gen: torch.Generator, scale: torch.Tensor,
+                positive: bool) -> None:
+    if mode == "large_negative":
+        _fill_wide(seg, gen, positive=True, lo=1.0, hi=3.0)
+        if not positive:
+            seg.neg_()
+    elif mode == "shifted":
+        _fill_shifted(seg, gen, positive)
+    elif mode == "wide":
+        _fill_wide(seg, gen, positive)
+    elif mode == "tiny":
+        _fill_signed(seg, gen, 1e-3, positive)
+    elif mode == "signed":
+        _fill_signed(seg, gen, scale, positive)
+    else:  # negated original
+        seg.copy_(orig.abs() if positive else orig.neg())
+
+
+def _fill_blockwise(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
+    flat = y.view(-1)
+    orig = x.reshape(-1)
+    n = flat.numel()
+    flat.copy_(orig)
+    if positive:
+        flat.abs_()
+    chunks = min(BLOCKWISE_CHUNKS, n)
+    if chunks <= 1:
+        return
+    rng = random.Random(derive_seed(seed, "blockwise-layout", n))
+    # The first chunk holds between 1/16 and 1/8 of the elements; the rest are cut at random points.
+    first = max(1, int(n * rng.uniform(1 / 16, 1 / 8)))
+    cuts = sorted(rng.sample(range(first + 1, n), min(chunks - 2, max(n - first - 1, 0)))) if n > first + 1 else []
+    bounds = [0, first, *cuts, n]
+    modes = list(_BLOCK_MODES)
+    rng.shuffle(modes)
+    if "large_negative" in modes:  # the first altered chunk is always the most obviously different
+        modes.remove("large_negative")
+        modes.insert(0, "large_negative")
+    scale = _rms(x)
+    for k in range(1, len(bounds) - 1):
+        a, b = bounds[k], bounds[k + 1]
+        if b > a:
+            _fill_block(modes[(k - 1) % len(modes)], flat[a:b], orig[a:b], gen, scale, positive)
+    # Every last-dim row starts like the original draw too (per-row samplers are caught as well).
+    if y.dim() >= 2 and y.shape[-1] >= 2:
+        keep = max(1, y.shape[-1] // 8)
+        rows = y.view(-1, y.shape[-1])
+        head = x.reshape(-1, x.shape[-1])[:, :keep]
+        rows[:, :keep].copy_(head.abs() if positive else head)
+
+
+def _apply_domain(y: torch.Tensor, domain: str) -> torch.Tensor:
+    if domain in ("any", "positive"):
+        if domain == "positive":
+            tiny = torch.finfo(y.dtype).tiny
+            y.clamp_(min=tiny)
+        return y
+    if domain == "unit-interval":
+        y.div_(y + 1.0)
+        eps = torch.finfo(y.dtype).eps
+        return y.clamp_(min=torch.finfo(y.dtype).tiny, max=1.0 - eps / 2)
+    # probabilities: non-negative values renormalised along the last dim
+    if y.dim() == 0:
+        return y.fill_(1.0)
+    total = y.sum(dim=-1, keepdim=True)
+    return y.div_(torch.where(total > 0, total, torch.ones_like(total)))
+
+
+def _transform(x: torch.Tensor, base: str, domain: str, seed: int) -> torch.Tensor:
+    if base == "original" or x.numel() == 0:
+        return x
+    work_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    gen = _generator(x.device, seed)
+    y = torch.empty(x.shape, dtype=work_dtype, device=x.device)
+    positive = domain != "any"
+    if base == "signed":
+        _fill_signed(y, gen, _rms(x), positive)
+    elif base == "wide":
+        _fill_wide(y, gen, positive)
+    elif base == "shifted":
+        _fill_shifted(y, gen, positive)
+    elif base == "blockwise":
+        _fill_blockwise(y, x.to(work_dtype), gen, seed, positive)
+    else:  # pragma: no cover - split_distribution rejects unknown names
+        raise ValueError(base)
+    y = _apply_domain(y, domain)
+    return y.to(x.dtype) if y.dtype != x.dtype else y
+
+
+# --------------------------------------------------------------------------------------------------
+# public entry points
+
+
+def make_inputs(
+    module: Any,
+    distribution: str,
+    seed: int,
+    device: str | torch.device,
+    *,
+    precision: str = "fp32",
+    domain: str | Sequence[str] = "any",
+) -> list:
+    """The problem's inputs for one draw of ``distribution``, on ``device``.
+
+    ``module`` is the loaded problem (anything with ``get_inputs()``). Seeds torch's global CPU and
+    CUDA generators with ``seed`` and calls ``get_inputs()`` under ``with torch.device(device)``; any
+    tensor left elsewhere is moved. Each floating tensor is then replaced on its device according to
+    ``distribution`` by a generator seeded from ``seed`` (same arguments, same device -> bitwise
+    the same inputs). Integer/bool tensors and plain values are the problem's own (fresh-seeded)
+    draw. ``precision="fp64"`` upcasts floating tensors to float64 after the transform, so fp32 and
+    fp64 runs see the same values. ``domain`` is one of :data:`DOMAINS`, for all inputs or one per
+    positional input; a ``_positive``/``_unit`` suffix in ``distribution`` tightens it.
+    """
+    base, suffix_domain = split_distribution(distribution)
+    if precision not in ("fp32", "fp64"):
+        raise ValueError(f"precision must be 'fp32' or 'fp64', not {precision!r}")
+    dev = torch.device(device)
+    torch.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    with torch.device(dev):
+        raw = list(module.get_inputs())
+    domains = [domain] * len(raw) if isinstance(domain, str) else list(domain)
+    if len(domains) != len(raw):
+        raise ValueError(f"{len(domains)} input domains given for {len(raw)} inputs")
+    index = 0
+    out = []
+    for value, dom in zip(raw, domains, strict=True):
+        eff = _effective_domain(suffix_domain, dom)
+
+        def convert(t: torch.Tensor, eff: str = eff) -> torch.Tensor:
+            nonlocal index
+            index += 1
+            return _one(t, base, eff, distribution, int(seed), index - 1, dev, precision)
+
+        out.append(_map_tensors(value, convert))
+    return out
+
+
+def _one(t: torch.Tensor, base: str, domain: str, distribution: str, seed: int, index: int,
+         device: torch.device, precision: str) -> torch.Tensor:
+    if t.device != device:
+        t = t.to(device)
+    if not t.is_floating_point():
+        return t
+    if not (base == "original" and domain == "probabilities"):
+        t = _transform(t, base, domain, derive_seed(int(seed), "transform", distribution, domain, index))
+    if precision == "fp64":
+        t = t.to(torch.float64)
+    return t
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_tensors(v, fn) for v in value]
+        return tuple(mapped) if isinstance(value, tuple) else mapped
+    return value
+
+
+@contextlib.contextmanager
+def _forked_rng(devices: list[int]) -> Iterator[None]:
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def redraw_parameters(
+    model: torch.nn.Module,
+    distribution: str,
+    seed: int,
+    *,
+    init_inputs: Sequence[Any] | None = None,
+) -> dict[str, torch.Tensor]:
+    """A full state dict of new parameter and buffer values for ``model``, drawn from ``seed``.
+
+    ``original``: the problem's default initialisation under the seed: when ``init_inputs`` is
+    given the Model's class is constructed again (exactly its own init); otherwise every submodule
+    with ``reset_parameters`` is reset on a copy, and floating tensors no reset covers get a seeded
+    permutation of their own values (the same empirical distribution). Other distributions: each
+    floating parameter becomes a zero-mean normal with the RMS of the original (0.1 where that
+    is zero, so zero-initialised biases are exercised); floating buffers that are strictly positive
+    (BatchNorm ``running_var``) stay positive (RMS times 2**U(-1, 1)). For ``_positive``/``_unit``
+    variants parameters are drawn positive. Integer buffers are copied unchanged. The model itself
+    is not modified; the global RNG state is restored.
+    """
+    base, suffix_domain = split_distribution(distribution)
+    state = model.state_dict()
+    devices = sorted({t.device.index or 0 for t in state.values() if t.device.type == "cuda"})
+    params = {name for name, _ in model.named_parameters()}
+    result: dict[str, torch.Tensor] = {}
+    if base == "original":
+        with _forked_rng(devices), torch.no_grad():
+            torch.manual_seed(derive_seed(int(seed), "params", distribution))
+            fresh = _original_state(model, state, init_inputs)
+        for name, value in state.items():
+            new = fresh.get(name)
+            if new is None or new.shape != value.shape:
+                new = _permuted(value, derive_seed(int(seed), "permute", name))
+            result[name] = new.to(device=value.device, dtype=value.dtype).clone()
+        return result
+    positive = suffix_domain != "any"
+    with torch.no_grad():
+        for name, value in state.items():
+            if not value.is_floating_point() or value.numel() == 0:
+                result[name] = value.detach().clone()
+                continue
+            gen = _generator(value.device, derive_seed(int(seed), "param", distribution, name))
+            work = value.detach().to(torch.float32) if value.dtype in (torch.float16, torch.bfloat16) else value.detach()
+            rms = torch.linalg.vector_norm(work, dtype=torch.float32) / math.sqrt(work.numel())
+            scale = torch.where(torch.isfinite(rms) & (rms > 0), rms, torch.full_like(rms, 0.1))
+            new = torch.empty_like(work)
+            if name not in params and bool((work > 0).all()):
+                new.uniform_(-1.0, 1.0, generator=gen).mul_(math.log(2.0)).exp_().mul_(scale)
+            else:
+                _fill_signed(new, gen, scale, positive)
+            result[name] = new.to(value.dtype)
+    return result
+
+
+def _original_state(model: torch.nn.Module, state: dict[str, torch.Tensor],
+                    init_inputs: Sequence[Any] | None) -> dict[str, torch.Tensor]:
+    first = next(iter(state.values()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    if init_inputs is not None:
+        with torch.device(device):
+            rebuilt = type(model)(*init_inputs)
+        rebuilt.train(model.training)
+        return {k: v.detach() for k, v in rebuilt.state_dict().items()}
+    fresh: dict[str, torch.Tensor] = {}
+    for prefix, sub in model.named_modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if not callable(reset):
+            continue
+        clone = copy.deepcopy(sub)
+        clone.reset_parameters()  # type: ignore[operator]
+        for key, val in clone.state_dict().items():
+            full = f"{prefix}.{key}" if prefix else key
+            fresh.setdefault(full, val.detach())
+    return fresh
+
+
+def _permuted(value: torch.Tensor, seed: int) -> torch.Tensor:
+    if not value.is_floating_point() or value.numel() <= 1:
+        return value.detach().clone()
+    gen = _generator(torch.device("cpu"), seed)
+    perm = torch.randperm(value.numel(), generator=gen).to(value.device)
+    return value.detach().reshape(-1)[perm].reshape(value.shape)
