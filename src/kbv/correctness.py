@@ -1,0 +1,316 @@
+"""Output comparison: structure, KernelBench's fixed tolerance, and kbv's error model.
+
+Runs only in the trusted parent process; never imported by the worker before candidate code.
+``docs/correctness.md`` gives the formulas and the reasons. Every dict returned here is plain JSON
+data (floats, ints, strings, lists), ready for a record.
+
+Conventions: outputs are lists of tensors (a single-output problem is a 1-list). All arithmetic is
+done in float64 on the tensors' own device; only scalars come back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from kbv.protocol import CorrectnessSettings
+from kbv.records import DistributionResult
+
+__all__ = [
+    "baseline_error",
+    "check_structure",
+    "compare_allclose",
+    "compare_error_model",
+    "judge_distribution",
+]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _is_inexact(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _as_f64(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.to(torch.float64)
+
+
+def _count_message(outputs: Any, expected: list) -> str | None:
+    if not isinstance(outputs, (list, tuple)):
+        return f"outputs must be a list of tensors, got {type(outputs).__name__}"
+    if len(outputs) != len(expected):
+        return f"output count mismatch: got {len(outputs)} outputs, expected {len(expected)}"
+    return None
+
+
+def check_structure(outputs: Any, expected: list) -> str | None:
+    """None when ``outputs`` match ``expected`` in count, exact type, layout, shape and dtype.
+
+    Otherwise a one-line message naming the first difference. Tensor subclasses are rejected
+    (``type(out) is torch.Tensor``): a subclass can run its work lazily when the checker touches it.
+    """
+    msg = _count_message(outputs, expected)
+    if msg:
+        return msg
+    for i, (out, exp) in enumerate(zip(outputs, expected, strict=True)):
+        if type(out) is not torch.Tensor:
+            return f"output {i}: type {type(out).__module__}.{type(out).__qualname__} is not torch.Tensor"
+        if out.layout != torch.strided:
+            return f"output {i}: layout {out.layout} is not torch.strided"
+        if out.is_meta:
+            return f"output {i}: a meta tensor has no data"
+        if tuple(out.shape) != tuple(exp.shape):
+            return f"output {i}: shape mismatch: got {tuple(out.shape)}, expected {tuple(exp.shape)}"
+        if out.dtype != exp.dtype:
+            return f"output {i}: dtype mismatch: got {out.dtype}, expected {exp.dtype}"
+    return None
+
+
+def _nonfinite_mismatch(a: torch.Tensor, t: torch.Tensor) -> int:
+    """Positions where ``a`` does not reproduce ``t``'s NaN/Inf (same NaN positions, same signed inf)."""
+    bad = torch.isnan(a) != torch.isnan(t)
+    t_inf = torch.isinf(t)
+    bad |= torch.isinf(a) != t_inf
+    bad |= t_inf & (a != t)
+    return int(bad.sum())
+
+
+def _norm_denominator(t: torch.Tensor) -> float:
+    """||t||_2, or sqrt(n) (unit absolute scale) when t is all zeros."""
+    norm = float(torch.linalg.vector_norm(t))
+    return norm if norm > 0 else math.sqrt(max(t.numel(), 1))
+
+
+def compare_allclose(
+    outputs: list, expected: list, settings: CorrectnessSettings
+) -> tuple[bool, float, float, dict[str, Any]]:
+    """KernelBench's check: ``torch.allclose(out, exp, atol, rtol)`` per output, NaN never equal.
+
+    Tolerances: ``atol_fp32``/``rtol_fp32`` for float32/float64, ``atol_half``/``rtol_half`` for
+    float16/bfloat16; integer and bool outputs must be equal. Returns (passed, max_abs_err, rel_err,
+    tolerance) where max_abs_err is max |out - exp| and rel_err is max over outputs of
+    ||out - exp||_2 / ||exp||_2, both over positions finite in both (inf when the non-finite
+    positions differ).
+    """
+    msg = check_structure(outputs, expected)
+    if msg:
+        return False, math.inf, math.inf, {"mode": "allclose", "error": msg}
+    passed = True
+    max_abs = 0.0
+    rel = 0.0
+    per_output: list[dict[str, Any]] = []
+    for out, exp in zip(outputs, expected, strict=True):
+        if not _is_inexact(exp):
+            mismatches = int((out != exp).sum())
+            ok = mismatches == 0
+            passed &= ok
+            if not ok:
+                max_abs = math.inf if exp.dtype == torch.bool else max(
+                    max_abs, float((out.to(torch.float64) - exp.to(torch.float64)).abs().max())
+                )
+                rel = max(rel, mismatches / max(exp.numel(), 1))
+            per_output.append({"kind": "exact", "dtype": str(exp.dtype), "mismatches": mismatches})
+            continue
+        atol, rtol = (
+            (settings.atol_half, settings.rtol_half) if exp.dtype in _HALF else (settings.atol_fp32, settings.rtol_fp32)
+        )
+        a, t = _as_f64(out), _as_f64(exp)
+        ok = bool(torch.allclose(a, t, rtol=rtol, atol=atol, equal_nan=False))
+        passed &= ok
+        err_abs, err_rel = _errors(a, t)
+        max_abs = max(max_abs, err_abs)
+        rel = max(rel, err_rel)
+        per_output.append({"kind": "float", "dtype": str(exp.dtype), "atol": atol, "rtol": rtol, "passed": ok})
+    tol = {"mode": "allclose", "atol": settings.atol_fp32, "rtol": settings.rtol_fp32, "outputs": per_output}
+    return passed, max_abs, rel, tol
+
+
+def _errors(a: torch.Tensor, t: torch.Tensor) -> tuple[float, float]:
+    """(max |a - t|, ||a - t|| / ||t||) over positions finite in both; inf if NaN/Inf positions differ."""
+    if _nonfinite_mismatch(a, t):
+        return math.inf, math.inf
+    mask = torch.isfinite(t)
+    diff = torch.where(mask, a - t, torch.zeros((), dtype=a.dtype, device=a.device))
+    tf = torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    return max_abs, float(torch.linalg.vector_norm(diff)) / _norm_denominator(tf)
+
+
+def _float_error(a: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+    """Error of ``a`` against the float64 truth ``t`` in the error model's terms (see module doc)."""
+    a, t = _as_f64(a), _as_f64(t)
+    mismatch = _nonfinite_mismatch(a, t)
+    mask = torch.isfinite(t) & torch.isfinite(a)
+    zero = torch.zeros((), dtype=torch.float64, device=t.device)
+    tf = torch.where(mask, t, zero)
+    diff = torch.where(mask, a - t, zero)
+    peak = float(tf.abs().max()) if tf.numel() else 0.0
+    scale = peak if peak > 0 else 1.0
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    return {
+        "kind": "float",
+        "scale": scale,
+        "max_abs": max_abs,
+        "elementwise": max_abs / scale,
+        "norm": float(torch.linalg.vector_norm(diff)) / _norm_denominator(tf),
+        "nonfinite_mismatch": mismatch,
+    }
+
+
+def baseline_error(baseline_outputs: list, truth_outputs: list) -> dict[str, Any]:
+    """The realistic baseline's own error against the float64 truth, per output.
+
+    For a floating output with truth ``t`` and baseline ``b`` (positions finite in both):
+    ``scale = max|t|`` (1 when t is all zeros), ``elementwise = max|b - t| / scale``,
+    ``norm = ||b - t||_2 / ||t||_2`` (``||t||_2`` replaced by ``sqrt(n)`` when t is all zeros).
+    Integer/bool outputs record their mismatch count. ``finite_match`` is False when the baseline
+    does not reproduce the truth's NaN/Inf positions: the distribution is then outside what the
+    baseline itself can compute (the pipeline should try :func:`kbv.inputs.domain_fallback`).
+    """
+    msg = _count_message(baseline_outputs, truth_outputs)
+    if msg:
+        raise ValueError(f"baseline_error: {msg}")
+    per_output: list[dict[str, Any]] = []
+    for b, t in zip(baseline_outputs, truth_outputs, strict=True):
+        if tuple(b.shape) != tuple(t.shape):
+            raise ValueError(f"baseline_error: shape {tuple(b.shape)} differs from the truth's {tuple(t.shape)}")
+        if _is_inexact(t):
+            per_output.append(_float_error(b, t))
+        else:
+            per_output.append({"kind": "exact", "mismatches": int((b != t).sum())})
+    floats = [o for o in per_output if o["kind"] == "float"]
+    return {
+        "outputs": per_output,
+        "elementwise": max((o["elementwise"] for o in floats), default=0.0),
+        "norm": max((o["norm"] for o in floats), default=0.0),
+        "finite_match": all(o.get("nonfinite_mismatch", 0) == 0 for o in per_output),
+    }
+
+
+def compare_error_model(
+    outputs: list, truth_outputs: list, baseline_err: dict[str, Any], settings: CorrectnessSettings
+) -> tuple[bool, float, float, dict[str, Any]]:
+    """kbv's check: the candidate may be ``error_multiple`` times as wrong as the baseline, no more.
+
+    For each floating output (terms as in :func:`baseline_error`, with the candidate ``a``):
+    passes when the NaN/Inf positions equal the truth's (an inf must be the same inf), and
+    ``max|a - t| / scale <= max(error_multiple * baseline elementwise, elementwise_floor)`` and
+    ``||a - t|| / ||t|| <= max(error_multiple * baseline norm, norm_floor)``. Integer/bool outputs
+    must equal the truth exactly. Returns (passed, max_abs_err, rel_err, tolerance): max_abs_err is
+    the largest unscaled |a - t|, rel_err the largest relative norm error (inf on a NaN/Inf
+    mismatch); tolerance holds the per-output limits and scaled errors.
+    """
+    base_outputs = baseline_err.get("outputs", [])
+    msg = _count_message(outputs, truth_outputs)
+    if msg is None and len(base_outputs) != len(truth_outputs):
+        msg = f"baseline error covers {len(base_outputs)} outputs, the truth has {len(truth_outputs)}"
+    tol: dict[str, Any] = {
+        "mode": "error_model",
+        "error_multiple": settings.error_multiple,
+        "elementwise_floor": settings.elementwise_floor,
+        "norm_floor": settings.norm_floor,
+    }
+    if msg:
+        return False, math.inf, math.inf, {**tol, "error": msg}
+    passed = True
+    max_abs = 0.0
+    rel = 0.0
+    per_output: list[dict[str, Any]] = []
+    for i, (out, truth, base) in enumerate(zip(outputs, truth_outputs, base_outputs, strict=True)):
+        if type(out) is not torch.Tensor or tuple(out.shape) != tuple(truth.shape):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            return False, math.inf, math.inf, {**tol, "error": f"output {i}: {got} does not match the truth"}
+        if not _is_inexact(truth):
+            if _is_inexact(out):
+                return False, math.inf, math.inf, {**tol, "error": f"output {i}: floating output, exact expected"}
+            mismatches = int((out != truth).sum())
+            passed &= mismatches == 0
+            if mismatches:
+                max_abs = max(max_abs, float((out.to(torch.float64) - truth.to(torch.float64)).abs().max()))
+                rel = max(rel, mismatches / max(truth.numel(), 1))
+            per_output.append({"kind": "exact", "mismatches": mismatches, "passed": mismatches == 0})
+            continue
+        err = _float_error(out, truth)
+        elem_tol = max(settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor)
+        norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor)
+        ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
+        passed &= ok
+        if err["nonfinite_mismatch"]:
+            max_abs, rel = math.inf, math.inf
+        else:
+            max_abs = max(max_abs, err["max_abs"])
+            rel = max(rel, err["norm"])
+        per_output.append(
+            {
+                "kind": "float",
+                "scale": err["scale"],
+                "elementwise_err": err["elementwise"],
+                "elementwise_tol": elem_tol,
+                "norm_err": err["norm"],
+                "norm_tol": norm_tol,
+                "nonfinite_mismatch": err["nonfinite_mismatch"],
+                "passed": ok,
+            }
+        )
+    return passed, max_abs, rel, {**tol, "outputs": per_output}
+
+
+def _worst(values: list[Any]) -> float | None:
+    nums = [float(v) for v in values if v is not None]
+    if not nums:
+        return None
+    return math.inf if any(math.isnan(v) for v in nums) else max(nums)
+
+
+def judge_distribution(
+    name: str,
+    draws: list[dict[str, Any]],
+    settings: CorrectnessSettings,
+    *,
+    applicable: bool | None = None,
+    note: str | None = None,
+) -> DistributionResult:
+    """Aggregate the draws of one distribution into its record entry.
+
+    Each draw is a dict with ``passed``, ``max_abs_err``, ``rel_err``, ``tolerance``,
+    ``baseline_err`` and ``note`` (and optionally ``applicable``). The distribution passes only if
+    it is applicable, has at least one draw and every draw passed; errors are the worst over draws;
+    tolerance and baseline_err are those of the first failing draw (else the last draw), with a
+    compact per-draw summary under ``tolerance["draws"]``. A distribution that is not applicable
+    (``applicable=False``, or any draw saying so) has ``passed=False`` and must be skipped when
+    deciding ``correct``; its note says why.
+    """
+    notes = [str(d.get("note") or "") for d in draws]
+    if note:
+        notes.insert(0, note)
+    if applicable is None:
+        applicable = bool(draws) and all(d.get("applicable", True) for d in draws)
+        if not draws:
+            notes.insert(0, "no draws were run")
+    if applicable and len(draws) < settings.draws_per_distribution:
+        notes.append(f"only {len(draws)} of {settings.draws_per_distribution} draws ran")
+    unique_notes = list(dict.fromkeys(n for n in notes if n))
+    failing = [d for d in draws if not d.get("passed")]
+    chosen = failing[0] if failing else (draws[-1] if draws else None)
+    tolerance: dict[str, Any] | None = None
+    if chosen is not None:
+        tolerance = dict(chosen.get("tolerance") or {})
+        tolerance["draws"] = [
+            {"passed": bool(d.get("passed")), "max_abs_err": d.get("max_abs_err"), "rel_err": d.get("rel_err")}
+            for d in draws
+        ]
+    return DistributionResult(
+        name=name,
+        applicable=bool(applicable),
+        passed=bool(applicable) and bool(draws) and not failing,
+        max_abs_err=_worst([d.get("max_abs_err") for d in draws]),
+        rel_err=_worst([d.get("rel_err") for d in draws]),
+        tolerance=tolerance,
+        note="; ".join(unique_notes),
+        baseline_err=chosen.get("baseline_err") if chosen is not None else None,
+        draws=len(draws),
+    )
