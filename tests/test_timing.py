@@ -1,0 +1,647 @@
+"""Tests for kbv.timing: the recipe runs against a fake clock, so every count and order is exact."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+import pytest
+import torch
+
+from kbv import timing
+from kbv.protocol import TimingSettings
+from kbv.timing import (
+    Clock,
+    CpuTimer,
+    Measurement,
+    baseline_cache_key,
+    bracket_check,
+    make_l2_flush,
+    make_timer,
+    measure,
+    paired_speedup,
+    quality_warnings,
+    snapshot_identities,
+    summarize,
+    verify_identities,
+    wall_vs_device_disagreement,
+)
+
+# Durations are binary fractions, so sums on the fake clock are exact.
+CALL_S = 1 / 64  # 15.625 ms
+FLUSH_S = 1 / 8
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class FakeClock(Clock):
+    """Time moves only when someone advances it."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class LoggingTimer(CpuTimer):
+    """A CPU timer over a fake clock that logs the harness's timer operations in order."""
+
+    def __init__(self, clock: FakeClock, log: list[str]) -> None:
+        super().__init__(clock)
+        self.log = log
+
+    def record(self, mark: Any) -> None:
+        self.log.append("record")
+        super().record(mark)
+
+
+class GraphFakeTimer(CpuTimer):
+    """Implements capture() so the graph regime's control flow runs on the CPU."""
+
+    def __init__(self, clock: FakeClock, log: list[str]) -> None:
+        super().__init__(clock)
+        self.log = log
+
+    def capture(self, fn):  # type: ignore[no-untyped-def]
+        self.log.append("capture")
+        fn()  # capturing runs the function once, like torch.cuda.graph
+
+        def replay() -> None:
+            self.log.append("replay")
+            fn()
+
+        return replay
+
+
+def settings(**changes: Any) -> TimingSettings:
+    base = TimingSettings(warmup_calls=0, warmup_seconds=0.0, repeats=10, max_seconds=100.0)
+    return replace(base, **changes)
+
+
+def make_fn(clock: FakeClock, log: list[Any] | None = None, seconds: float = CALL_S):
+    def fn(k: int) -> None:
+        if log is not None:
+            log.append(k)
+        clock.advance(seconds)
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------
+# The recipe on a fake clock
+# ------------------------------------------------------------------------------------------
+
+
+def test_warmup_by_count() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+    m = measure(make_fn(clock, calls), settings=settings(warmup_calls=5, repeats=3), n_input_sets=1,
+                timer=CpuTimer(clock))
+    assert m.warmup_calls == 5
+    assert len(calls) == 5 + 3
+    assert len(m.device_ms) == 3
+
+
+def test_warmup_by_time_budget() -> None:
+    clock = FakeClock()
+    # One call minimum, but 4 calls of 1/64 s are needed to spend 1/16 s.
+    m = measure(make_fn(clock), settings=settings(warmup_calls=1, warmup_seconds=4 * CALL_S, repeats=2),
+                n_input_sets=1, timer=CpuTimer(clock))
+    assert m.warmup_calls == 4
+
+
+def test_warmup_count_wins_when_larger_than_time_budget() -> None:
+    clock = FakeClock()
+    m = measure(make_fn(clock), settings=settings(warmup_calls=7, warmup_seconds=CALL_S, repeats=1),
+                n_input_sets=1, timer=CpuTimer(clock))
+    assert m.warmup_calls == 7
+
+
+def test_warmup_is_capped_when_clock_does_not_advance(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "MAX_WARMUP_CALLS", 50)
+    clock = FakeClock()
+    m = measure(make_fn(clock, seconds=0.0), settings=settings(warmup_seconds=1.0, repeats=1),
+                n_input_sets=1, timer=CpuTimer(clock))
+    assert m.warmup_calls == 50
+
+
+def test_samples_are_exact_on_fake_clock() -> None:
+    clock = FakeClock()
+    m = measure(make_fn(clock), settings=settings(repeats=6), n_input_sets=1, timer=CpuTimer(clock))
+    assert m.device_ms == [CALL_S * 1e3] * 6
+    assert m.wall_ms == [CALL_S * 1e3] * 6
+    assert m.timer == "cpu"
+    assert m.total_wall_s == pytest.approx(6 * CALL_S)
+
+
+def test_repeats_bounded_by_max_seconds() -> None:
+    clock = FakeClock()
+    # Calls start at 0, 1/4, 2/4, 3/4 s; at 1 s the budget is spent, so the 5th never starts.
+    m = measure(make_fn(clock, seconds=0.25), settings=settings(repeats=100, max_seconds=1.0),
+                n_input_sets=1, timer=CpuTimer(clock))
+    assert len(m.device_ms) == 4
+
+
+def test_at_least_one_timed_call_even_if_budget_is_tiny() -> None:
+    clock = FakeClock()
+    m = measure(make_fn(clock, seconds=2.0), settings=settings(repeats=5, max_seconds=0.001),
+                n_input_sets=1, timer=CpuTimer(clock))
+    assert len(m.device_ms) == 1
+
+
+def test_repeats_reached_when_budget_allows() -> None:
+    clock = FakeClock()
+    m = measure(make_fn(clock), settings=settings(repeats=12, max_seconds=10.0), n_input_sets=1,
+                timer=CpuTimer(clock))
+    assert len(m.device_ms) == 12
+
+
+def test_rotation_order_over_input_sets() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+    m = measure(make_fn(clock, calls), settings=settings(warmup_calls=4, repeats=5), n_input_sets=3,
+                timer=CpuTimer(clock))
+    assert calls == [0, 1, 2, 0] + [0, 1, 2, 0, 1]
+    assert m.n_input_sets == 3
+
+
+def test_flush_once_per_timed_call_and_outside_timed_region() -> None:
+    clock = FakeClock()
+    log: list[Any] = []
+
+    def flush() -> None:
+        log.append("flush")
+        clock.advance(FLUSH_S)
+
+    m = measure(make_fn(clock, log), settings=settings(warmup_calls=2, repeats=4, l2_flush=True),
+                n_input_sets=2, timer=LoggingTimer(clock, log), flush=flush)
+    assert log.count("flush") == 4
+    timed = log[2:]  # after the two warm-up calls: flush, record, call, record, per timed call
+    assert timed == ["flush", "record", 0, "record", "flush", "record", 1, "record"] * 2
+    # The flush advanced the clock by 125 ms each time, yet no sample includes it.
+    assert m.device_ms == [CALL_S * 1e3] * 4
+    assert m.wall_ms == [CALL_S * 1e3] * 4
+    assert m.l2_flush is True
+
+
+def test_flush_not_called_when_setting_off() -> None:
+    clock = FakeClock()
+    flushed: list[int] = []
+    m = measure(make_fn(clock), settings=settings(repeats=3, l2_flush=False), n_input_sets=1,
+                timer=CpuTimer(clock), flush=lambda: flushed.append(1))
+    assert flushed == []
+    assert m.l2_flush is False
+
+
+def test_flush_time_counts_toward_max_seconds() -> None:
+    clock = FakeClock()
+
+    def flush() -> None:
+        clock.advance(0.25)
+
+    m = measure(make_fn(clock, seconds=0.25), settings=settings(repeats=100, max_seconds=1.0, l2_flush=True),
+                n_input_sets=1, timer=CpuTimer(clock), flush=flush)
+    assert len(m.device_ms) == 2
+
+
+def test_on_sample_receives_each_timed_call() -> None:
+    clock = FakeClock()
+    seen: list[tuple[int, float, float]] = []
+    measure(make_fn(clock), settings=settings(warmup_calls=3, repeats=3), n_input_sets=1,
+            timer=CpuTimer(clock), on_sample=lambda i, d, w: seen.append((i, d, w)))
+    assert seen == [(i, CALL_S * 1e3, CALL_S * 1e3) for i in range(3)]
+
+
+def test_measure_rejects_bad_arguments() -> None:
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="n_input_sets"):
+        measure(make_fn(clock), settings=settings(), n_input_sets=0, timer=CpuTimer(clock))
+    with pytest.raises(ValueError, match="repeats"):
+        measure(make_fn(clock), settings=settings(repeats=0), n_input_sets=1, timer=CpuTimer(clock))
+
+
+def test_exceptions_from_fn_propagate() -> None:
+    def boom(k: int) -> None:
+        raise RuntimeError("candidate crashed")
+
+    with pytest.raises(RuntimeError, match="candidate crashed"):
+        measure(boom, settings=settings(), n_input_sets=1, timer=CpuTimer(FakeClock()))
+
+
+def test_side_stream_work_shows_in_wall_not_device() -> None:
+    """A fake device: fn enqueues 5 ms on a side stream; only a device-wide sync waits for it."""
+    clock = FakeClock()
+
+    class SideStreamTimer(CpuTimer):
+        pending = 0.0
+
+        def synchronize(self) -> None:
+            clock.advance(self.pending)
+            self.pending = 0.0
+
+    timer = SideStreamTimer(clock)
+
+    def cheat(k: int) -> None:
+        clock.advance(1 / 1024)  # the launch on the host
+        timer.pending += 5 / 1024  # the work, on another stream
+
+    m = measure(cheat, settings=settings(repeats=10), n_input_sets=1, timer=timer)
+    assert m.device_ms == [1e3 / 1024] * 10
+    assert m.wall_ms == [6e3 / 1024] * 10
+    assert wall_vs_device_disagreement(m, overhead_ms=0.01)["disagrees"] is True
+
+
+def test_graph_regime_captures_each_set_and_times_replays() -> None:
+    clock = FakeClock()
+    log: list[Any] = []
+    m = measure(make_fn(clock, log), settings=settings(recipe="r", cuda_graph=True, warmup_calls=1, repeats=4),
+                n_input_sets=3, timer=GraphFakeTimer(clock, log))
+    assert m.recipe == "r+graph"
+    # eager warm-up covers all 3 sets though warmup_calls is 1; then one capture per set
+    assert log[:9] == [0, 1, 2, "capture", 0, "capture", 1, "capture", 2]
+    # replay warm-up (1 call) then 4 timed replays, rotating sets
+    assert log[9:] == ["replay", 0] + ["replay", 0, "replay", 1, "replay", 2, "replay", 0]
+    assert m.warmup_calls == 3 + 1
+    assert m.device_ms == [CALL_S * 1e3] * 4
+
+
+def test_graph_regime_needs_cuda_timer() -> None:
+    clock = FakeClock()
+    with pytest.raises(NotImplementedError, match="cuda_graph"):
+        measure(make_fn(clock), settings=settings(cuda_graph=True), n_input_sets=1, timer=CpuTimer(clock))
+
+
+def test_recipe_name_without_graph() -> None:
+    clock = FakeClock()
+    m = measure(make_fn(clock), settings=settings(recipe="flush-rotate-events-median"), n_input_sets=1,
+                timer=CpuTimer(clock))
+    assert m.recipe == "flush-rotate-events-median"
+
+
+def test_real_clock_cpu_measure_of_small_torch_op() -> None:
+    a = [torch.randn(64, 64) for _ in range(2)]
+    b = torch.randn(64, 64)
+    out = torch.empty(64, 64)
+
+    def fn(k: int) -> None:
+        torch.mm(a[k], b, out=out)
+
+    s = TimingSettings(warmup_calls=3, warmup_seconds=0.01, repeats=20, max_seconds=2.0)
+    m = measure(fn, settings=s, n_input_sets=2, timer=make_timer("cpu"), flush=make_l2_flush("cpu"))
+    assert 1 <= len(m.device_ms) == len(m.wall_ms) <= 20
+    assert m.warmup_calls >= 3
+    assert all(0 < x < 1000 for x in m.device_ms + m.wall_ms)
+    assert m.total_wall_s > 0
+    assert summarize(m.device_ms)["median"] > 0
+
+
+def test_make_l2_flush_and_timer_on_cpu() -> None:
+    assert make_l2_flush("cpu") is None
+    assert isinstance(make_timer("cpu"), CpuTimer)
+    assert isinstance(make_timer(None), CpuTimer)
+
+
+# ------------------------------------------------------------------------------------------
+# Measurement records
+# ------------------------------------------------------------------------------------------
+
+
+def test_measurement_round_trip_through_json() -> None:
+    m = Measurement(recipe="events-median+graph", device_ms=[0.5, 0.25], wall_ms=[0.75, 0.5], warmup_calls=7,
+                    n_input_sets=3, l2_flush=True, total_wall_s=1.5, timer="cuda-events")
+    data = json.loads(json.dumps(m.to_dict()))
+    assert Measurement.from_dict(data) == m
+
+
+def test_measurement_from_dict_rejects_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="unknown Measurement fields"):
+        Measurement.from_dict({"recipe": "x", "bogus": 1})
+
+
+# ------------------------------------------------------------------------------------------
+# Statistics
+# ------------------------------------------------------------------------------------------
+
+
+def test_summarize_known_samples() -> None:
+    s = summarize([9.0, 1.0, 5.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0, 5.0, 5.0])
+    assert s["n"] == 11
+    assert s["median"] == 5.0
+    assert s["mean"] == pytest.approx(5.0)
+    assert (s["min"], s["max"]) == (1.0, 9.0)
+    assert s["iqr"] == pytest.approx(3.0)
+    assert s["ci95_low"] <= s["median"] <= s["ci95_high"]
+    assert s["ci95_low"] < s["ci95_high"]
+    assert s["cv"] == pytest.approx(s["stdev"] / s["mean"])
+    json.dumps(s)
+
+
+def test_summarize_constant_samples_have_zero_width_ci() -> None:
+    s = summarize([1.25] * 30)
+    assert s["ci95_low"] == s["ci95_high"] == s["median"] == 1.25
+    assert s["stdev"] == 0.0 and s["cv"] == 0.0
+    assert s["warnings"] == []
+
+
+def test_summarize_is_reproducible_by_seed() -> None:
+    samples = [1.0, 1.1, 0.9, 1.3, 1.05, 0.95, 1.2, 1.0, 0.97, 1.02]
+    assert summarize(samples, seed=3) == summarize(samples, seed=3)
+    assert summarize(samples, resamples=200)["resamples"] == 200
+
+
+def test_summarize_ci_narrows_with_more_samples() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    few = summarize(list(1.0 + 0.1 * rng.standard_normal(10)))
+    many = summarize(list(1.0 + 0.1 * rng.standard_normal(1000)))
+    assert many["ci95_high"] - many["ci95_low"] < few["ci95_high"] - few["ci95_low"]
+
+
+def test_summarize_empty_and_single() -> None:
+    empty = summarize([])
+    assert empty["n"] == 0 and empty["median"] is None and empty["warnings"] == ["no_samples"]
+    one = summarize([2.0])
+    assert one["median"] == one["ci95_low"] == one["ci95_high"] == 2.0
+    assert "few_samples" in one["warnings"]
+
+
+def test_summarize_rejects_non_finite() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        summarize([1.0, float("nan")])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "warning"),
+    [
+        ({"n": timing.MIN_SAMPLES - 1}, "few_samples"),
+        ({"cv": timing.NOISY_CV * 1.01}, "noisy"),
+        ({"median": timing.OVERHEAD_DOMINATED_MS * 0.99, "maximum": timing.OVERHEAD_DOMINATED_MS}, "overhead_dominated"),
+        ({"maximum": timing.OUTLIER_FACTOR * 1.01}, "outliers"),
+    ],
+)
+def test_warning_fires_past_its_threshold(kwargs: dict[str, float], warning: str) -> None:
+    args = {"n": 30, "median": 1.0, "cv": 0.01, "maximum": 1.1, **kwargs}
+    assert quality_warnings(**args) == [warning]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n": timing.MIN_SAMPLES},
+        {"cv": timing.NOISY_CV},
+        {"median": timing.OVERHEAD_DOMINATED_MS, "maximum": timing.OVERHEAD_DOMINATED_MS},
+        {"maximum": timing.OUTLIER_FACTOR},
+    ],
+)
+def test_warning_silent_at_its_threshold(kwargs: dict[str, float]) -> None:
+    args = {"n": 30, "median": 1.0, "cv": 0.01, "maximum": 1.1, **kwargs}
+    assert quality_warnings(**args) == []  # type: ignore[arg-type]
+
+
+def test_summarize_attaches_warnings() -> None:
+    assert "outliers" in summarize([1.0] * 19 + [3.5])["warnings"]
+    assert "noisy" in summarize([1.0, 2.0] * 10)["warnings"]
+    assert summarize([0.005] * 20)["warnings"] == ["overhead_dominated"]
+    assert summarize([1.0] * 5)["warnings"] == ["few_samples"]
+
+
+def test_paired_speedup_constant_ratio() -> None:
+    r = paired_speedup([[2.0, 2.0, 2.0]] * 3, [[1.0, 1.0, 1.0]] * 3, resamples=200)
+    assert r["speedup"] == 2.0
+    assert r["ci95_low"] == r["ci95_high"] == 2.0
+    assert r["per_round"] == [2.0, 2.0, 2.0]
+    assert r["n_rounds"] == 3
+
+
+def test_paired_speedup_pairing_cancels_drift_between_rounds() -> None:
+    # The machine got 2x slower in round 2 for both sides: the ratio is 2 in every round.
+    r = paired_speedup([[2.0, 2.0], [4.0, 4.0]], [[1.0, 1.0], [2.0, 2.0]], resamples=500, seed=1)
+    assert r["per_round"] == [2.0, 2.0]
+    assert r["speedup"] == pytest.approx(2.0)
+    assert r["ci95_low"] == pytest.approx(2.0) and r["ci95_high"] == pytest.approx(2.0)
+    assert r["baseline_median"] == 3.0 and r["candidate_median"] == 1.5
+
+
+def test_paired_speedup_interval_contains_estimate() -> None:
+    base = [[10.0, 10.5, 9.5, 10.2], [10.1, 9.9, 10.4, 9.8]]
+    cand = [[5.0, 5.5, 4.8, 5.1], [5.2, 4.9, 5.0, 5.3]]
+    r = paired_speedup(base, cand, resamples=500)
+    assert r["ci95_low"] <= r["speedup"] <= r["ci95_high"]
+    assert 1.8 < r["speedup"] < 2.2
+    assert r["ci95_low"] < r["ci95_high"]
+    assert paired_speedup(base, cand, resamples=500) == r
+
+
+def test_paired_speedup_rejects_unpaired_rounds() -> None:
+    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
+        paired_speedup([[1.0], [1.0]], [[1.0]])
+    with pytest.raises(ValueError, match="at least one sample"):
+        paired_speedup([[1.0], []], [[1.0], [1.0]])
+    with pytest.raises(ValueError, match="positive"):
+        paired_speedup([[0.0]], [[1.0]])
+
+
+def test_wall_vs_device_thresholds() -> None:
+    def m(device: float, wall: float) -> Measurement:
+        return Measurement(recipe="x", device_ms=[device] * 10, wall_ms=[wall] * 10)
+
+    allowed = max(0.02, timing.WALL_DEVICE_REL_TOLERANCE * 1.0) + timing.WALL_DEVICE_SLACK_MS
+    assert wall_vs_device_disagreement(m(1.0, 1.0 + allowed * 0.99), overhead_ms=0.02)["disagrees"] is False
+    assert wall_vs_device_disagreement(m(1.0, 1.0 + allowed * 1.01), overhead_ms=0.02)["disagrees"] is True
+    # honest tiny kernel: the wall clock pays the sync overhead and nothing more
+    honest = wall_vs_device_disagreement(m(0.004, 0.03), overhead_ms=0.03)
+    assert honest["disagrees"] is False
+    # side stream: the event fires at once, the device-wide sync waits 2 ms
+    cheat = wall_vs_device_disagreement(m(0.005, 2.0), overhead_ms=0.03)
+    assert cheat["disagrees"] is True and cheat["ratio"] == pytest.approx(400.0)
+
+
+def test_bracket_check_flags_under_reporting_worker() -> None:
+    """End to end: the worker's clock was patched to run 50x slow; the parent's clock was not."""
+    parent = FakeClock()
+
+    class LyingClock(Clock):
+        def now(self) -> float:
+            return parent.now() / 50
+
+    n, overhead_ms = 30, 20.0
+    t0 = parent.now()
+    parent.advance(overhead_ms / 2e3)  # channel + spawn costs before ...
+    m = measure(make_fn(parent, seconds=0.05), settings=settings(repeats=n), n_input_sets=1,
+                timer=CpuTimer(LyingClock()))
+    parent.advance(overhead_ms / 2e3)  # ... and after
+    bracket_ms = (parent.now() - t0) * 1e3
+    assert m.wall_ms == pytest.approx([1.0] * n)
+    r = bracket_check(sum(m.wall_ms), bracket_ms, overhead_ms, n_calls=n)
+    assert r["disagrees"] is True
+    assert r["trusted_per_call_ms"] == pytest.approx(50.0)
+
+
+def test_bracket_check_accepts_honest_worker() -> None:
+    parent = FakeClock()
+    n, overhead_ms = 30, 20.0
+    t0 = parent.now()
+    parent.advance(0.021)  # a little more overhead than expected: within the slack
+    m = measure(make_fn(parent, seconds=0.05), settings=settings(repeats=n), n_input_sets=1,
+                timer=CpuTimer(parent))
+    bracket_ms = (parent.now() - t0) * 1e3
+    r = bracket_check(sum(m.wall_ms), bracket_ms, overhead_ms, n_calls=n)
+    assert r["disagrees"] is False and r["overreports"] is False
+    assert r["trusted_per_call_ms"] == pytest.approx(50.0, rel=0.01)
+
+
+def test_bracket_check_thresholds_and_overreport() -> None:
+    allowed = 10.0 + timing.BRACKET_SLACK_ABS_MS + timing.BRACKET_SLACK_REL * 100.0
+    assert bracket_check(100.0, 100.0 + allowed * 0.99, 10.0)["disagrees"] is False
+    assert bracket_check(100.0, 100.0 + allowed * 1.01, 10.0)["disagrees"] is True
+    impossible = bracket_check(100.0, 50.0, 10.0)
+    assert impossible["overreports"] is True and impossible["disagrees"] is False
+    with pytest.raises(ValueError, match="n_calls"):
+        bracket_check(1.0, 1.0, 0.0, n_calls=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Identity snapshot
+# ------------------------------------------------------------------------------------------
+
+
+def test_identities_unchanged_without_patching() -> None:
+    snap = snapshot_identities()
+    assert snap["time.perf_counter"] == id(time.perf_counter)
+    assert verify_identities(snap) == []
+
+
+def test_identities_detect_patched_perf_counter_and_timer_keeps_real_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    timer = CpuTimer()  # constructed before the "candidate" patches time
+    snap = snapshot_identities()
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    assert verify_identities(snap) == ["time.perf_counter"]
+    first = timer.now()
+    time.sleep(0.001)
+    assert timer.now() > first > 0.0  # the timer still reads the real clock
+
+
+def test_identities_detect_patched_cuda_event_and_own_stats(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = snapshot_identities()
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(timing, "summarize", lambda *a, **k: {})
+    assert verify_identities(snap) == ["kbv.timing.summarize", "torch.cuda.Event.elapsed_time",
+                                       "torch.cuda.synchronize"]
+    monkeypatch.undo()
+    assert verify_identities(snap) == []
+
+
+def test_identities_detect_removed_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = snapshot_identities()
+    monkeypatch.delattr(time, "monotonic")
+    assert verify_identities(snap) == ["time.monotonic"]
+
+
+# ------------------------------------------------------------------------------------------
+# Baseline cache key
+# ------------------------------------------------------------------------------------------
+
+KEY_ARGS: dict[str, Any] = {
+    "problem_sha": "abc123",
+    "input_spec": {"shapes": [[16, 16]], "dtype": "float32", "distribution": "original"},
+    "device": {"name": "NVIDIA H200", "driver_version": "580.65", "cuda": "13.0"},
+    "torch_version": "2.11.0+cu130",
+    "timing_settings": TimingSettings(),
+    "baseline_name": "eager_fp32",
+}
+
+KEY_CHANGES: dict[str, Any] = {
+    "problem_sha": "abc124",
+    "input_spec": {"shapes": [[16, 32]], "dtype": "float32", "distribution": "original"},
+    "device": {"name": "NVIDIA H200", "driver_version": "580.82", "cuda": "13.0"},
+    "torch_version": "2.11.1+cu130",
+    "timing_settings": TimingSettings(l2_flush=True),
+    "baseline_name": "eager_tf32",
+}
+
+
+def test_cache_key_is_stable() -> None:
+    key = baseline_cache_key(**KEY_ARGS)
+    assert len(key) == 64
+    assert baseline_cache_key(**KEY_ARGS) == key
+    reordered = {**KEY_ARGS, "input_spec": dict(reversed(list(KEY_ARGS["input_spec"].items())))}
+    assert baseline_cache_key(**reordered) == key
+    as_dict = {**KEY_ARGS, "timing_settings": asdict(KEY_ARGS["timing_settings"])}
+    assert baseline_cache_key(**as_dict) == key
+
+
+@pytest.mark.parametrize("component", sorted(KEY_CHANGES))
+def test_cache_key_changes_with_each_component(component: str) -> None:
+    assert baseline_cache_key(**{**KEY_ARGS, component: KEY_CHANGES[component]}) != baseline_cache_key(**KEY_ARGS)
+
+
+def test_cache_key_changes_with_device_name() -> None:
+    other = {**KEY_ARGS, "device": {**KEY_ARGS["device"], "name": "NVIDIA H100"}}
+    assert baseline_cache_key(**other) != baseline_cache_key(**KEY_ARGS)
+
+
+def test_cache_key_requires_device_name_and_driver() -> None:
+    with pytest.raises(ValueError, match="driver_version"):
+        baseline_cache_key(**{**KEY_ARGS, "device": {"name": "NVIDIA H200"}})
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+# ------------------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_measure_events_flush_and_graph() -> None:
+    from kbv.timing import CudaTimer
+
+    dev = torch.device("cuda")
+    timer = CudaTimer(dev)
+    flush = make_l2_flush(dev)
+    assert flush is not None
+    a = [torch.randn(1024, 1024, device=dev) for _ in range(3)]
+    out = torch.empty(1024, 1024, device=dev)
+
+    def fn(k: int) -> None:
+        torch.mm(a[k], a[k], out=out)
+
+    s = TimingSettings(recipe="r", warmup_calls=3, warmup_seconds=0.01, repeats=20, max_seconds=2.0, l2_flush=True)
+    m = measure(fn, settings=s, n_input_sets=3, timer=timer, flush=flush)
+    assert m.timer == "cuda-events" and len(m.device_ms) == 20
+    assert all(0 < d < 100 for d in m.device_ms)
+    assert all(w > 0 for w in m.wall_ms)
+    assert wall_vs_device_disagreement(m, overhead_ms=0.05)["disagrees"] is False
+
+    g = measure(fn, settings=replace(s, cuda_graph=True), n_input_sets=3, timer=timer, flush=flush)
+    assert g.recipe == "r+graph" and len(g.device_ms) == 20
+    assert all(0 < d < 100 for d in g.device_ms)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_side_stream_is_caught() -> None:
+    from kbv.timing import CudaTimer
+
+    dev = torch.device("cuda")
+    timer = CudaTimer(dev)
+    side = torch.cuda.Stream(dev)
+    x = torch.randn(4096, 4096, device=dev)
+    out = torch.empty_like(x)
+
+    def cheat(k: int) -> None:
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(5):
+                torch.mm(x, x, out=out)
+
+    m = measure(cheat, settings=TimingSettings(repeats=10), n_input_sets=1, timer=timer)
+    assert wall_vs_device_disagreement(m, overhead_ms=0.05)["disagrees"] is True
