@@ -1,0 +1,307 @@
+"""Hidden input distributions, domain variants, parameter redraws and seeds (CPU, deterministic)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kbv import inputs
+from kbv.inputs import (
+    BASE_DISTRIBUTIONS,
+    DISTRIBUTIONS,
+    derive_seed,
+    domain_fallback,
+    make_inputs,
+    new_seed,
+    redraw_parameters,
+)
+
+
+def _problem(*shapes: tuple[int, ...], extra: bool = True) -> types.SimpleNamespace:
+    def get_inputs() -> list:
+        values: list = [torch.rand(*s) for s in shapes]
+        if extra:
+            values += [torch.randint(0, 1000, (64,)), 7]
+        return values
+
+    return types.SimpleNamespace(get_inputs=get_inputs)
+
+
+ROWS = _problem((16, 4096))
+
+
+def _x(distribution: str, seed: int = 1234, **kw) -> torch.Tensor:
+    return make_inputs(ROWS, distribution, seed, "cpu", **kw)[0]
+
+
+def test_names_are_documented_and_include_the_five():
+    for name in ("original", "signed", "wide", "shifted", "blockwise"):
+        assert name in DISTRIBUTIONS and DISTRIBUTIONS[name]
+    assert BASE_DISTRIBUTIONS == ("original", "signed", "wide", "shifted", "blockwise")
+    with pytest.raises(ValueError, match="unknown input distribution"):
+        make_inputs(ROWS, "nope", 1, "cpu")
+
+
+def test_original_is_the_problems_own_draw_under_the_seed():
+    torch.manual_seed(99)
+    expected = torch.rand(16, 4096)
+    assert torch.equal(_x("original", seed=99), expected)
+
+
+def test_signed_is_zero_mean_with_the_original_magnitude():
+    x = _x("signed")
+    assert (x < 0).float().mean() > 0.4
+    assert abs(float(x.mean())) < 0.02
+    rms_original = float(_x("original").pow(2).mean().sqrt())
+    assert float(x.pow(2).mean().sqrt()) == pytest.approx(rms_original, rel=0.05)
+
+
+def test_wide_spans_many_decades_with_both_signs():
+    x = _x("wide")
+    mag = x.abs()
+    assert float(mag.min()) <= 1e-3 and float(mag.max()) >= 1e3
+    assert (x < 0).any() and (x > 0).any()
+    # log-uniform: every decade is populated
+    for lo in range(-3, 3):
+        assert ((mag >= 10.0**lo) & (mag < 10.0 ** (lo + 1))).sum() > 100
+    # exp without max-subtraction overflows
+    assert torch.isinf(torch.exp(x)).any()
+
+
+def test_shifted_has_a_large_common_offset_and_small_spread():
+    for seed in range(6):
+        x = _x("shifted", seed=seed)
+        assert abs(float(x.mean())) > 500 * float(x.std())
+        assert 0.5 < float(x.std()) < 2
+    signs = {float(_x("shifted", seed=s).mean()) > 0 for s in range(12)}
+    assert signs == {True, False}
+
+
+def test_blockwise_starts_like_the_original_then_changes():
+    for seed in range(5):
+        original = _x("original", seed=seed)
+        x = _x("blockwise", seed=seed)
+        flat = x.reshape(-1)
+        # the first elements, and the start of every row, are the original draw in [0, 1)
+        assert torch.equal(flat[:64], original.reshape(-1)[:64])
+        assert ((flat[:64] >= 0) & (flat[:64] < 1)).all()
+        assert torch.equal(x[:, :8], original[:, :8])
+        # later chunks are negative and/or large
+        tail = flat[x.numel() // 8 :]
+        assert float(tail.min()) < -10 or float(tail.abs().max()) > 100
+        assert (tail < 0).any()
+        assert (flat < 0).float().mean() > 0.1
+        # not identically distributed: chunk means differ wildly
+        means = torch.stack([c.abs().mean() for c in flat.chunk(16)])
+        assert float(means.max() / means.min()) > 100
+
+
+def test_blockwise_small_tensors():
+    tiny = types.SimpleNamespace(get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())])
+    a, b, c, d = make_inputs(tiny, "blockwise", 5, "cpu")
+    assert a.shape == (1,) and b.shape == (3,) and c.shape == (0,) and d.shape == ()
+    assert 0 <= float(a) < 1  # a single element is "the first elements"
+
+
+def test_determinism_same_seed_same_inputs_different_seed_different():
+    for name in DISTRIBUTIONS:
+        a = make_inputs(ROWS, name, 42, "cpu")
+        b = make_inputs(ROWS, name, 42, "cpu")
+        c = make_inputs(ROWS, name, 43, "cpu")
+        assert torch.equal(a[0], b[0]), name
+        assert torch.equal(a[1], b[1]), name
+        assert not torch.equal(a[0], c[0]), name
+
+
+def test_transform_does_not_reuse_the_problems_random_stream():
+    # signed draws must not be a function of the original uniform draw of the same seed
+    x = _x("signed", seed=3)
+    torch.manual_seed(3)
+    assert not torch.equal(x, torch.randn(16, 4096) * x.pow(2).mean().sqrt())
+
+
+def test_integer_and_plain_inputs_are_untouched_but_seeded():
+    for name in DISTRIBUTIONS:
+        values = make_inputs(ROWS, name, 11, "cpu")
+        torch.manual_seed(11)
+        torch.rand(16, 4096)
+        expected_ints = torch.randint(0, 1000, (64,))
+        assert torch.equal(values[1], expected_ints), name
+        assert values[1].dtype == torch.int64
+        assert values[2] == 7
+    assert not torch.equal(make_inputs(ROWS, "wide", 11, "cpu")[1], make_inputs(ROWS, "wide", 12, "cpu")[1])
+
+
+def test_fp64_sees_the_fp32_values_upcast():
+    for name in DISTRIBUTIONS:
+        single = make_inputs(ROWS, name, 8, "cpu")
+        double = make_inputs(ROWS, name, 8, "cpu", precision="fp64")
+        assert single[0].dtype == torch.float32 and double[0].dtype == torch.float64
+        assert torch.equal(double[0], single[0].double()), name
+        assert torch.equal(double[1], single[1])
+    with pytest.raises(ValueError):
+        make_inputs(ROWS, "wide", 8, "cpu", precision="fp16")
+
+
+def test_half_inputs_stay_half():
+    half = types.SimpleNamespace(get_inputs=lambda: [torch.rand(64, 64, dtype=torch.float16)])
+    for name in BASE_DISTRIBUTIONS:
+        (x,) = make_inputs(half, name, 2, "cpu")
+        assert x.dtype == torch.float16 and torch.isfinite(x).all(), name
+
+
+def test_positive_domain_variants_are_positive():
+    for base in BASE_DISTRIBUTIONS[1:]:
+        for x in (_x(f"{base}_positive"), _x(base, domain="positive")):
+            assert (x > 0).all(), base
+        unit = _x(f"{base}_unit")
+        assert ((unit > 0) & (unit < 1)).all(), base
+        assert ((_x(base, domain="unit-interval") > 0) & (_x(base, domain="unit-interval") < 1)).all()
+    wide = _x("wide_positive")
+    assert float(wide.min()) <= 1e-3 and float(wide.max()) >= 1e3
+    assert float(_x("shifted_positive").mean()) > 500
+    # the positive blockwise variant still starts with the original draw
+    assert torch.equal(_x("blockwise_positive").reshape(-1)[:32], _x("original").reshape(-1)[:32])
+
+
+def test_probabilities_domain_sums_to_one_along_the_last_dim():
+    for name in DISTRIBUTIONS:
+        x = _x(name, domain="probabilities")
+        if name == "original":
+            assert torch.equal(x, _x("original"))
+            continue
+        assert (x >= 0).all()
+        torch.testing.assert_close(x.double().sum(-1), torch.ones(16, dtype=torch.float64), rtol=0, atol=1e-4)
+
+
+def test_per_input_domains():
+    two = types.SimpleNamespace(get_inputs=lambda: [torch.rand(8, 32), torch.rand(8, 32)])
+    a, b = make_inputs(two, "signed", 1, "cpu", domain=["any", "positive"])
+    assert (a < 0).any() and (b > 0).all()
+    with pytest.raises(ValueError):
+        make_inputs(two, "signed", 1, "cpu", domain=["any"])
+    with pytest.raises(ValueError):
+        make_inputs(two, "signed", 1, "cpu", domain="negative")
+
+
+def test_domain_fallback_chain():
+    assert domain_fallback("original") is None
+    for base in BASE_DISTRIBUTIONS[1:]:
+        assert domain_fallback(base) == f"{base}_positive"
+        assert domain_fallback(f"{base}_positive") == f"{base}_unit"
+        assert domain_fallback(f"{base}_unit") is None
+        for name in (base, f"{base}_positive", f"{base}_unit"):
+            assert name in DISTRIBUTIONS
+
+
+def test_kl_div_style_problem_is_finite_under_the_fallback():
+    def get_inputs() -> list:
+        return [torch.rand(8, 128).softmax(-1), torch.rand(8, 128).softmax(-1)]
+
+    kl = types.SimpleNamespace(get_inputs=get_inputs)
+
+    def reference(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.kl_div(torch.log(p), q, reduction="batchmean")
+
+    assert not torch.isfinite(reference(*make_inputs(kl, "signed", 3, "cpu")))
+    fallback = domain_fallback("signed")
+    assert fallback is not None
+    assert torch.isfinite(reference(*make_inputs(kl, fallback, 3, "cpu")))
+    assert torch.isfinite(reference(*make_inputs(kl, "wide", 3, "cpu", domain="probabilities")))
+
+
+def test_get_inputs_runs_under_the_device_context():
+    seen = []
+
+    def get_inputs() -> list:
+        seen.append(torch.empty(1).device)
+        return [torch.rand(4, device="cpu")]
+
+    (x,) = make_inputs(types.SimpleNamespace(get_inputs=get_inputs), "original", 1, torch.device("meta"))
+    assert seen == [torch.device("meta")]
+    assert x.device == torch.device("meta"), "tensors created elsewhere are moved to the device"
+
+
+def test_seeds():
+    seeds = {new_seed() for _ in range(64)}
+    assert len(seeds) == 64 and all(0 <= s < 2**63 for s in seeds)
+    assert derive_seed(5, "draw", 1) == derive_seed(5, "draw", 1)
+    assert derive_seed(5, "draw", 1) != derive_seed(5, "draw", 2)
+    assert derive_seed(5, "draw", 1) != derive_seed(6, "draw", 1)
+    assert derive_seed(5, 1) != derive_seed(5, "1")
+    assert derive_seed(5, "ab", "c") != derive_seed(5, "a", "bc")
+    assert 0 <= derive_seed(2**64 - 1, "x") < 2**63
+    with pytest.raises(ValueError):
+        derive_seed(-1)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.norm = torch.nn.BatchNorm1d(width)
+        self.scale = torch.nn.Parameter(torch.rand(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x)) * self.scale
+
+
+def test_redraw_original_reinitialises_under_the_seed():
+    net = _Net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    a = redraw_parameters(net, "original", 1)
+    b = redraw_parameters(net, "original", 1)
+    c = redraw_parameters(net, "original", 2)
+    assert set(a) == set(before)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+        assert torch.equal(net.state_dict()[k], before[k]), "the model must not be modified"
+    assert not torch.equal(a["linear.weight"], before["linear.weight"])
+    assert not torch.equal(a["linear.weight"], c["linear.weight"])
+    bound = 1 / 8**0.5
+    assert float(a["linear.weight"].abs().max()) <= bound
+    # uncovered parameter: a permutation of its own values
+    assert torch.equal(a["scale"].sort().values, before["scale"].sort().values)
+    # with the constructor arguments the Model is rebuilt exactly under the seed
+    rebuilt = redraw_parameters(net, "original", 1, init_inputs=[8])
+    assert torch.equal(rebuilt["linear.weight"], redraw_parameters(net, "original", 1, init_inputs=[8])["linear.weight"])
+    assert ((rebuilt["scale"] >= 0) & (rebuilt["scale"] < 1)).all()
+    net.load_state_dict(rebuilt)
+
+
+def test_redraw_signed_keeps_magnitude_and_running_var_positive():
+    net = _Net(64)
+    state = redraw_parameters(net, "signed", 4)
+    w = state["linear.weight"]
+    assert (w < 0).any() and (w > 0).any()
+    rms = float(net.linear.weight.detach().pow(2).mean().sqrt())
+    assert float(w.pow(2).mean().sqrt()) == pytest.approx(rms, rel=0.1)
+    assert (state["norm.running_var"] > 0).all()
+    assert not torch.equal(state["norm.running_var"], torch.ones(64))
+    assert (state["norm.bias"] != 0).any(), "zero-initialised biases are exercised"
+    assert torch.equal(state["norm.num_batches_tracked"], net.norm.num_batches_tracked)
+    assert torch.equal(state["linear.weight"], redraw_parameters(net, "signed", 4)["linear.weight"])
+    net.load_state_dict(state)
+    out = net.eval()(torch.randn(4, 64))
+    assert torch.isfinite(out).all()
+    positive = redraw_parameters(net, "wide_positive", 4)
+    assert all((v > 0).all() for k, v in positive.items() if v.is_floating_point())
+
+
+def test_module_imports_only_stdlib_torch_and_protocol():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(inputs.__file__).read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module)
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__", "kbv.protocol"}
+    assert {r for r in roots if r.split(".")[0] not in allowed and r not in allowed} == set()
