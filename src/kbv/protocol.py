@@ -196,6 +196,8 @@ def _merge_section(current: Any, overrides: Any, where: str) -> Any:
         if key not in known:
             raise ProtocolError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
         if key == "severity":
+            if isinstance(value, list):  # the stored form: [[check, severity], ...]
+                value = {str(k): str(v) for k, v in value}
             if not isinstance(value, dict):
                 raise ProtocolError(f"{where}: severity must be a table of check = \"fail|warn|info|off\"")
             bad = {k: v for k, v in value.items() if v not in ("fail", "warn", "info", "off")}

@@ -1,0 +1,54 @@
+"""Path-level entry points used by the CLI and by scripts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kbv.candidates import CandidateError, load_candidate
+from kbv.pipeline import evaluate
+from kbv.problems import check_importable, load_problem
+from kbv.protocol import Protocol, load_protocol, protocol_from_dict
+from kbv.records import Record
+
+
+def evaluate_paths(
+    problem_path: str | Path,
+    candidate_path: str | Path,
+    *,
+    protocol: str | Path | Protocol = "verified",
+    device: str | None = None,
+    timeout_s: float | None = None,
+    master_seed: int | None = None,
+) -> Record:
+    """Evaluate one problem file against one candidate file."""
+    resolved = load_protocol(protocol)
+    problem = load_problem(problem_path)
+    check_importable(problem)
+    candidate = load_candidate(candidate_path)
+    return evaluate(problem, candidate, resolved, device, timeout_s=timeout_s, master_seed=master_seed)
+
+
+def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeout_s: float | None = None) -> Record:
+    """Re-run a stored record with its own protocol settings and master seed: the same inputs again."""
+    path = Path(record_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"record file {path} does not exist")
+    text = path.read_text().strip().splitlines()
+    if not text:
+        raise CandidateError(f"record file {path} is empty")
+    data: dict[str, Any] = json.loads(text[-1])
+    settings = dict(data["protocol"]["settings"])
+    protocol = protocol_from_dict({k: v for k, v in settings.items() if k in ("name", "version", "timeout_s")} | {
+        "base": data["protocol"]["name"] if data["protocol"]["name"] in ("standard", "verified") else "verified",
+        **{k: settings[k] for k in ("correctness", "timing", "integrity") if k in settings},
+    })
+    return evaluate_paths(
+        data["problem"]["path"],
+        data["candidate"]["path"],
+        protocol=protocol,
+        device=device or data["device"].get("type"),
+        timeout_s=timeout_s,
+        master_seed=int(data["seeds"]["master"]),
+    )

@@ -1,0 +1,204 @@
+"""The ``kbv`` command: a thin layer over the public facade.
+
+Exit status: 0 when the command ran (whatever the verdicts), 2 for usage errors (one line on
+stderr), 1 when the harness itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from kbv._version import __version__
+
+EXIT_OK, EXIT_HARNESS, EXIT_USAGE = 0, 1, 2
+
+DESCRIPTION = """\
+kbv (KernelBench-Verified) evaluates LLM-written GPU kernels honestly: every candidate runs in an
+isolated worker, is checked on hidden inputs against a float64 truth, and is timed against
+realistic baselines with a clock it cannot reach.
+
+common commands:
+  kbv demo                                  bundled problems and candidates, both protocols, a report
+  kbv eval PROBLEM.py CANDIDATE.py          evaluate one pair (--json for one JSON record)
+  kbv run --problems DIR --candidates DIR   a batch, stored so that it resumes
+  kbv problems list [PATH]                  list problems (default: the bundled suite)
+"""
+
+
+class UsageError(Exception):
+    """Bad arguments or missing files: exit 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"kbv: error: {message} (see kbv --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kbv", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kbv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_eval(sub)
+    _add_run(sub)
+    _add_demo(sub)
+    _add_problems(sub)
+    for register in _optional_registrations():
+        register(sub)
+    return parser
+
+
+def _common_eval_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", default="verified", help="standard, verified (default) or a protocol .toml file")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit, compilation included")
+
+
+def _add_eval(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate one problem x candidate pair", description="Evaluate one pair and print a summary (or one JSON record with --json).")
+    p.add_argument("problem", help="problem file (defines Model, get_inputs, get_init_inputs)")
+    p.add_argument("candidate", help="candidate file (defines ModelNew)")
+    _common_eval_flags(p)
+    p.add_argument("--json", action="store_true", help="print exactly one JSON record on stdout")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also append the record to this JSONL file")
+    p.add_argument("--seed", type=int, default=None, help="master seed to replay a record's exact inputs (see --replay)")
+    p.add_argument("--replay", metavar="RECORD.json", help="replay a stored record: same problem, candidate, protocol and seeds")
+    p.set_defaults(handler=_cmd_eval)
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="evaluate a batch of candidates, resumably", description="Evaluate every candidate in a directory against its problem. Records are stored as they finish; an interrupted batch resumes.")
+    p.add_argument("--problems", required=True, help="problem file, directory or KernelBench tree")
+    p.add_argument("--candidates", required=True, help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py)")
+    _common_eval_flags(p)
+    p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
+    p.add_argument("--label", default="", help="model or candidate-set name stored with the records (default: the directory name)")
+    p.add_argument("--resume", action="store_true", help="continue the last interrupted run (finished pairs are never redone)")
+    p.add_argument("--force", action="store_true", help="re-evaluate pairs already in the database")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also append every record to this JSONL file")
+    p.set_defaults(handler=_cmd_run)
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="bundled problems and candidates under both protocols, with a report", description="Run the bundled suite's candidates (honest ones and known reward hacks) under the standard and verified protocols, print the comparison, and write the database and an HTML report.")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--db", default=None, help="results database (default kbv-results/demo.sqlite)")
+    p.add_argument("--html", default=None, help="report path (default kbv-results/demo-report.html)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    p.set_defaults(handler=_cmd_demo)
+
+
+def _add_problems(sub: Any) -> None:
+    p = sub.add_parser("problems", help="list or audit problems")
+    psub = p.add_subparsers(dest="problems_command", metavar="ACTION", parser_class=_Parser)
+    lp = psub.add_parser("list", help="list problems with level, id and tags")
+    lp.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
+    lp.set_defaults(handler=_cmd_problems_list)
+    p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list [PATH]"))
+
+
+def _optional_registrations() -> list[Callable[[Any], None]]:
+    """Subcommands that live with their features (generate, store/report, audit, ...)."""
+    found: list[Callable[[Any], None]] = []
+    for module_name, attr in (
+        ("kbv._store_cli", "register"),
+        ("kbv.generate._cli", "register"),
+        ("kbv._extra_cli", "register"),
+    ):
+        try:
+            module = __import__(module_name, fromlist=[attr])
+        except ImportError:
+            continue
+        found.append(getattr(module, attr))
+    return found
+
+
+def _fail_usage(message: str) -> int:
+    raise UsageError(message)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from kbv import api
+
+    if args.replay:
+        record = api.evaluate_replay(args.replay, device=args.device, timeout_s=args.timeout)
+    else:
+        record = api.evaluate_paths(args.problem, args.candidate, protocol=args.protocol, device=args.device, timeout_s=args.timeout, master_seed=args.seed)
+    if args.out:
+        with open(args.out, "a") as handle:
+            handle.write(record.to_json() + "\n")
+    if args.json:
+        sys.stdout.write(record.to_json() + "\n")
+    else:
+        from kbv.summary import print_record
+
+        print_record(record)
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from kbv import batch
+
+    return batch.run_command(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from kbv import demo
+
+    return demo.run_demo(device=args.device, db=args.db, html=args.html, timeout_s=args.timeout)
+
+
+def _cmd_problems_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kbv.problems import bundled_suite_dir, load_problems
+
+    root = Path(args.path) if args.path else bundled_suite_dir()
+    problems, errors = load_problems(root)
+    table = Table(title=f"{len(problems)} problems in {root}")
+    for column in ("level", "id", "name", "tags", "sha256"):
+        table.add_column(column)
+    for p in problems:
+        table.add_row(str(p.level or ""), str(p.problem_id or ""), p.name, ", ".join(p.extras.get("tags", [])), p.source_sha256[:12])
+    console = Console()
+    console.print(table)
+    for file, message in errors:
+        console.print(f"[red]not loadable[/red] {file}: {message}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USAGE
+    from kbv.errors import USAGE_ERRORS
+
+    try:
+        return int(handler(args))
+    except UsageError as exc:
+        sys.stderr.write(f"kbv: error: {exc}\n")
+        return EXIT_USAGE
+    except USAGE_ERRORS as exc:
+        sys.stderr.write(f"kbv: error: {str(exc).splitlines()[0]}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("kbv: interrupted; finished records are stored (use --resume to continue)\n")
+        return 130
+    except Exception as exc:  # the harness itself failed: say so, exit 1
+        sys.stderr.write(f"kbv: harness error: {type(exc).__name__}: {exc}\n")
+        if "KBV_DEBUG" in __import__("os").environ:
+            raise
+        return EXIT_HARNESS
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

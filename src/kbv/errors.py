@@ -1,0 +1,9 @@
+"""Errors the user can fix (bad paths, names, files): the CLI turns them into exit status 2."""
+
+from __future__ import annotations
+
+from kbv.candidates import CandidateError
+from kbv.problems import ProblemError
+from kbv.protocol import ProtocolError
+
+USAGE_ERRORS: tuple[type[Exception], ...] = (CandidateError, ProblemError, ProtocolError, FileNotFoundError)

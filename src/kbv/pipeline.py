@@ -1,0 +1,421 @@
+"""One evaluation, end to end: problem x candidate x protocol -> Record.
+
+The parent (this module) owns seeds, comparison, statistics and the verdict. It starts a reference
+worker (which only ever loads the problem) and a candidate worker (which loads the candidate), sends
+them per-call seeds, and judges what comes back.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kbv import correctness, inputs
+from kbv import timing as kbv_timing
+from kbv._version import __version__
+from kbv.candidates import Candidate
+from kbv.problems import Problem
+from kbv.protocol import Protocol
+from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
+from kbv.worker import Worker, WorkerFailed, WorkerSpec
+
+REFERENCE_TIMEOUT_S = 1800.0
+# KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
+STANDARD_SEED = 42
+_ERROR_OUTCOME = {
+    "compile_error": Outcome.COMPILE_ERROR,
+    "import_error": Outcome.RUNTIME_ERROR,
+    "runtime_error": Outcome.RUNTIME_ERROR,
+    "cuda_error": Outcome.RUNTIME_ERROR,
+    "timeout": Outcome.TIMEOUT,
+    "crashed": Outcome.CRASHED,
+}
+
+
+class HarnessError(RuntimeError):
+    """kbv itself (or the problem's reference) failed; not an outcome of the candidate."""
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class _Seeds:
+    """Seeds for one evaluation. ``master`` is secret until the record is written."""
+
+    master: int
+    fixed: bool
+
+    def init(self, distribution: str) -> int:
+        return STANDARD_SEED if self.fixed else inputs.derive_seed(self.master, "init", distribution)
+
+    def draw(self, distribution: str, k: int) -> int:
+        return STANDARD_SEED + k if self.fixed else inputs.derive_seed(self.master, "draw", distribution, k)
+
+    def params(self, distribution: str) -> int:
+        return inputs.derive_seed(self.master, "params", distribution)
+
+    def timing(self, k: int) -> int:
+        return STANDARD_SEED + 1000 + k if self.fixed else inputs.derive_seed(self.master, "timing", k)
+
+
+@dataclass
+class _Context:
+    problem: Problem
+    candidate: Candidate
+    protocol: Protocol
+    device: str
+    seeds: _Seeds
+    findings: list[Finding] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    parameters_mode: str = "matched_seed"
+
+
+def evaluate(
+    problem: Problem,
+    candidate: Candidate,
+    protocol: Protocol,
+    device: str | None = None,
+    *,
+    timeout_s: float | None = None,
+    master_seed: int | None = None,
+) -> Record:
+    """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise."""
+    device = device or default_device()
+    protocol = protocol.with_timeout(timeout_s)
+    fixed = protocol.correctness.mode == "allclose" and master_seed is None
+    seeds = _Seeds(master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()), fixed=fixed)
+    ctx = _Context(problem, candidate, protocol, device, seeds, )
+    ctx.findings.extend(_static_findings(ctx))
+    reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=_visible(device), budget_s=REFERENCE_TIMEOUT_S))
+    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=_visible(device), budget_s=protocol.timeout_s))
+    with reference, subject:
+        reference.launch()
+        subject.launch()
+        ref_hello = _start_reference(ctx, reference)
+        try:
+            _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
+            results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
+            correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
+            timing, speedup, memory = _empty_timing()
+            if correct:
+                timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, reference, subject))
+        except WorkerFailed as failure:
+            return _failure_record(ctx, ref_hello, failure)
+    outcome = decide_outcome(correct, ctx.findings)
+    return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
+
+
+def _visible(device: str) -> str | None:
+    """``cuda:N`` pins the worker to GPU N; inside the worker it is simply ``cuda``."""
+    return device.split(":", 1)[1] if device.startswith("cuda:") else None
+
+
+def _worker_device(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else device
+
+
+def _phase(ctx: _Context, name: str, work: Any) -> Any:
+    started = time.monotonic()
+    try:
+        return work()
+    finally:
+        ctx.phases[name] = ctx.phases.get(name, 0.0) + time.monotonic() - started
+
+
+def _static_findings(ctx: _Context) -> list[Finding]:
+    if not ctx.protocol.integrity.static:
+        return []
+    from kbv import integrity
+
+    started = time.monotonic()
+    findings = integrity.static_scan(ctx.candidate.source, path=str(ctx.candidate.path), problem_source=ctx.problem.source)
+    ctx.phases["integrity"] = time.monotonic() - started
+    return integrity.apply_severity(findings, ctx.protocol.integrity)
+
+
+def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
+    try:
+        hello = reference.wait_ready()
+        reply = reference.request("load", **_load_fields(ctx, "reference"))
+    except WorkerFailed as exc:
+        raise HarnessError(
+            f"the reference of {ctx.problem.path} failed ({exc.kind}): {exc.message}\n{exc.details.get('traceback', '')}"
+        ) from exc
+    hello["parameters"] = reply["parameters"]
+    return hello
+
+
+def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "role": role,
+        "device": _worker_device(ctx.device),
+        "problem_path": str(ctx.problem.path),
+        "sizes": ctx.problem.sizes_for(_worker_device(ctx.device)),
+        "domain": ctx.problem.extras.get("domain", "any"),
+        "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
+    }
+    if role == "candidate":
+        fields["candidate_path"] = str(ctx.candidate.path)
+    return fields
+
+
+def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
+    subject.wait_ready()
+    reply = subject.request("load", **_load_fields(ctx, "candidate"))
+    ref_params = reference.hello.get("parameters") or {}
+    same = bool(ref_params) and reply["parameters"] == ref_params
+    ctx.parameters_mode = "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
+
+
+def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
+    settings = ctx.protocol.correctness
+    results: list[DistributionResult] = []
+    for distribution in settings.distributions:
+        _build_pair(ctx, reference, subject, distribution)
+        results.append(_check_distribution(ctx, reference, subject, distribution))
+    return results
+
+
+def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> None:
+    init_seed = ctx.seeds.init(distribution)
+    reference.request("build", init_seed=init_seed)
+    state_path = None
+    if ctx.parameters_mode == "state_dict":
+        state_path = reference.new_path("params")
+        reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
+    subject.request("build", init_seed=init_seed, state_path=state_path)
+
+
+def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> DistributionResult:
+    settings = ctx.protocol.correctness
+    draws: list[dict[str, Any]] = []
+    variant, note = distribution, ""
+    for k in range(settings.draws_per_distribution):
+        seed = ctx.seeds.draw(distribution, k)
+        expected = _reference_outputs(ctx, reference, variant, seed)
+        if expected is None and k == 0 and distribution != "original":
+            fallback = inputs.domain_fallback(distribution)
+            expected = _reference_outputs(ctx, reference, fallback, seed) if fallback else None
+            if expected is None:
+                return DistributionResult(distribution, applicable=False, passed=False, note="the reference is not finite under this distribution and no domain-preserving variant exists")
+            variant, note = fallback or distribution, f"reference not finite on {distribution}; used domain-preserving variant {fallback}"
+        if expected is None:
+            return DistributionResult(distribution, applicable=False, passed=False, note="the reference is not finite on this draw")
+        outputs = _run(subject, variant, seed, "native")
+        draws.append(_judge_draw(ctx, outputs, expected))
+        if not draws[-1]["passed"]:
+            break
+    result = correctness.judge_distribution(distribution, draws, settings)
+    if note:
+        result.note = (note + "; " + result.note).strip("; ")
+    return result
+
+
+def _reference_outputs(ctx: _Context, reference: Worker, distribution: str, seed: int) -> dict[str, Any] | None:
+    """Reference fp32 outputs and, under the error model, the float64 truth and the realistic baseline."""
+    expected: dict[str, Any] = {"fp32": _run(reference, distribution, seed, "fp32")}
+    if ctx.protocol.correctness.mode == "error_model":
+        expected["truth"] = _run(reference, distribution, seed, "fp64")
+        baseline = "tf32" if ctx.device.startswith("cuda") else "fp32"
+        expected["baseline"] = expected["fp32"] if baseline == "fp32" else _run(reference, distribution, seed, baseline)
+        if not _all_finite(expected["truth"]["outputs"]) and distribution != "original":
+            return None
+    return expected
+
+
+def _all_finite(outputs: list[Any]) -> bool:
+    return all(not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all()) for o in outputs)
+
+
+def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_memory: bool = False) -> dict[str, Any]:
+    path = worker.new_path("out")
+    reply = worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=path, measure_memory=measure_memory)
+    return {"outputs": _load_tensors(path), "types": reply["types"], "memory": reply.get("memory")}
+
+
+def _load_tensors(path: str) -> list[Any]:
+    """Outputs written by a worker. ``weights_only`` loading cannot execute code from the file."""
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a hostile or broken worker wrote something unreadable
+        raise WorkerFailed("runtime_error", f"the worker's outputs could not be read ({exc})") from exc
+    if not isinstance(loaded, list):
+        raise WorkerFailed("runtime_error", "the worker's outputs are not a list of tensors")
+    return loaded
+
+
+def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    settings = ctx.protocol.correctness
+    reference = expected["fp32"]["outputs"]
+    problem = _structure_problem(got, reference)
+    if problem:
+        return {"passed": False, "max_abs_err": None, "rel_err": None, "tolerance": None, "note": problem}
+    if settings.mode == "error_model":
+        base_err = correctness.baseline_error(expected["baseline"]["outputs"], expected["truth"]["outputs"])
+        passed, max_err, rel_err, tol = correctness.compare_error_model(got["outputs"], expected["truth"]["outputs"], base_err, settings)
+        return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "baseline_err": base_err, "note": ""}
+    passed, max_err, rel_err, tol = correctness.compare_allclose(got["outputs"], reference, settings)
+    return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "note": ""}
+
+
+def _structure_problem(got: dict[str, Any], reference: list[Any]) -> str | None:
+    not_tensors = [t for t in got["types"] if t != "torch.Tensor"]
+    if not_tensors:
+        return f"output type is {not_tensors[0]}, not torch.Tensor"
+    return correctness.check_structure(got["outputs"], reference)
+
+
+def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    return (
+        {"candidate": None, "baselines": {}},
+        {"best": None},
+        {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None},
+    )
+
+
+_BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32"}
+
+
+def _measure(ctx: _Context, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Interleaved rounds: every baseline, then the candidate, ``rounds`` times over."""
+    settings = ctx.protocol.timing
+    baselines = [b for b in settings.baselines if b in _BASELINE_PRECISION]
+    seeds = [ctx.seeds.timing(k) for k in range(settings.input_sets)]
+    init_seed = ctx.seeds.init("original")
+    reference.request("build", init_seed=init_seed)
+    subject.request("build", init_seed=init_seed)
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*baselines, "candidate"]}
+    for _ in range(max(1, settings.rounds)):
+        for name in baselines:
+            rounds[name].append(_timed_batch(reference, settings, seeds, _BASELINE_PRECISION[name]))
+        rounds["candidate"].append(_timed_batch(subject, settings, seeds, "native"))
+    timing = {
+        "recipe": settings.recipe,
+        "candidate": _timing_entry(rounds["candidate"], settings),
+        "baselines": {name: _timing_entry(rounds[name], settings) for name in baselines},
+    }
+    speedup = _speedups(timing)
+    memory = _memory(ctx, reference, subject)
+    return timing, speedup, memory
+
+
+def _timed_batch(worker: Worker, settings: Any, seeds: list[int], precision: str) -> dict[str, Any]:
+    started = time.monotonic()
+    reply = worker.request("time", distribution="original", seeds=seeds, precision=precision, settings=_settings_dict(settings))
+    bracket_s = time.monotonic() - started
+    measurement = reply["measurement"]
+    measurement["parent_bracket_s"] = bracket_s
+    return measurement
+
+
+def _settings_dict(settings: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
+
+
+def _timing_entry(rounds: list[dict[str, Any]], settings: Any) -> dict[str, Any]:
+    samples = [s for r in rounds for s in r["device_ms"]]
+    return {
+        "rounds": rounds,
+        "summary": kbv_timing.summarize(samples, resamples=settings.bootstrap_resamples),
+        "wall_summary": kbv_timing.summarize([s for r in rounds for s in r["wall_ms"]], resamples=settings.bootstrap_resamples),
+    }
+
+
+def _speedups(timing: dict[str, Any]) -> dict[str, Any]:
+    candidate_ms = timing["candidate"]["summary"]["median"]
+    speedup: dict[str, Any] = {}
+    for name, entry in timing["baselines"].items():
+        base_ms = entry["summary"]["median"]
+        speedup[name] = base_ms / candidate_ms if candidate_ms and base_ms else None
+    finite = [v for v in speedup.values() if v is not None]
+    # "best" is against the fastest baseline, so it is the smallest of the speedups.
+    speedup["best"] = min(finite) if finite else None
+    return speedup
+
+
+def _memory(ctx: _Context, reference: Worker, subject: Worker) -> dict[str, Any]:
+    if not ctx.device.startswith("cuda"):
+        return {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
+    seed = ctx.seeds.timing(0)
+    base = _run(reference, "original", seed, "fp32", measure_memory=True)["memory"]
+    cand = _run(subject, "original", seed, "native", measure_memory=True)["memory"]
+    cand_peak, base_peak = _peak(cand), _peak(base)
+    return {
+        "candidate_peak_bytes": cand_peak,
+        "baseline_peak_bytes": base_peak,
+        "ratio": cand_peak / base_peak if base_peak else None,
+        "candidate": cand,
+        "baseline": base,
+    }
+
+
+def _peak(memory: dict[str, Any]) -> int:
+    """The larger of the allocator's peak and the growth in device-level usage (raw cudaMalloc)."""
+    allocator = int(memory.get("allocator_peak", 0))
+    device_growth = int(memory.get("device_used_after", 0)) - int(memory.get("device_used_before", 0))
+    return max(allocator, int(memory.get("allocated_before", 0)) + device_growth)
+
+
+def _versions(hello: dict[str, Any]) -> dict[str, Any]:
+    versions = {"kbv": __version__, "torch": hello.get("torch", torch.__version__), "python": platform.python_version()}
+    if "triton" in hello:
+        versions["triton"] = hello["triton"]
+    return versions
+
+
+def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
+    if ctx.device.startswith("cuda") and hello.get("device"):
+        return {**hello["device"], "index": _visible(ctx.device)}
+    return {"type": "cpu", "name": platform.processor() or platform.machine()}
+
+
+def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:
+    return Record(
+        problem=ctx.problem.ref(),
+        candidate=ctx.candidate.ref(),
+        protocol={"name": ctx.protocol.name, "version": ctx.protocol.version, "sha256": ctx.protocol.sha256(), "settings": ctx.protocol.to_dict()},
+        device=_device_info(ctx, hello),
+        outcome=outcome,
+        correct=correct,
+        distributions=results,
+        findings=ctx.findings,
+        timing=timing,
+        speedup=speedup,
+        memory=memory,
+        seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)"},
+        versions=_versions(hello),
+        error=error,
+        logs=logs or {},
+        phases_s=ctx.phases,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
+    outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
+    error = {
+        "kind": failure.kind,
+        "message": _trim(failure.message),
+        "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
+    }
+    logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
+    timing, speedup, memory = _empty_timing()
+    return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)
+
+
+def _trim(text: str, limit: int = 3000) -> str:
+    """Compiler output is long; keep the lines that say what went wrong, then the tail."""
+    if len(text) <= limit:
+        return text
+    errors = [line for line in text.splitlines() if "error" in line.lower()]
+    head = "\n".join(errors[:20])
+    return (head + "\n...\n" + text[-(limit - len(head)) :]) if head else text[-limit:]

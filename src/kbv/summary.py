@@ -1,0 +1,88 @@
+"""The human summary of one record (``kbv eval`` without ``--json``, ``kbv explain``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kbv.records import Record
+
+_COLOURS = {"passed": "green", "incorrect": "red", "hack_detected": "magenta"}
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return format(value, spec)
+    return str(value)
+
+
+def print_record(record: Record, console: Console | None = None) -> None:
+    console = console or Console()
+    colour = _COLOURS.get(record.outcome, "yellow")
+    console.print(
+        f"[bold]{record.problem['name']}[/bold] x {record.candidate['path']}\n"
+        f"protocol {record.protocol['name']} v{record.protocol['version']} ({record.protocol['sha256'][:12]}) "
+        f"on {record.device.get('name', record.device.get('type'))}"
+    )
+    console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
+    if record.error:
+        console.print(f"[red]{record.error.get('kind')}[/red]: {record.error.get('message', '').strip()[:2000]}")
+    if record.distributions:
+        console.print(_distribution_table(record))
+    if record.findings:
+        console.print(_findings_table(record))
+    if record.speedup.get("best") is not None:
+        console.print(_timing_table(record))
+    memory = record.memory or {}
+    if memory.get("candidate_peak_bytes") is not None:
+        console.print(
+            f"peak memory: candidate {memory['candidate_peak_bytes'] / 2**20:.1f} MiB, "
+            f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
+        )
+    console.print(f"seeds: master {record.seeds.get('master')} (replay with: kbv eval --replay RECORD.json)")
+
+
+def _distribution_table(record: Record) -> Table:
+    table = Table(title="correctness by input distribution")
+    for column in ("distribution", "result", "max err", "rel err", "tolerance", "note"):
+        table.add_column(column)
+    for d in record.distributions:
+        result = "n/a" if not d.applicable else ("[green]pass[/green]" if d.passed else "[red]FAIL[/red]")
+        tol = d.tolerance or {}
+        tol_text = ", ".join(f"{k}={_fmt(v)}" for k, v in tol.items() if isinstance(v, (int, float)))
+        table.add_row(d.name, result, _fmt(d.max_abs_err), _fmt(d.rel_err), tol_text, d.note)
+    return table
+
+
+def _findings_table(record: Record) -> Table:
+    table = Table(title="integrity findings")
+    for column in ("check", "severity", "evidence"):
+        table.add_column(column)
+    for f in record.findings:
+        style = {"fail": "red", "warn": "yellow"}.get(f.severity, "")
+        table.add_row(f.check, f"[{style}]{f.severity}[/{style}]" if style else f.severity, f.detail)
+    return table
+
+
+def _timing_table(record: Record) -> Table:
+    table = Table(title=f"timing ({record.timing.get('recipe', '')})")
+    for column in ("who", "median ms", "95% CI", "speedup", "warnings"):
+        table.add_column(column)
+    cand = record.timing["candidate"]["summary"]
+    table.add_row("candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", [])))
+    for name, entry in record.timing["baselines"].items():
+        s = entry["summary"]
+        table.add_row(name, _fmt(s["median"], ".4f"), _ci(s), _fmt(record.speedup.get(name), ".3f"), ", ".join(s.get("warnings", [])))
+    table.add_row("[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]", "")
+    return table
+
+
+def _ci(summary: dict[str, Any]) -> str:
+    low, high = summary.get("ci95_low"), summary.get("ci95_high")
+    if low is None and "ci95" in summary:
+        low, high = summary["ci95"]
+    return f"[{_fmt(low, '.4f')}, {_fmt(high, '.4f')}]"

@@ -1,0 +1,311 @@
+"""The worker's entry point: ``python -m kbv.worker._child FD``.
+
+This process executes; it never decides. It loads a problem (and, in a candidate worker, the
+candidate), makes inputs from per-call seeds with kbv's own generator, runs forward calls and timing
+loops, and reports raw outputs and samples over the private channel. Comparison, statistics and the
+verdict happen in the parent. Everything the candidate could tamper with here is either re-checked
+by the parent or measured again with a clock the candidate cannot reach.
+
+Imports are kept to what running a model needs; the timing functions are captured before the
+candidate module is imported.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import socket
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kbv import inputs as kbv_inputs
+from kbv import timing as kbv_timing
+from kbv.problems._loader import load_module
+from kbv.protocol import TimingSettings
+from kbv.worker import _channel
+
+_CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
+
+
+class _State:
+    """What one worker holds between requests."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.problem: Any = None
+        self.model_cls: Any = None
+        self.model: Any = None
+        self.model_fp64: Any = None
+        self.role = "reference"
+        self.domain = "any"
+        self.timer: Any = None
+        self.identities: dict[str, int] = {}
+
+
+def main(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    state = _State()
+    _channel.send(sock, {"op": "hello", "pid": os.getpid(), **_environment_facts()})
+    while True:
+        request = _channel.receive(sock)
+        op = request.get("op")
+        if op == "exit":
+            _channel.send(sock, {"ok": True})
+            break
+        started = time.perf_counter()
+        try:
+            reply = _HANDLERS[str(op)](state, request)
+            reply["ok"] = True
+        except BaseException as exc:  # the candidate failed: report it, the parent decides
+            reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
+        reply["worker_seconds"] = time.perf_counter() - started
+        _channel.send(sock, reply)
+        if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
+            break  # the CUDA context is unusable now; this process must not be reused
+    sock.close()
+
+
+def _environment_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts["device"] = {
+            "type": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "total_memory_bytes": props.total_memory,
+            "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+            "sm_count": props.multi_processor_count,
+            "cuda_runtime": torch.version.cuda,
+            "driver": _driver_version(),
+        }
+        try:
+            import triton  # noqa: F401  (optional)
+
+            facts["triton"] = triton.__version__
+        except ImportError:
+            pass
+    return facts
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # NVML is optional; the record says None
+        return None
+
+
+def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    state.device = torch.device(request["device"])
+    state.role = request["role"]
+    state.domain = request.get("domain", "any")
+    state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
+    # Captured before any candidate code runs, so later patching cannot reach these references.
+    state.timer = kbv_timing.make_timer(state.device)
+    state.identities = kbv_timing.snapshot_identities()
+    if state.role == "candidate":
+        state.model_cls = _import_candidate(Path(request["candidate_path"]))
+    else:
+        state.model_cls = state.problem.Model
+    _build(state, {"init_seed": request["init_seed"]})
+    return {"parameters": _parameter_shapes(state.model)}
+
+
+def _import_candidate(path: Path) -> Any:
+    name = f"kbv_candidate_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "ModelNew"):
+        raise ImportError(f"{path.name} defines no class ModelNew")
+    return module.ModelNew
+
+
+def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Construct the model under a seed; load a parameter file when the parent sends one."""
+    torch.manual_seed(int(request["init_seed"]))
+    init_inputs = state.problem.get_init_inputs()
+    torch.manual_seed(int(request["init_seed"]))
+    model = state.model_cls(*init_inputs)
+    model = model.to(state.device).eval() if isinstance(model, torch.nn.Module) else model
+    parameters = "matched_seed"
+    if request.get("state_path"):
+        loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
+        model.load_state_dict(loaded, strict=True)
+        parameters = "state_dict"
+    state.model = model
+    state.model_fp64 = None
+    return {"parameters": parameters}
+
+
+def _parameter_shapes(model: Any) -> dict[str, list[int]]:
+    """Names and shapes of the model's state, so the parent can tell whether a state dict fits."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    return {name: list(value.shape) for name, value in model.state_dict().items()}
+
+
+def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Reference workers only: new parameter values for a distribution, saved for the candidate."""
+    if state.role != "reference":
+        raise PermissionError("only a reference worker redraws parameters")
+    new_state = kbv_inputs.redraw_parameters(state.model, request["distribution"], int(request["seed"]))
+    state.model.load_state_dict(new_state, strict=False)
+    state.model_fp64 = None
+    full = {k: v.detach().cpu() for k, v in state.model.state_dict().items()}
+    torch.save(full, request["out_path"])
+    return {"n_tensors": len(full)}
+
+
+def _model_for(state: _State, precision: str) -> Any:
+    if precision != "fp64":
+        return state.model
+    if state.model_fp64 is None:
+        state.model_fp64 = copy.deepcopy(state.model).double()
+    return state.model_fp64
+
+
+def _set_precision_flags(precision: str) -> None:
+    """Baseline configurations. A candidate runs with PyTorch's defaults (``precision='native'``)."""
+    if precision == "native":
+        return
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _make_inputs(state: _State, distribution: str, seed: int, precision: str) -> list[Any]:
+    return kbv_inputs.make_inputs(
+        state.problem,
+        distribution,
+        seed,
+        state.device,
+        precision="fp64" if precision == "fp64" else "fp32",
+        domain=state.domain,
+    )
+
+
+def _as_outputs(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    precision = request.get("precision", "native")
+    _set_precision_flags(precision)
+    args = _make_inputs(state, request["distribution"], int(request["seed"]), precision)
+    model = _model_for(state, precision)
+    memory = _memory_before(state) if request.get("measure_memory") else None
+    with torch.no_grad():
+        outputs = _as_outputs(model(*args))
+    if memory is not None:
+        memory = _memory_after(state, memory)
+    types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
+    plain = [_to_cpu_tensor(o) for o in outputs]
+    torch.save(plain, request["out_path"])
+    return {"types": types, "memory": memory}
+
+
+def _to_cpu_tensor(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if type(tensor) is not torch.Tensor:
+            tensor = tensor.as_subclass(torch.Tensor)
+        return tensor.cpu().clone()
+    return torch.tensor(value) if isinstance(value, (int, float, bool)) else None
+
+
+def _memory_before(state: _State) -> dict[str, Any]:
+    if state.device.type != "cuda":
+        return {}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated_before": torch.cuda.memory_allocated(), "device_used_before": total - free}
+
+
+def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
+    if state.device.type != "cuda":
+        return {}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        **before,
+        "allocator_peak": torch.cuda.max_memory_allocated(),
+        "device_used_after": total - free,
+        "reserved_peak": torch.cuda.max_memory_reserved(),
+    }
+
+
+def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    precision = request.get("precision", "native")
+    _set_precision_flags(precision)
+    settings = TimingSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in request["settings"].items()})
+    seeds = [int(s) for s in request["seeds"]]
+    input_sets = [_make_inputs(state, request["distribution"], s, precision) for s in seeds]
+    model = _model_for(state, precision)
+    last: list[Any] = [None] * len(input_sets)
+
+    def call(k: int) -> None:
+        last[k] = model(*input_sets[k])
+
+    flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
+    with torch.no_grad():
+        measurement = kbv_timing.measure(
+            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush
+        )
+    if request.get("out_path"):
+        torch.save([[_to_cpu_tensor(o) for o in _as_outputs(r)] for r in last], request["out_path"])
+    return {"measurement": measurement.to_dict()}
+
+
+def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    return {"changed": kbv_timing.verify_identities(state.identities)}
+
+
+_HANDLERS = {
+    "load": _load,
+    "build": _build,
+    "redraw": _redraw,
+    "run": _run,
+    "time": _time,
+    "identities": _identities,
+}
+
+
+def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"kind": _classify(exc, op), "type": type(exc).__name__, "message": str(exc)[-4000:], "traceback": text[-8000:]}
+
+
+def _classify(exc: BaseException, op: str) -> str:
+    module = type(exc).__module__ or ""
+    message = str(exc)
+    if isinstance(exc, SyntaxError) or "Error building extension" in message or module.startswith("triton.compiler"):
+        return "compile_error"
+    if any(marker in message for marker in _CUDA_ERROR_MARKERS) or type(exc).__name__ == "AcceleratorError":
+        return "cuda_error"
+    if op == "load":
+        return "import_error"
+    return "runtime_error"
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
