@@ -58,6 +58,8 @@ OUTLIER_FACTOR = 3.0
 #: per-call overhead or by this fraction of the device time, whichever is larger ...
 WALL_DEVICE_REL_TOLERANCE = 0.5
 #: ... plus this absolute slack (ms), which absorbs the two synchronisations and the clock reads.
+#: On an H200 (torch 2.11) an empty call measured wall - device = 0.010 ms and 256..4096 matmuls
+#: 0.009..0.030 ms, while 3 side-stream 4096 matmuls measured 7.96 ms.
 WALL_DEVICE_SLACK_MS = 0.05
 
 #: bracket_check: the parent's bracket may exceed the worker's reported total by the expected
