@@ -1,0 +1,104 @@
+"""The integrity-check registry: every reward-hack check is a small named object.
+
+A check has a stable snake_case ``name`` (it is written into records), a ``kind`` (``static``
+checks read source text in the trusted parent; ``dynamic`` checks observe a running candidate), a
+default severity, a one-paragraph ``doc`` and a function. Checks register themselves with
+:func:`register_check`; the registry itself knows nothing about what a check inspects, so dynamic
+checks use the same decorator with their own context type.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kbv.records import Finding
+
+KINDS = ("static", "dynamic")
+SEVERITIES = ("fail", "warn", "info")
+_NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+
+CheckFunction = Callable[[Any], "list[Finding]"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One registered check. ``run(context)`` returns its findings (possibly none)."""
+
+    name: str
+    kind: str
+    default_severity: str
+    doc: str
+    func: CheckFunction
+
+    def run(self, context: Any) -> list[Finding]:
+        return list(self.func(context))
+
+
+class _SeveritySource(Protocol):
+    def severity_for(self, check: str, default: str) -> str: ...
+
+
+_REGISTRY: dict[str, Check] = {}
+
+
+def register_check(
+    *, name: str, kind: str, default_severity: str, doc: str
+) -> Callable[[CheckFunction], CheckFunction]:
+    """Register the decorated function as the check ``name``; the function itself is returned unchanged."""
+    if not _NAME.match(name):
+        raise ValueError(f"check name {name!r} must be snake_case (it is stored in records)")
+    if kind not in KINDS:
+        raise ValueError(f"check {name!r}: kind must be one of {KINDS}, not {kind!r}")
+    if default_severity not in SEVERITIES:
+        raise ValueError(f"check {name!r}: default_severity must be one of {SEVERITIES}")
+    if not doc.strip():
+        raise ValueError(f"check {name!r} needs a doc paragraph: what it catches and why")
+
+    def decorate(func: CheckFunction) -> CheckFunction:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.func is not func:
+            same_origin = (existing.func.__module__, existing.func.__qualname__) == (
+                func.__module__,
+                func.__qualname__,
+            )
+            if not same_origin:  # a module re-import may register the same function again
+                raise ValueError(f"an integrity check named {name!r} is already registered")
+        _REGISTRY[name] = Check(name, kind, default_severity, " ".join(doc.split()), func)
+        return func
+
+    return decorate
+
+
+def list_checks(kind: str | None = None) -> list[Check]:
+    """All registered checks (of one kind, when given), sorted by name."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} or None, not {kind!r}")
+    return sorted((c for c in _REGISTRY.values() if kind is None or c.kind == kind), key=lambda c: c.name)
+
+
+def get_check(name: str) -> Check:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none registered"
+        raise KeyError(f"no integrity check named {name!r}; known checks: {known}") from None
+
+
+def apply_severity(findings: Iterable[Finding], settings: _SeveritySource | None) -> list[Finding]:
+    """Apply a protocol's per-check severity overrides; findings of checks set to ``off`` are dropped.
+
+    An override replaces the severity of every finding of that check, whatever severity the check
+    chose for the individual finding.
+    """
+    result: list[Finding] = []
+    for finding in findings:
+        severity = finding.severity if settings is None else settings.severity_for(finding.check, finding.severity)
+        if severity == "off":
+            continue
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity override for {finding.check!r} must be fail, warn, info or off")
+        result.append(Finding(finding.check, severity, finding.detail))
+    return result
