@@ -1,0 +1,365 @@
+"""The self-contained HTML report: one file, inline CSS, figures as base64 PNG, no network at all.
+
+Needs the ``report`` extra (``pip install 'kernelbench-verified[report]'``: matplotlib, jinja2).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import io
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kbv import metrics
+from kbv._version import __version__
+from kbv.records import Record
+from kbv.report.comparison import EFFECTS, compare_protocols, split_by_protocol, verdict_reason
+from kbv.report.terminal import fmt_rate, fmt_x, leaderboard_rows, protocol_name
+from kbv.store import raw_samples_ms
+
+_OUTCOME_COLOURS = {
+    "passed": "#2e7d32",
+    "incorrect": "#f9a825",
+    "hack_detected": "#c62828",
+    "compile_error": "#6a1b9a",
+    "runtime_error": "#8e24aa",
+    "timeout": "#455a64",
+    "crashed": "#000000",
+}
+
+
+def _require_extras() -> tuple[Any, Any]:
+    try:
+        import jinja2
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            f"the HTML report needs matplotlib and jinja2 ({exc.name} is missing): "
+            "pip install 'kernelbench-verified[report]'"
+        ) from exc
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return jinja2, plt
+
+
+def write_html_report(
+    records: Sequence[Record],
+    path: str | Path,
+    title: str = "kbv report",
+    sources: Mapping[str, str] | None = None,
+) -> Path:
+    """Write one self-contained HTML file summarising ``records`` and return its path.
+
+    ``sources`` maps candidate source sha256 to source text (e.g. ``Store.candidate_sources()``);
+    a candidate missing from it is read from its recorded path when that file still exists."""
+    jinja2, plt = _require_extras()
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kbv.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(rate=fmt_rate, x=fmt_x)
+    records = list(records)
+    context = _context(records, title, dict(sources or {}), plt)
+    html = env.get_template("report.html.j2").render(**context)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+def _context(records: list[Record], title: str, sources: dict[str, str], plt: Any) -> dict[str, Any]:
+    standard, verified = split_by_protocol(records)
+    comparison = compare_protocols(standard, verified) if standard and verified else None
+    rows = leaderboard_rows(records, ci=True)
+    return {
+        "title": title,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "kbv_version": __version__,
+        "n_records": len(records),
+        "n_problems": len({metrics.problem_id(r) for r in records}),
+        "labels": sorted({metrics.label_of(r) for r in records}),
+        "protocols": sorted({protocol_name(r) for r in records}),
+        "devices": sorted({str((r.device or {}).get("name", "?")) for r in records}),
+        "leaderboard": rows,
+        "fast_p_thresholds": metrics.FAST_P_THRESHOLDS,
+        "levels": _level_rows(records),
+        "outcomes": metrics.outcome_counts(records),
+        "hack_patterns": metrics.hack_patterns(records),
+        "comparison": comparison,
+        "effects": EFFECTS,
+        "figures": _figures(records, rows, comparison, plt),
+        "problems": _drilldown(records, sources),
+    }
+
+
+def _level_rows(records: list[Record]) -> list[dict[str, Any]]:
+    groups = metrics.group_by(records, lambda r: (protocol_name(r), metrics.level_of(r)))
+    rows = [
+        {"protocol": protocol, "level": "-" if level is None else level, **metrics.summarize(group)}
+        for (protocol, level), group in groups.items()
+    ]
+    return sorted(rows, key=lambda r: (r["protocol"], str(r["level"])))
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _png(fig: Any, plt: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _colours(labels: Sequence[str], plt: Any) -> dict[str, Any]:
+    cmap = plt.get_cmap("tab10")
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def _figures(records: list[Record], rows: list[dict[str, Any]], comparison: Any, plt: Any) -> dict[str, str]:
+    labels = sorted({metrics.label_of(r) for r in records})
+    colours = _colours(labels, plt)
+    figures = {
+        "scatter": _label_scatter(rows, colours, plt),
+        "problem_scatter": _problem_scatter(records, colours, plt),
+        "distributions": _speedup_boxes(records, labels, plt),
+        "outcomes": _outcome_bars(records, labels, plt),
+    }
+    if metrics.hack_patterns(records):
+        figures["hacks"] = _hack_bars(records, plt)
+    if comparison and comparison["labels"]:
+        figures["comparison"] = _comparison_bars(comparison, plt)
+    return figures
+
+
+def _label_scatter(rows: list[dict[str, Any]], colours: dict[str, Any], plt: Any) -> str:
+    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+    missing_memory = False
+    markers = ["o", "s", "^", "D", "v"]
+    protocols = sorted({row["protocol"] for row in rows})
+    for row in rows:
+        x = row["comparable_geomean"] or 1.0
+        y = row["memory_efficiency"]
+        missing_memory |= y is None
+        marker = markers[protocols.index(row["protocol"]) % len(markers)]
+        ax.scatter([x], [y or 1.0], s=90, color=colours[row["label"]], marker=marker,
+                   facecolors="none" if y is None else colours[row["label"]], linewidths=1.8)
+        ax.annotate(f"{row['label']} ({row['protocol']})", (x, y or 1.0), textcoords="offset points",
+                    xytext=(7, 5), fontsize=8)
+    xs = [row["comparable_geomean"] or 1.0 for row in rows] + [1.0]
+    ys = [row["memory_efficiency"] or 1.0 for row in rows] + [1.0]
+    ax.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
+    ax.set_ylim(min(ys) / 1.3, max(ys) * 1.3)
+    _reference_lines(ax)
+    _log_axes(ax, "x", "y")
+    ax.set_xlabel("comparable geomean speedup (failures count 1.0)")
+    ax.set_ylabel("memory efficiency (baseline peak / kernel peak)")
+    title = "Speed versus memory, per label"
+    if missing_memory:
+        title += "\n(hollow: no memory figures recorded, drawn at 1.0)"
+    ax.set_title(title, fontsize=10)
+    return _png(fig, plt)
+
+
+def _log_axes(ax: Any, *axes: str) -> None:
+    """Log scale with ticks written as plain multipliers (0.5x, 1x, 2x) instead of powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for name in axes:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        (ax.set_xscale if name == "x" else ax.set_yscale)("log")
+        low, high = ax.get_xlim() if name == "x" else ax.get_ylim()
+        narrow = high / max(low, 1e-12) < 30
+        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if narrow else (1.0, 2.0, 5.0)
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _reference_lines(ax: Any) -> None:
+    ax.axvline(1.0, color="#999", lw=0.8, ls="--")
+    ax.axhline(1.0, color="#999", lw=0.8, ls="--")
+
+
+def _problem_scatter(records: list[Record], colours: dict[str, Any], plt: Any) -> str:
+    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+    plotted = False
+    for label, colour in colours.items():
+        points = []
+        for record in records:
+            if metrics.label_of(record) != label or not metrics.is_passed(record):
+                continue
+            speedup = metrics.speedup_of(record)
+            if speedup is None:
+                continue
+            mem = record.memory or {}
+            base = metrics.as_number(mem.get("baseline_peak_bytes"))
+            cand = metrics.as_number(mem.get("candidate_peak_bytes"))
+            points.append((speedup, base / cand if base and cand else 1.0))
+        if points:
+            plotted = True
+            ax.scatter([p[0] for p in points], [p[1] for p in points], s=28, alpha=0.75, color=colour, label=label)
+    _reference_lines(ax)
+    _log_axes(ax, "x", "y")
+    ax.set_xlabel("speedup against the best baseline")
+    ax.set_ylabel("baseline peak / kernel peak (1.0 if unknown)")
+    ax.set_title("Passed pairs, one point per problem x candidate", fontsize=10)
+    if plotted:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no passed pair with a speedup", ha="center", transform=ax.transAxes)
+    return _png(fig, plt)
+
+
+def _speedup_boxes(records: list[Record], labels: list[str], plt: Any) -> str:
+    data, names = [], []
+    for label in labels:
+        for protocol in sorted({protocol_name(r) for r in records}):
+            values = [
+                s for r in records
+                if metrics.label_of(r) == label and protocol_name(r) == protocol and metrics.is_passed(r)
+                and (s := metrics.speedup_of(r)) is not None
+            ]
+            if values:
+                data.append(values)
+                names.append(f"{label}\n{protocol}")
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(data) + 2), 4.2))
+    if data:
+        ax.boxplot(data, showfliers=False)
+        for i, values in enumerate(data, 1):
+            offsets = [i + 0.16 * ((j * 0.618) % 1 - 0.5) for j in range(len(values))]
+            ax.scatter(offsets, values, s=12, alpha=0.6, color="#1565c0", zorder=3)
+        ax.set_xticks(range(1, len(names) + 1), names, fontsize=8)
+        ax.axhline(1.0, color="#999", lw=0.8, ls="--")
+        _log_axes(ax, "y")
+    else:
+        ax.text(0.5, 0.5, "no passed pair with a speedup", ha="center", transform=ax.transAxes)
+    ax.set_ylabel("speedup (passed pairs)")
+    ax.set_title("Speedup distribution per label and protocol", fontsize=10)
+    return _png(fig, plt)
+
+
+def _outcome_bars(records: list[Record], labels: list[str], plt: Any) -> str:
+    fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) + 1.4))
+    counts = {label: metrics.outcome_counts([r for r in records if metrics.label_of(r) == label]) for label in labels}
+    outcomes = list(metrics.outcome_counts(records))
+    left = [0] * len(labels)
+    for outcome in outcomes:
+        widths = [counts[label].get(outcome, 0) for label in labels]
+        ax.barh(labels, widths, left=left, label=outcome, color=_OUTCOME_COLOURS.get(outcome, "#90a4ae"))
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_xlabel("pairs")
+    _integer_ticks(ax)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("Outcomes per label", fontsize=10)
+    return _png(fig, plt)
+
+
+def _integer_ticks(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _hack_bars(records: list[Record], plt: Any) -> str:
+    patterns = metrics.hack_patterns(records)
+    fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(patterns) + 1.2))
+    ax.barh(list(patterns), list(patterns.values()), color="#c62828", height=0.6)
+    _integer_ticks(ax)
+    ax.invert_yaxis()
+    ax.set_xlabel("pairs with a fail finding")
+    ax.set_title("Hack patterns", fontsize=10)
+    return _png(fig, plt)
+
+
+def _comparison_bars(comparison: dict[str, Any], plt: Any) -> str:
+    labels = list(comparison["labels"])
+    std = [comparison["labels"][lb]["standard"]["comparable_geomean"] or 1.0 for lb in labels]
+    ver = [comparison["labels"][lb]["verified"]["comparable_geomean"] or 1.0 for lb in labels]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(labels) + 2), 4.0))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], std, width=0.4, label="standard", color="#90caf9")
+    ax.bar([x + 0.2 for x in xs], ver, width=0.4, label="verified", color="#1565c0")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.axhline(1.0, color="#999", lw=0.8, ls="--")
+    ax.set_ylabel("comparable geomean speedup")
+    ax.legend(fontsize=8)
+    ax.set_title("The same kernels under both protocols", fontsize=10)
+    return _png(fig, plt)
+
+
+# ----------------------------------------------------------------------------- drill-down
+
+
+def _timing_rows(record: Record) -> list[dict[str, Any]]:
+    timing = record.timing or {}
+    entries = [("candidate", timing.get("candidate"))] + sorted((timing.get("baselines") or {}).items())
+    rows = []
+    for which, entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        samples = raw_samples_ms(entry)
+        summary = {
+            k: v for k, v in entry.items()
+            if not isinstance(v, (list, dict)) and k not in ("samples_ms", "samples", "times_ms")
+        }
+        rows.append({
+            "which": which,
+            "n": len(samples),
+            "median": statistics.median(samples) if samples else None,
+            "min": min(samples) if samples else None,
+            "max": max(samples) if samples else None,
+            "summary": ", ".join(f"{k}={_short(v)}" for k, v in sorted(summary.items())),
+        })
+    return rows
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _source_for(record: Record, sources: dict[str, str]) -> str | None:
+    sha = str(record.candidate.get("source_sha256", ""))
+    if sha in sources:
+        return sources[sha]
+    path = Path(str(record.candidate.get("path", "")))
+    try:
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _drilldown(records: list[Record], sources: dict[str, str]) -> list[dict[str, Any]]:
+    groups = metrics.group_by(records, lambda r: (metrics.level_of(r) or 0, str(r.problem.get("name", "?"))))
+    problems = []
+    for (level, name), group in sorted(groups.items()):
+        items = []
+        for record in sorted(group, key=lambda r: (metrics.label_of(r), protocol_name(r), str(r.candidate.get("path")))):
+            items.append({
+                "label": metrics.label_of(record),
+                "protocol": protocol_name(record),
+                "candidate": Path(str(record.candidate.get("path", "?"))).name,
+                "candidate_path": str(record.candidate.get("path", "")),
+                "outcome": record.outcome,
+                "colour": _OUTCOME_COLOURS.get(record.outcome, "#90a4ae"),
+                "reason": None if metrics.is_passed(record) else verdict_reason(record),
+                "speedup": {k: metrics.as_number(v) for k, v in sorted((record.speedup or {}).items())},
+                "passed": metrics.is_passed(record),
+                "distributions": record.distributions,
+                "findings": record.findings,
+                "timing": _timing_rows(record),
+                "memory": record.memory or {},
+                "error": record.error,
+                "device": (record.device or {}).get("name", "?"),
+                "source": _source_for(record, sources),
+            })
+        problems.append({"level": level, "name": name, "items": items})
+    return problems
