@@ -249,9 +249,10 @@ class AnthropicClient:
         if request.thinking_budget is not None:
             # Extended thinking requires the default temperature, so a set temperature is dropped.
             kwargs["thinking"] = {"type": "enabled", "budget_tokens": request.thinking_budget}
-        elif request.temperature is not None:
-            kwargs["temperature"] = request.temperature
         extra = dict(request.extra_body)
+        if request.thinking_budget is None and request.temperature is not None:
+            # Sent in the body: recent SDK releases no longer list temperature as a keyword.
+            extra.setdefault("temperature", request.temperature)
         if request.reasoning_effort is not None:
             extra.setdefault("output_config", {"effort": request.reasoning_effort})
         if extra:
