@@ -293,12 +293,19 @@ def test_anthropic_rate_limit_retried(server, problems, tmp_path):
 
 # --- command line ------------------------------------------------------------------------------
 
+def eval_flags(parser: argparse.ArgumentParser) -> None:
+    """The evaluation flags the lead's ``kbv run`` uses; they must not clash with generation's."""
+    parser.add_argument("--protocol", default="verified")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--timeout", type=float, default=None)
+
+
 def parser_with(evaluate: Any = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kbv")
     sub = parser.add_subparsers(dest="command", required=True)
     generate_cli.register(sub)
     if evaluate is not None:
-        generate_cli.register_pipeline(sub, evaluate, add_eval_arguments=lambda p: p.add_argument("--device"))
+        generate_cli.register_pipeline(sub, evaluate, add_eval_arguments=eval_flags)
     return parser
 
 

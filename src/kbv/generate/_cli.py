@@ -66,7 +66,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
     parser.add_argument("--retries", type=int, default=6, help="retries on rate limits and transient errors")
     parser.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (doubles)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
     parser.add_argument("--prices", help="price table TOML merged over the bundled one")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -140,7 +140,7 @@ def build_configs(args: argparse.Namespace) -> list[tuple[Path, GenerationConfig
         "cache_dir": args.cache_dir,
         "retries": args.retries,
         "backoff_base": args.backoff_base,
-        "timeout": args.timeout,
+        "timeout": args.request_timeout,
         "prices": args.prices,
     }
     if args.preset:
