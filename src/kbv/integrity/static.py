@@ -123,8 +123,13 @@ class _Report:
         self.check = check
         self.default = get_check(check).default_severity
         self.ctx = ctx
-        self.findings: list[Finding] = []
+        self._found: list[tuple[int, Finding]] = []
         self._seen: set[tuple[int, str]] = set()
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The findings in line order."""
+        return [f for _, f in sorted(self._found, key=lambda item: item[0])]
 
     def py(self, node: ast.AST | int, reason: str, severity: str | None = None) -> None:
         assert self.ctx.analysis is not None
@@ -144,7 +149,7 @@ class _Report:
         if (line, sev) in self._seen:
             return
         self._seen.add((line, sev))
-        self.findings.append(Finding(self.check, sev, detail))
+        self._found.append((line, Finding(self.check, sev, detail)))
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -256,7 +261,7 @@ _CURRENT_STREAM = re.compile(r"getCurrentCUDAStream|getCurrentStream|getDefaultC
 )
 def check_side_stream(ctx: StaticContext) -> list[Finding]:
     rep = _Report("side_stream", ctx)
-    for node, qual in ctx.references:
+    for qual, node in [*((q, n) for n, q in ctx.references), *ctx.imports]:
         last = _last(qual)
         if ("." in qual and last in _STREAM_CLASSES) or (under(qual, "torch") and last in _TORCH_STREAM_FUNCS):
             rep.py(node, f"{qual} puts work on a stream the harness does not time")
@@ -356,7 +361,7 @@ def check_tensor_subclass(ctx: StaticContext) -> list[Finding]:
             bases = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else []
             if any(a.qualname(b) in _TENSOR_BASES for b in bases):
                 rep.py(node, "builds a torch.Tensor subclass with type()")
-    for node, qual in ctx.references:
+    for qual, node in [*((q, n) for n, q in ctx.references), *ctx.imports]:
         if _last(qual) in _SUBCLASS_NAMES or under(qual, "torch.overrides", "torch.utils._python_dispatch"):
             rep.py(node, f"uses {qual}")
     for node, text in ctx.strings:
@@ -1055,7 +1060,7 @@ def check_cuda_graph(ctx: StaticContext) -> list[Finding]:
     rep = _Report("cuda_graph", ctx)
     a = ctx.analysis
     if a is not None:
-        for node, qual in ctx.references:
+        for qual, node in [*((q, n) for n, q in ctx.references), *ctx.imports]:
             if under(qual, "torch.cuda") and _last(qual) in {
                 "graph", "CUDAGraph", "make_graphed_callables", "graph_pool_handle", "graphs"
             }:
