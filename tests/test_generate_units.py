@@ -216,3 +216,11 @@ def test_templates_and_examples_are_valid_python():
     folder = Path(str(resources.files("kbv.generate") / "templates"))
     for example in folder.glob("*.py.txt"):
         ast.parse(example.read_text())
+
+
+def test_placeholder_keys_are_not_scrubbed(monkeypatch):
+    from kbv.generate._providers import known_secrets
+
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    monkeypatch.setenv("MY_KEY", "a-real-looking-key-0123456789")
+    assert known_secrets("MY_KEY") == ["a-real-looking-key-0123456789"]

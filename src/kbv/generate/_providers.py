@@ -327,4 +327,6 @@ def known_secrets(api_key_env: str | None = None) -> list[str]:
     names = {info.key_env for info in PROVIDERS.values() if info.key_env}
     if api_key_env:
         names.add(api_key_env)
-    return [value for name in sorted(names) if (value := os.environ.get(name))]
+    # A placeholder such as "EMPTY" or "x" for a local server is no secret, and scrubbing it would
+    # corrupt the generated code; real keys are far longer.
+    return [value for name in sorted(names) if len(value := os.environ.get(name, "")) >= 16]
