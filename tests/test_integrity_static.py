@@ -449,6 +449,24 @@ def test_reference_operator_through_helper_and_alias():
     assert_flags(findings, "reference_operator", "warn", 6)
 
 
+def test_kernel_named_like_the_reference_operator_is_not_reported():
+    findings = scan(
+        """
+        import torch
+        from torch.utils.cpp_extension import load_inline
+        ext = load_inline(name="e", cpp_sources="torch::Tensor relu(torch::Tensor x);", functions=["relu"])
+        class ModelNew(torch.nn.Module):
+            def __init__(self, i, o):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.randn(o, i))
+            def forward(self, x):
+                return ext.relu(x)
+        """,
+        problem_source=PROBLEM,
+    )
+    assert kinds(findings) == set()
+
+
 # ------------------------------------------------------------------------------------------ precision
 @pytest.mark.parametrize(
     "source, line",

@@ -715,7 +715,8 @@ _NOT_COMPUTE = {
     "tensor", "as_tensor", "from_numpy", "device", "dtype", "is_tensor", "Size", "no_grad", "inference_mode",
     "set_grad_enabled", "manual_seed", "get_default_dtype", "is_floating_point", "result_type",
     "promote_types", "finfo", "iinfo", "Module", "Parameter", "ModuleList", "ParameterList", "ModuleDict",
-    "is_grad_enabled", "numel", "broadcast_shapes", "empty_cache", "Tensor",
+    "is_grad_enabled", "numel", "broadcast_shapes", "empty_cache", "Tensor", "rand", "randn", "randint",
+    "rand_like", "randn_like", "randint_like", "randperm", "normal", "arange", "linspace", "Generator",
 }
 _NOT_COMPUTE_MODULES = (
     "torch.cuda", "torch.utils", "torch.backends", "torch.testing", "torch.library", "torch.jit",
@@ -883,8 +884,13 @@ def _op_key(name: str) -> str:
     return name.lower().lstrip("_")
 
 
-def _ops_used(a: Analysis, root: ast.AST, nn_attrs: dict[str, str], count_ctor: bool) -> Iterator[tuple[ast.AST, str]]:
-    """(node, operator key) for every PyTorch operator used under ``root``."""
+def _ops_used(
+    a: Analysis, root: ast.AST, nn_attrs: dict[str, str], count_ctor: bool, kernel_modules: set[str]
+) -> Iterator[tuple[ast.AST, str]]:
+    """(node, operator key) for every PyTorch operator used under ``root``.
+
+    Calls into the candidate's own kernel modules (``ext.relu(x)``) are not PyTorch operators.
+    """
     for node in ast.walk(root):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             yield node, "matmul"
@@ -901,7 +907,12 @@ def _ops_used(a: Analysis, root: ast.AST, nn_attrs: dict[str, str], count_ctor: 
             yield node, _op_key(nn_attrs[name])
         elif isinstance(node.func, ast.Attribute) and node.func.attr not in _SHAPE_METHODS:
             receiver = _dotted(node.func.value)
-            if receiver and receiver.split(".")[0] not in a.aliases and not receiver.startswith("self."):
+            if (
+                receiver
+                and receiver not in kernel_modules
+                and receiver.split(".")[0] not in a.aliases
+                and not receiver.startswith("self.")
+            ):
                 yield node, _op_key(node.func.attr)
 
 
@@ -941,10 +952,11 @@ def check_reference_operator(ctx: StaticContext) -> list[Finding]:
     new = _class(a, "ModelNew")
     if model is None or new is None:
         return []
-    ref_ops = {op for _, op in _ops_used(p, model, _nn_module_attrs(p, model), count_ctor=True)}
+    ref_ops = {op for _, op in _ops_used(p, model, _nn_module_attrs(p, model), True, set())}
     nn_attrs = _nn_module_attrs(a, new)
+    modules = _kernels(ctx).modules
     for root in _reachable_functions(a, new):
-        for node, op in _ops_used(a, root, nn_attrs, count_ctor=False):
+        for node, op in _ops_used(a, root, nn_attrs, False, modules):
             if op in ref_ops:
                 rep.py(node, f"calls {op}, an operator of the reference Model")
     return rep.findings
