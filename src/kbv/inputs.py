@@ -338,7 +338,8 @@ def make_inputs(
         raise ValueError(f"{len(domains)} input domains given for {len(raw)} inputs")
     index = 0
     out = []
-    for value, dom in zip(raw, domains, strict=True):
+    for position, dom in enumerate(domains):
+        value, raw[position] = raw[position], None  # let each original draw be freed once replaced
         eff = _effective_domain(suffix_domain, dom)
 
         def convert(t: torch.Tensor, eff: str = eff) -> torch.Tensor:
