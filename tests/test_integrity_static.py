@@ -178,6 +178,7 @@ def test_benign_python_idioms_are_silent():
         ("import subprocess\nsubprocess.Popen(['nvcc'])\n", 2),
         ("import asyncio\nasyncio.to_thread(print)\n", 2),
         ("m = __import__('thr' + 'eading')\n", 1),
+        ("import os\nos._exit(0)\n", 2),
     ],
 )
 def test_threads_processes(source, line):

@@ -205,6 +205,7 @@ _THREAD_MODULES = (
     "os.execv", "os.execve", "os.execl", "os.execlp", "os.execvp", "signal.signal", "signal.alarm",
     "signal.setitimer", "asyncio.to_thread", "asyncio.create_subprocess_exec",
     "asyncio.create_subprocess_shell", "torch.jit.fork", "torch.jit._fork", "joblib", "dask", "ray",
+    "os.kill", "os.killpg", "os._exit", "os.abort",
 )
 _CPP_THREADS = re.compile(
     r"\bstd::(?:thread|jthread|async)\b|\bpthread_create\b|\bfork\s*\(|\bpopen\s*\(|\bsystem\s*\("
@@ -218,7 +219,8 @@ _CPP_THREADS = re.compile(
     default_severity="fail",
     doc="""Threads, processes, executors, signal handlers and host callbacks (Python threading,
     multiprocessing, concurrent.futures, subprocess, os.fork/system, asyncio executors; C++
-    std::thread, pthread_create, fork, cudaLaunchHostFunc). A forward that returns a placeholder and
+    std::thread, pthread_create, fork, cudaLaunchHostFunc), and process control (os.kill, os._exit,
+    os.abort: an early exit after printing a fake result). A forward that returns a placeholder and
     lets a background worker fill it later makes the timer stop before the work is done. Imports
     are flagged too, through aliases and __import__ of folded strings. It cannot see threads created
     by a third-party library the candidate calls; the dynamic thread count covers those.""",
