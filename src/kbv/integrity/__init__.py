@@ -52,7 +52,12 @@ def _scan(source: str, path: str, problem_source: str | None, fp32: bool, depth:
     ctx = StaticContext.build(source, path=path, problem_source=problem_source, problem_dtype_fp32=fp32)
     findings: list[Finding] = []
     for check in list_checks("static"):
-        findings.extend(check.run(ctx))
+        try:
+            findings.extend(check.run(ctx))
+        except RecursionError:
+            # Nesting deep enough to exhaust the analyser is itself an evasion: never let it pass.
+            detail = f"line 1: {path} -- nesting too deep to analyse; {check.name} could not clear the source"
+            findings.append(Finding(check.name, "fail", detail))
     if depth < _MAX_EXEC_DEPTH and ctx.analysis is not None:
         for line, code in exec_payloads(ctx):
             _, quoted = ctx.analysis.quote(line)
