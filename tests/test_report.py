@@ -115,7 +115,12 @@ def test_rich_markup_in_data_is_not_interpreted() -> None:
 
 def html_records() -> list[Record]:
     standard, verified = corpus()
-    timing = {"candidate": {"samples_ms": [1.0, 1.2, 1.1], "median_ms": 1.1}, "baselines": {"eager_fp32": {"samples_ms": [3.0]}}}
+    timing = {
+        "recipe": "events-median",
+        "candidate": {"rounds": [{"device_ms": [1.0, 1.2, 1.1], "wall_ms": [1.3, 1.4, 1.2]}],
+                      "summary": {"n": 3, "median": 1.1, "min": 1.0, "max": 1.2, "cv": 0.09, "warnings": ["few_samples"]}},
+        "baselines": {"eager_fp32": {"samples_ms": [3.0]}},
+    }
     extra = [
         make_record("p5", "mem", label="other", speedup=1.5, memory=(1000, 500), timing=timing),
         make_record("p6", "nan", label="other", speedup=float("nan")),
@@ -145,6 +150,7 @@ def test_html_is_self_contained(html_report: Path) -> None:
     assert html.count("<details class=\"pair\">") == len(html_records()) + 1
     assert "data:image/png;base64," in html
     assert "timing_tamper" in html and "distribution wide failed" in html
+    assert "<td>1.1000</td>" in html and "few_samples" in html  # timing summary of p5
 
 
 def test_html_without_comparison_or_memory(tmp_path: Path) -> None:

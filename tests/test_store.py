@@ -227,3 +227,16 @@ def test_failed_write_rolls_back(store: Store) -> None:
     assert conn.execute("SELECT count(*) FROM problems").fetchone()[0] == 0
     conn.close()
     assert store.add_record(make_record()) > 0
+
+
+def test_timing_samples_from_pipeline_rounds(store: Store) -> None:
+    rounds = [{"device_ms": [1.0, 2.0], "wall_ms": [1.5, 2.5]}, {"device_ms": [3.0], "wall_ms": [3.5]}]
+    timing = {
+        "recipe": "flush-rotate-events-median",
+        "candidate": {"rounds": rounds, "summary": {"n": 3, "median": 2.0}},
+        "baselines": {"eager_fp32": {"rounds": [{"device_ms": [4.0], "wall_ms": ["nan"]}], "summary": {}}},
+    }
+    rid = store.add_record(make_record(timing=timing))
+    assert store.timing_samples(rid) == {
+        "candidate": [1.0, 2.0, 3.0], "candidate:wall": [1.5, 2.5, 3.5], "eager_fp32": [4.0],
+    }

@@ -174,30 +174,42 @@ def record_from_json(text: str) -> Record:
 
 def _timing_samples(record: Record) -> Iterator[tuple[str, int, float]]:
     """(which, index, ms) for the raw samples in ``record.timing``: the candidate's under
-    ``"candidate"``, each baseline's under its name. Summary-only timings yield nothing."""
+    ``"candidate"``, each baseline's under its name, and the parent-visible wall-clock samples
+    under ``"<name>:wall"``. Summary-only timings yield nothing."""
     timing = record.timing or {}
     entries: list[tuple[str, Any]] = [("candidate", timing.get("candidate"))]
     entries += list((timing.get("baselines") or {}).items())
     for which, entry in entries:
-        for index, ms in enumerate(raw_samples_ms(entry)):
-            yield which, index, ms
+        for clock, suffix in (("device", ""), ("wall", ":wall")):
+            for index, ms in enumerate(raw_samples_ms(entry, clock)):
+                yield which + suffix, index, ms
 
 
-def raw_samples_ms(entry: Any) -> list[float]:
-    """The raw per-call times (ms) of one timing entry, looked up under ``samples_ms``,
-    ``samples`` or ``times_ms``; non-finite values are dropped."""
+def raw_samples_ms(entry: Any, clock: str = "device") -> list[float]:
+    """The raw per-call times (ms) of one timing entry, non-finite values dropped.
+
+    Reads the pipeline's layout, ``{"rounds": [{"device_ms": [...], "wall_ms": [...]}, ...]}``
+    (all rounds concatenated, ``clock`` picks ``device_ms`` or ``wall_ms``), and for the device
+    clock also a flat list under ``samples_ms``, ``samples`` or ``times_ms``."""
     if not isinstance(entry, dict):
         return []
-    for key in ("samples_ms", "samples", "times_ms"):
-        values = entry.get(key)
-        if isinstance(values, list):
-            out = []
-            for v in values:
-                v = _revive(v)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf"):
-                    out.append(float(v))
-            return out
-    return []
+    values: list[Any] = []
+    rounds = entry.get("rounds")
+    if isinstance(rounds, list):
+        for measured in rounds:
+            if isinstance(measured, dict) and isinstance(measured.get(f"{clock}_ms"), list):
+                values += measured[f"{clock}_ms"]
+    elif clock == "device":
+        for key in ("samples_ms", "samples", "times_ms"):
+            if isinstance(entry.get(key), list):
+                values = entry[key]
+                break
+    out = []
+    for value in values:
+        number = as_number(_revive(value))
+        if number is not None:
+            out.append(number)
+    return out
 
 
 def _read_candidate_source(record: Record) -> str | None:

@@ -298,6 +298,8 @@ def _comparison_bars(comparison: dict[str, Any], plt: Any) -> str:
 
 
 def _timing_rows(record: Record) -> list[dict[str, Any]]:
+    """Per timed subject: sample count, median/min/max (from the stored summary when there is one,
+    else from the raw samples) and the summary's remaining scalars (CI, cv, warnings, ...)."""
     timing = record.timing or {}
     entries = [("candidate", timing.get("candidate"))] + sorted((timing.get("baselines") or {}).items())
     rows = []
@@ -305,17 +307,22 @@ def _timing_rows(record: Record) -> list[dict[str, Any]]:
         if not isinstance(entry, dict):
             continue
         samples = raw_samples_ms(entry)
-        summary = {
-            k: v for k, v in entry.items()
-            if not isinstance(v, (list, dict)) and k not in ("samples_ms", "samples", "times_ms")
+        raw_summary = entry.get("summary")
+        summary: dict[str, Any] = raw_summary if isinstance(raw_summary, dict) else {}
+        flat = {k: v for k, v in entry.items() if not isinstance(v, (list, dict))}
+        extras = {**flat, **summary}
+        stats = {
+            "n": summary.get("n", len(samples)),
+            "median": metrics.as_number(summary.get("median")) if summary else (
+                statistics.median(samples) if samples else None),
+            "min": metrics.as_number(summary.get("min")) if summary else (min(samples) if samples else None),
+            "max": metrics.as_number(summary.get("max")) if summary else (max(samples) if samples else None),
         }
+        shown = {k: v for k, v in extras.items() if k not in ("n", "median", "min", "max", "resamples", "seed")}
         rows.append({
             "which": which,
-            "n": len(samples),
-            "median": statistics.median(samples) if samples else None,
-            "min": min(samples) if samples else None,
-            "max": max(samples) if samples else None,
-            "summary": ", ".join(f"{k}={_short(v)}" for k, v in sorted(summary.items())),
+            **stats,
+            "summary": ", ".join(f"{k}={_short(v)}" for k, v in sorted(shown.items()) if v not in (None, [], "")),
         })
     return rows
 
