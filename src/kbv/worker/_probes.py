@@ -1,0 +1,428 @@
+"""Integrity probes: extra worker requests that report raw observations, never verdicts.
+
+``kbv.worker._child`` merges :data:`HANDLERS` into its request table at start-up, before any
+candidate code is imported. Each probe runs the loaded model in a controlled way and reports what it
+saw (checksums, storage ranges, thread and process counts, numeric flags, outputs written to files).
+The trusted parent (``kbv.integrity.dynamic``) compares those observations with the reference
+worker's and decides. A hostile candidate shares this process and could falsify any of it; that is
+why every verdict that matters re-checks outputs against the reference in the parent, and why the
+functions this module depends on are bound here, at import time, before the candidate exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from kbv import inputs as kbv_inputs
+from kbv import timing as kbv_timing
+from kbv.protocol import TimingSettings
+
+# Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
+_active_count = threading.active_count
+_settrace_threads = threading.setprofile
+_listdir = os.listdir
+_getpid = os.getpid
+_sleep = time.sleep
+_save = torch.save
+_clone = torch.Tensor.clone
+_sha256 = hashlib.sha256
+_make_inputs = kbv_inputs.make_inputs
+_verify_identities = kbv_timing.verify_identities
+_measure = kbv_timing.measure
+_make_l2_flush = kbv_timing.make_l2_flush
+
+#: Bytes of NaN written into freed allocator memory before a poisoned call (per block size).
+POISON_BYTES = (64 * 1024, 1 << 20, 16 << 20)
+
+
+def numeric_flags() -> dict[str, Any]:
+    """The global switches that change numerics (TF32, cuDNN autotuning, determinism, default dtype)."""
+    return {
+        "cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cuda.matmul.allow_fp16_reduced_precision_reduction": bool(
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        ),
+        "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn.benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn.deterministic": bool(torch.backends.cudnn.deterministic),
+        "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+    }
+
+
+#: Taken when the worker starts, before the problem or the candidate is imported.
+FLAGS_AT_START = numeric_flags()
+
+
+# ------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> list[Any]:
+    """Inputs for a probe: one seeded draw, or a mix of two draws (``mix_seed``).
+
+    The mix keeps draw A at the positions a value-sample cache key most likely reads (the first and
+    last 64 elements and the middle one of every tensor) and draw B everywhere else.
+    """
+    prec = "fp64" if precision == "fp64" else "fp32"
+    make = _make_inputs
+    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain)
+    if spec.get("mix_seed") is None:
+        return args
+    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain)
+    return [_mix(a, b) for a, b in zip(args, other)]
+
+
+def _mix(a: Any, b: Any) -> Any:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()):
+        return a
+    out = b.clone().reshape(-1)
+    flat = a.reshape(-1)
+    keep = min(64, flat.numel())
+    out[:keep] = flat[:keep]
+    out[-keep:] = flat[-keep:]
+    mid = flat.numel() // 2
+    out[mid] = flat[mid]
+    return out.reshape(a.shape)
+
+
+def _as_outputs(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _snapshot(value: Any) -> Any:
+    """A plain CPU copy of an output, safe to hand to the parent (a subclass is stripped)."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if type(tensor) is not torch.Tensor:
+            tensor = tensor.as_subclass(torch.Tensor)
+        return _clone(tensor.cpu())
+    return torch.tensor(value) if isinstance(value, (int, float, bool)) else None
+
+
+def _sync(state: Any) -> None:
+    if state.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _forward(state: Any, args: list[Any]) -> list[Any]:
+    with torch.no_grad():
+        outputs = _as_outputs(state.model(*args))
+    _sync(state)
+    return outputs
+
+
+def _checksum(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    data = value.detach()
+    if type(data) is not torch.Tensor:
+        data = data.as_subclass(torch.Tensor)
+    data = data.cpu().contiguous()
+    total = float(data.double().sum()) if data.numel() and data.dtype != torch.bool else float(data.sum()) if data.numel() else 0.0
+    digest = _sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
+    return {"sum": total, "sha": digest}
+
+
+def _storage_range(t: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        return (start, start + storage.nbytes()) if storage.nbytes() else None
+    except Exception:  # a tensor without real storage (meta, a subclass with no data)
+        return None
+
+
+def _aliasing(outputs: list[Any], args: list[Any]) -> list[list[int]]:
+    """Pairs [output index, input index] whose storages overlap."""
+    pairs = []
+    for i, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        r_out = _storage_range(out)
+        for j, arg in enumerate(args):
+            if not isinstance(arg, torch.Tensor) or r_out is None:
+                continue
+            r_in = _storage_range(arg)
+            if r_in is not None and r_out[0] < r_in[1] and r_in[0] < r_out[1]:
+                pairs.append([i, j])
+    return pairs
+
+
+def _os_threads() -> int:
+    try:
+        return len(_listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def _descendants() -> int:
+    """Live descendant processes of this worker, from /proc (zombies are not counted)."""
+    try:
+        entries = [e for e in _listdir("/proc") if e.isdigit()]
+    except OSError:
+        return -1
+    parents: dict[int, int] = {}
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    me, found, frontier = _getpid(), 0, {_getpid()}
+    while frontier:
+        children = {pid for pid, ppid in parents.items() if ppid in frontier and pid != me}
+        found += len(children)
+        frontier = children
+        for pid in children:
+            parents.pop(pid, None)
+    return found
+
+
+def _activity() -> dict[str, int]:
+    return {"python_threads": _active_count(), "os_threads": _os_threads(), "processes": _descendants()}
+
+
+class _ThreadStarts:
+    """Counts Python threads started while installed (``threading.setprofile`` runs in each new thread)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def __enter__(self) -> _ThreadStarts:
+        def hook(frame: Any, event: str, arg: Any) -> None:
+            self.started += 1
+            sys.setprofile(None)
+
+        _settrace_threads(hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _settrace_threads(None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Probes
+
+
+def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """One forward on a fresh draw, watched: checksums, aliasing, threads, processes, flags.
+
+    Outputs are written to ``out_path`` as ``[immediately, after delay_s]``.
+    """
+    spec = request["inputs"]
+    args = _probe_inputs(state, spec, request.get("precision", "fp32"))
+    _forward(state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])  # lazy set-up is not growth
+    _sleep(0.02)
+    before = _activity()
+    sums_before = [_checksum(a) for a in args]
+    flags_before_call = numeric_flags()
+    with _ThreadStarts() as starts:
+        with torch.no_grad():
+            outputs = _as_outputs(state.model(*args))
+        right_after = _activity()
+        _sync(state)
+        first = [_snapshot(o) for o in outputs]
+    sums_after = [_checksum(a) for a in args]
+    aliasing = _aliasing(outputs, args)
+    _sleep(float(request.get("delay_s", 0.2)))
+    _sync(state)
+    later = _activity()
+    late = [_snapshot(o) for o in outputs]
+    _save([first, late], request["out_path"])
+    return {
+        "types": [_type_name(o) for o in outputs],
+        "input_checksums_before": sums_before,
+        "input_checksums_after": sums_after,
+        "aliasing": aliasing,
+        "activity": {"before": before, "after": right_after, "after_delay": later},
+        "threads_started": starts.started,
+        "flags": {"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
+        "identities_changed": _verify_identities(state.identities) if state.identities else [],
+    }
+
+
+def probe_cache(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Four calls that a cache keyed on pointers, ids, shapes or value samples answers wrongly.
+
+    1. draw A on fresh buffers; 2. draw B's values copied into A's buffers (same pointers and
+    objects, new contents); 3. B's values in new buffers; 4. the A/B mix on fresh buffers (the same
+    sampled values as A, different data). Outputs go to ``out_path`` as a list of four lists.
+    """
+    dist, seed_a, seed_b = request["distribution"], int(request["seed_a"]), int(request["seed_b"])
+    args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
+    results = [[_snapshot(o) for o in _forward(state, args)]]
+    new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
+    with torch.no_grad():
+        for a, b in zip(args, new_values):
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                a.copy_(b)
+    results.append([_snapshot(o) for o in _forward(state, args)])
+    fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in new_values]
+    results.append([_snapshot(o) for o in _forward(state, fresh)])
+    mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
+    results.append([_snapshot(o) for o in _forward(state, mixed)])
+    _save(results, request["out_path"])
+    return {"calls": len(results)}
+
+
+def _poison(device: torch.device) -> None:
+    """Fill blocks of freed allocator memory with NaN, so ``torch.empty`` hands back NaN, not stale data.
+
+    On CUDA the blocks stay in the caching allocator (no ``empty_cache``); on the CPU the allocator
+    returns small blocks to the heap, where the next allocation of that size class finds them.
+    """
+    blocks = [torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES]
+    for _ in range(4):
+        blocks.extend(torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES[:1])
+    del blocks
+
+
+def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """The same draw twice, each on fresh input buffers after freed memory was poisoned with NaN.
+
+    ``out_path`` gets ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
+    finite are for the parent to judge.
+    """
+    runs = []
+    for _ in range(2):
+        args = _probe_inputs(state, request["inputs"])
+        _poison(state.device)
+        _sync(state)
+        runs.append([_snapshot(o) for o in _forward(state, args)])
+        del args
+    _save(runs, request["out_path"])
+    return {"runs": len(runs)}
+
+
+def probe_reference(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Reference side: outputs for a probe input spec at a precision, ``repeats`` times (fresh inputs)."""
+    if state.role != "reference":
+        raise PermissionError("probe_reference runs in a reference worker only")
+    precision = request.get("precision", "fp32")
+    tf32 = precision == "tf32"
+    if precision in ("fp32", "tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    model = state.model
+    if precision == "fp64":
+        if getattr(state, "model_fp64", None) is None:
+            import copy
+
+            state.model_fp64 = copy.deepcopy(state.model).double()
+        model = state.model_fp64
+    runs = []
+    for _ in range(int(request.get("repeats", 1))):
+        args = _probe_inputs(state, request["inputs"], precision)
+        with torch.no_grad():
+            outputs = _as_outputs(model(*args))
+        _sync(state)
+        runs.append([_snapshot(o) for o in outputs])
+    _save(runs, request["out_path"])
+    return {"runs": len(runs)}
+
+
+def probe_timed_outputs(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """The timing recipe exactly as ``time`` runs it, keeping each timed call's outputs.
+
+    A candidate that counts calls, watches call spacing or defers work to later calls behaves here
+    as it does while being timed, and the parent checks what it returned. ``out_path`` gets one list
+    of outputs per timed call; call i used input set ``i % len(seeds)``.
+    """
+    settings = TimingSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in request["settings"].items()})
+    seeds = [int(s) for s in request["seeds"]]
+    input_sets = [_probe_inputs(state, {"distribution": request["distribution"], "seed": s}) for s in seeds]
+    last: list[Any] = [None]
+    kept: list[list[Any]] = []
+
+    def call(k: int) -> None:
+        last[0] = state.model(*input_sets[k])
+
+    def keep(i: int, device_ms: float, wall_ms: float) -> None:
+        kept.append([_snapshot(o) for o in _as_outputs(last[0])])
+
+    flush = _make_l2_flush(state.device) if settings.l2_flush else None
+    with torch.no_grad():
+        measurement = _measure(
+            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush, on_sample=keep
+        )
+    _save(kept, request["out_path"])
+    return {"timed_calls": len(kept), "warmup_calls": measurement.warmup_calls}
+
+
+def probe_flops(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Reference side: FLOPs of one fp32 forward (FlopCounterMode) and the bytes of inputs and outputs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    args = _probe_inputs(state, request["inputs"])
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        outputs = _as_outputs(state.model(*args))
+    _sync(state)
+
+    def nbytes(values: list[Any]) -> int:
+        return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+    return {"flops": int(counter.get_total_flops()), "input_bytes": nbytes(args), "output_bytes": nbytes(outputs)}
+
+
+_LIBRARY_MARKERS = ("at::", "aten", "cublas", "cutlass", "cudnn", "gemm", "gemv", "xmma", "nvjet", "cub::",
+                    "Memcpy", "Memset", "memcpy", "memset", "splitK", "sgemm", "void native::", "pytorch")
+
+
+def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """CUDA only: names of the device kernels one forward launched (torch.profiler), and custom code loaded."""
+    custom = _custom_code()
+    if state.device.type != "cuda":
+        return {"available": False, "kernels": [], "custom_code": custom}
+    from torch.profiler import ProfilerActivity, profile
+
+    args = _probe_inputs(state, request["inputs"])
+    _forward(state, args)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _forward(state, args)
+    names: list[str] = []
+    for event in prof.events():
+        device_type = str(getattr(event, "device_type", ""))
+        if device_type.endswith("CUDA") and event.name not in names:
+            names.append(event.name)
+    library = [n for n in names if any(m in n for m in _LIBRARY_MARKERS)]
+    return {"available": True, "kernels": names[:200], "library_kernels": library[:200], "custom_code": custom}
+
+
+def _custom_code() -> list[str]:
+    """Modules that look like compiled extensions or Triton kernels loaded into this worker."""
+    found = []
+    ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR", "")
+    for name, module in list(sys.modules.items()):
+        path = str(getattr(module, "__file__", "") or "")
+        if path.endswith(".so") and ext_dir and path.startswith(ext_dir):
+            found.append(name)
+    if "triton" in sys.modules:
+        found.append("triton")
+    return found
+
+
+HANDLERS = {
+    "probe_observe": probe_observe,
+    "probe_cache": probe_cache,
+    "probe_poison": probe_poison,
+    "probe_reference": probe_reference,
+    "probe_timed_outputs": probe_timed_outputs,
+    "probe_flops": probe_flops,
+    "probe_kernels": probe_kernels,
+}
