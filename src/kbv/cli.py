@@ -50,7 +50,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_problems(sub)
     for register in _optional_registrations():
         register(sub)
+    _add_pipeline(sub)
     return parser
+
+
+def _add_pipeline(sub: Any) -> None:
+    """``kbv pipeline``: generate candidates with an LLM, then evaluate them as ``kbv run`` does."""
+    try:
+        from kbv.generate._cli import register_pipeline
+    except ImportError:
+        return
+
+    def evaluate_batch(problems_path: str, candidates_dir: str, args: argparse.Namespace) -> int:
+        from kbv import batch
+
+        run_args = argparse.Namespace(
+            problems=problems_path, candidates=candidates_dir, protocol=args.protocol, device=args.device,
+            timeout=args.timeout, db=getattr(args, "db", None), label=Path(candidates_dir).name,
+            resume=False, force=False, out=None,
+        )
+        return batch.run_command(run_args)
+
+    register_pipeline(sub, evaluate_batch, add_eval_arguments=_common_eval_flags)
 
 
 def _common_eval_flags(p: argparse.ArgumentParser) -> None:

@@ -106,6 +106,8 @@ def evaluate(
             timing, speedup, memory = _empty_timing()
             if correct:
                 timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, reference, subject))
+            if ctx.protocol.integrity.dynamic:
+                _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
         except WorkerFailed as failure:
             return _failure_record(ctx, ref_hello, failure)
     outcome = decide_outcome(correct, ctx.findings)
@@ -138,6 +140,52 @@ def _static_findings(ctx: _Context) -> list[Finding]:
     findings = integrity.static_scan(ctx.candidate.source, path=str(ctx.candidate.path), problem_source=ctx.problem.source)
     ctx.phases["integrity"] = time.monotonic() - started
     return integrity.apply_severity(findings, ctx.protocol.integrity)
+
+
+@dataclass
+class Session:
+    """What dynamic integrity checks get: both workers and the parent's trusted operations."""
+
+    reference: Worker
+    subject: Worker
+    protocol: Protocol
+    device: str
+    correct: bool
+    timing: dict[str, Any]
+    speedup: dict[str, Any]
+    fresh_seed: Any  # (purpose: str) -> int, a new secret seed for probes
+    reference_outputs: Any  # (distribution, seed) -> {"fp32", "truth", "baseline"} | None
+    candidate_outputs: Any  # (distribution, seed) -> {"outputs", "types", ...}
+    judge: Any  # (candidate_outputs, reference_outputs) -> {"passed", "max_abs_err", ..., "note"}
+    rebuild: Any  # () -> None: rebuild both models with the timing init seed
+
+
+def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct: bool, timing: dict[str, Any], speedup: dict[str, Any]) -> None:
+    from kbv import integrity
+    from kbv.integrity import dynamic
+
+    counter = iter(range(1 << 30))
+    init_seed = ctx.seeds.init("original")
+
+    def rebuild() -> None:
+        reference.request("build", init_seed=init_seed)
+        subject.request("build", init_seed=init_seed)
+
+    session = Session(
+        reference=reference,
+        subject=subject,
+        protocol=ctx.protocol,
+        device=ctx.device,
+        correct=correct,
+        timing=timing,
+        speedup=speedup,
+        fresh_seed=lambda purpose: inputs.derive_seed(ctx.seeds.master, "probe", purpose, next(counter)),
+        reference_outputs=lambda distribution, seed: _reference_outputs(ctx, reference, distribution, seed),
+        candidate_outputs=lambda distribution, seed: _run(subject, distribution, seed, "native"),
+        judge=lambda got, expected: _judge_draw(ctx, got, expected),
+        rebuild=rebuild,
+    )
+    ctx.findings.extend(integrity.apply_severity(dynamic.run_dynamic_checks(session), ctx.protocol.integrity))
 
 
 def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:

@@ -290,6 +290,15 @@ _HANDLERS = {
 }
 
 
+def _register_probes() -> None:
+    """Integrity probes (kbv.worker._probes) add their own requests to this worker."""
+    try:
+        from kbv.worker import _probes
+    except ImportError:
+        return
+    _HANDLERS.update(_probes.HANDLERS)
+
+
 def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {"kind": _classify(exc, op), "type": type(exc).__name__, "message": str(exc)[-4000:], "traceback": text[-8000:]}
@@ -308,4 +317,5 @@ def _classify(exc: BaseException, op: str) -> str:
 
 
 if __name__ == "__main__":
+    _register_probes()
     main(int(sys.argv[1]))

@@ -1,0 +1,72 @@
+"""``kbv demo``: the bundled suite's candidates under both protocols, compared, stored and reported.
+
+On a CPU-only machine the demo uses the candidate sets that run there (C++ ``load_inline``, plain
+PyTorch and the CPU hacks) and a subset chosen to finish in a few minutes on two cores; on a GPU it
+adds the CUDA and Triton sets and the GPU-only hacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from kbv.batch import collect_pairs, run_batch
+from kbv.pipeline import default_device
+from kbv.problems import bundled_candidates_dir, bundled_suite_dir
+from kbv.protocol import STANDARD, VERIFIED
+
+CPU_SETS = ("honest_cpu", "hacks", "broken")
+GPU_SETS = ("honest_cuda", "honest_triton", "honest_cpu", "hacks", "hacks_gpu", "broken")
+# Two cores compile a C++ extension in ~30 s: the CPU demo keeps the compiled candidates few.
+CPU_DEMO_MAX_COMPILED = 3
+CPU_TIMEOUT_S = 120.0
+
+
+def demo_pairs(device: str) -> list:
+    sets = GPU_SETS if device.startswith("cuda") else CPU_SETS
+    pairs = []
+    compiled = 0
+    for name in sets:
+        directory = bundled_candidates_dir() / name
+        if not directory.is_dir():
+            continue
+        found, _ = collect_pairs(bundled_suite_dir(), directory, label=name)
+        for problem, candidate in found:
+            uses_cpp = "load_inline" in candidate.source
+            if not device.startswith("cuda") and uses_cpp and name != "broken":
+                if compiled >= CPU_DEMO_MAX_COMPILED:
+                    continue
+                compiled += 1
+            pairs.append((problem, candidate))
+    return pairs
+
+
+def run_demo(device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None) -> int:
+    from kbv.report import write_html_report
+    from kbv.report.terminal import render_comparison, render_summary
+    from kbv.store import Store
+
+    device = device or default_device()
+    db_path = Path(db or "kbv-results/demo.sqlite")
+    html_path = Path(html or "kbv-results/demo-report.html")
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    pairs = demo_pairs(device)
+    timeout = timeout_s or (None if device.startswith("cuda") else CPU_TIMEOUT_S)
+    console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
+    with Store(db_path) as store:
+        for protocol in (STANDARD, VERIFIED):
+            run_id = store.start_run("demo", {"device": device, "protocol": protocol.name}, protocol)
+            result = run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout, console=Console(stderr=True))
+            store.finish_run(run_id)
+            for what, message in result.errors:
+                console.print(f"[red]harness error[/red] {what}: {message}")
+        standard = store.records(protocol="standard", latest=True)
+        verified = store.records(protocol="verified", latest=True)
+        render_summary(verified, console)
+        render_comparison(standard, verified, console)
+        write_html_report(standard + verified, html_path, title="kbv demo: standard versus verified")
+    console.print(f"results database: {db_path.resolve()}")
+    console.print(f"HTML report:      {html_path.resolve()}")
+    return 0

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbv.protocol import STANDARD, VERIFIED, ProtocolError, load_protocol, protocol_from_dict
+
+
+def test_builtin_protocols_resolve_and_hash_stably() -> None:
+    assert load_protocol("standard") is STANDARD
+    assert load_protocol("verified") is VERIFIED
+    assert STANDARD.sha256() == load_protocol("standard").sha256()
+    assert STANDARD.sha256() != VERIFIED.sha256()
+
+
+def test_standard_is_kernelbench_settings() -> None:
+    c = STANDARD.correctness
+    assert (c.mode, c.distributions, c.draws_per_distribution) == ("allclose", ("original",), 5)
+    assert (c.atol_fp32, c.rtol_fp32, c.atol_half, c.rtol_half) == (1e-4, 1e-4, 1e-2, 1e-2)
+    assert STANDARD.timing.baselines == ("eager_fp32",)
+
+
+def test_toml_overrides_a_base(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\nversion = 3\nbase = "verified"\n'
+        '[timing]\nbaselines = ["eager_fp32", "eager_tf32", "compile"]\n'
+        '[integrity.severity]\nreference_operator = "fail"\n'
+    )
+    protocol = load_protocol(path)
+    assert protocol.name == "mine" and protocol.version == 3
+    assert protocol.timing.baselines == ("eager_fp32", "eager_tf32", "compile")
+    assert protocol.integrity.severity_for("reference_operator", "warn") == "fail"
+    assert protocol.correctness == VERIFIED.correctness
+    # The stored form (a record's protocol.settings) resolves to the same protocol.
+    again = protocol_from_dict({**protocol.to_dict(), "base": "verified"})
+    assert again.sha256() == protocol.sha256()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('name = "x"\n[timing]\nno_such = 1\n', "unknown setting 'no_such'"),
+        ('name = "x"\nbase = "nope"\n', "base must be one of"),
+        ("version = 1\n", "needs a name"),
+        ('name = "x"\n[integrity.severity]\nfoo = "loud"\n', "fail, warn, info or off"),
+        ("name = [", "not valid TOML"),
+    ],
+)
+def test_bad_protocol_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ProtocolError, match=message):
+        load_protocol(path)
+
+
+def test_unknown_protocol_name() -> None:
+    with pytest.raises(ProtocolError, match="unknown protocol 'fast'"):
+        load_protocol("fast")

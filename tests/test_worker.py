@@ -1,0 +1,145 @@
+"""Worker conformance: isolation, scrubbed environment, private channel, timeouts, crashes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RELU
+from kbv.worker import Worker, WorkerFailed, WorkerSpec
+from kbv.worker._env import scrubbed_env
+
+FIXTURES = Path(__file__).parent / "fixtures" / "candidates" / "foundation"
+
+
+def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
+    return Worker(WorkerSpec(build_key=f"test-{name}", device="cpu", role="candidate", budget_s=budget_s))
+
+
+def _load(worker: Worker, name: str) -> dict:
+    worker.start()
+    return worker.request(
+        "load", role="candidate", device="cpu", problem_path=str(RELU), sizes={"batch_size": 2, "dim": 8},
+        candidate_path=str(FIXTURES / name), init_seed=1,
+    )
+
+
+def test_env_allowlist_drops_secrets(tmp_path: Path) -> None:
+    parent = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-x", "HF_TOKEN": "t", "NVIDIA_API_KEY": "k", "LANG": "C", "AWS_SECRET_ACCESS_KEY": "s", "RANDOM_VAR": "1"}
+    env = scrubbed_env(parent, home=tmp_path, extensions_dir=tmp_path / "e", triton_dir=tmp_path / "t")
+    assert env["PATH"] == "/usr/bin" and env["LANG"] == "C"
+    assert not {"OPENAI_API_KEY", "HF_TOKEN", "NVIDIA_API_KEY", "AWS_SECRET_ACCESS_KEY", "RANDOM_VAR"} & set(env)
+    assert env["HOME"] == str(tmp_path) and env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "e")
+
+
+def test_worker_runs_a_model_and_returns_outputs_through_files() -> None:
+    with _candidate_worker("plain") as worker:
+        reply = _load(worker, "relu_plain.py")
+        assert reply["ok"] and reply["parameters"] == {}
+        out = worker.new_path("out")
+        reply = worker.request("run", distribution="original", seed=3, precision="native", out_path=out)
+        assert reply["types"] == ["torch.Tensor"]
+        import torch
+
+        (y,) = torch.load(out, weights_only=True)
+        assert y.shape == (2, 8) and bool((y >= 0).all())
+
+
+def test_secrets_in_parent_environment_never_reach_the_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-should-not-leak")
+    monkeypatch.setenv("KBV_TEST_SECRET", "nope")
+    with _candidate_worker("spy") as worker:
+        _load(worker, "relu_env_spy.py")
+        reply = worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        assert reply["ok"]
+
+
+def test_timeout_kills_the_whole_process_group() -> None:
+    with _candidate_worker("hang", budget_s=20.0) as worker:
+        _load(worker, "relu_hang.py")
+        worker.remaining_s = 3.0
+        started = time.monotonic()
+        with pytest.raises(WorkerFailed) as info:
+            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        assert info.value.kind == "timeout"
+        assert time.monotonic() - started < 8
+        pid = int((worker.home / "grandchild.pid").read_text())
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the candidate's child process survived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waiting for its reaper is dead for our purposes.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_stdout_is_a_log_never_a_result_and_early_exit_is_a_crash() -> None:
+    with _candidate_worker("exit") as worker:
+        _load(worker, "relu_exit_fake.py")
+        with pytest.raises(WorkerFailed) as info:
+            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        assert info.value.kind == "crashed"
+        assert '"outcome": "passed"' in info.value.details["stdout"]  # kept as a log only
+
+
+def test_a_signal_death_is_a_crash() -> None:
+    with _candidate_worker("segv") as worker:
+        _load(worker, "relu_segfault.py")
+        with pytest.raises(WorkerFailed) as info:
+            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        assert info.value.kind == "crashed"
+        assert "exit status -11" in info.value.message
+
+
+def test_errors_are_reported_with_their_kind() -> None:
+    with _candidate_worker("raises") as worker:
+        _load(worker, "relu_raises.py")
+        with pytest.raises(WorkerFailed) as info:
+            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        assert info.value.kind == "runtime_error"
+        assert "invalid configuration argument" in info.value.message
+        assert "ValueError" in info.value.details["traceback"]
+        # The worker survives a Python exception and answers the next request.
+        assert worker.request("build", init_seed=2)["ok"]
+
+
+def test_missing_modelnew_is_an_import_error() -> None:
+    with _candidate_worker("nomodel") as worker, pytest.raises(WorkerFailed) as info:
+        _load(worker, "relu_no_modelnew.py")
+    assert info.value.kind == "import_error" and "defines no class ModelNew" in info.value.message
+
+
+def test_reference_worker_refuses_to_redraw_for_candidates() -> None:
+    with _candidate_worker("plain2") as worker:
+        _load(worker, "relu_plain.py")
+        with pytest.raises(WorkerFailed, match="only a reference worker"):
+            worker.request("redraw", distribution="signed", seed=1, out_path=worker.new_path("p"))
+
+
+def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:
+    import pickle
+
+    from kbv.pipeline import _load_tensors
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    path = tmp_path / "out.pt"
+    path.write_bytes(pickle.dumps([Evil()]))
+    with pytest.raises(WorkerFailed):
+        _load_tensors(str(path))
+    assert not (tmp_path / "pwned").exists()
