@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import FOUNDATION, RELU
+
 from kbv.api import evaluate_paths
 from kbv.records import Record
 

@@ -3,9 +3,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SUITE
-from kbv.problems import ProblemError, bundled_suite_dir, check_importable, discover, load_module, load_problem, load_problems
+
+from kbv.problems import (
+    ProblemError,
+    bundled_suite_dir,
+    check_importable,
+    discover,
+    load_module,
+    load_problem,
+    load_problems,
+)
 
 BAD = ROOT / "tests" / "fixtures" / "problems_bad"
 

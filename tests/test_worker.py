@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RELU
+
 from kbv.worker import Worker, WorkerFailed, WorkerSpec
 from kbv.worker._env import scrubbed_env
 

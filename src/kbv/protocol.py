@@ -137,6 +137,12 @@ VERIFIED = Protocol(
     integrity=IntegritySettings(static=True, dynamic=True),
 )
 
+def timing_settings_from_dict(data: dict[str, Any]) -> TimingSettings:
+    """Timing settings sent over a worker's JSON channel (lists back to tuples)."""
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return TimingSettings(**values)
+
+
 BUILTIN: dict[str, Protocol] = {p.name: p for p in (STANDARD, VERIFIED)}
 
 

@@ -8,6 +8,7 @@ parses. A timeout kills the whole process group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -166,10 +167,8 @@ class Worker:
         if self._proc is None:
             return None
         if self._proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         try:
             return self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -185,10 +184,8 @@ class Worker:
         self.kill()
         if self._proc is not None:
             # Grandchildren the candidate left behind share the process group: kill them too.
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         if self._sock is not None:
             self._sock.close()
             self._sock = None

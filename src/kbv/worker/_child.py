@@ -28,7 +28,7 @@ import torch
 from kbv import inputs as kbv_inputs
 from kbv import timing as kbv_timing
 from kbv.problems._loader import load_module
-from kbv.protocol import TimingSettings
+from kbv.protocol import timing_settings_from_dict
 from kbv.worker import _channel
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
@@ -257,7 +257,7 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
 def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
-    settings = TimingSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in request["settings"].items()})
+    settings = timing_settings_from_dict(request["settings"])
     seeds = [int(s) for s in request["seeds"]]
     input_sets = [_make_inputs(state, request["distribution"], s, precision) for s in seeds]
     model = _model_for(state, precision)
@@ -293,7 +293,7 @@ _HANDLERS = {
 def _register_probes() -> None:
     """Integrity probes (kbv.worker._probes) add their own requests to this worker."""
     try:
-        from kbv.worker import _probes
+        from kbv.worker import _probes  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return
     _HANDLERS.update(_probes.HANDLERS)
