@@ -1,0 +1,45 @@
+"""Honest CPU candidate: exact (erf) GELU as a C++ loop built with load_inline."""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CPP = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+
+torch::Tensor gelu_forward(torch::Tensor x) {
+    TORCH_CHECK(x.device().is_cpu(), "gelu_forward: expected a CPU tensor");
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32, "gelu_forward: expected float32");
+    auto xc = x.contiguous();
+    auto out = torch::empty_like(xc);
+    const float* src = xc.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    const int64_t n = xc.numel();
+    const float inv_sqrt2 = 0.70710678118654752440f;
+    at::parallel_for(0, n, 8192, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float v = src[i];
+            dst[i] = 0.5f * v * (1.0f + std::erf(v * inv_sqrt2));
+        }
+    });
+    return out;
+}
+"""
+
+_ext = load_inline(
+    name="kbv_honest_cpu_gelu",
+    cpp_sources=_CPP,
+    functions=["gelu_forward"],
+    extra_cflags=["-O2"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ext.gelu_forward(x)
