@@ -65,7 +65,7 @@ class Executor(abc.ABC):
         """Throughput figures of the last ``map`` (busy and idle time per slot, compile results)."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most executors hold nothing to release
         """Release processes (and a Ray instance this executor started)."""
 
     def __enter__(self) -> Executor:

@@ -17,6 +17,7 @@ left to the evaluation worker.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -151,10 +152,8 @@ def _run_build_child(candidate: Candidate, extensions: Path, triton_dir: Path, a
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _digest(value: object) -> str:

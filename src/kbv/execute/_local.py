@@ -190,7 +190,7 @@ class LocalExecutor(Executor):
             except queue.Empty:
                 self._fail_if_no_slots()
                 if not any(t.is_alive() for t in threads) and self._results.empty():
-                    raise ExecutorError(f"every evaluation slot stopped with {total - delivered} pairs unfinished")
+                    raise ExecutorError(f"every evaluation slot stopped with {total - delivered} pairs unfinished") from None
                 continue
             on_record(*item)
             delivered += 1
@@ -257,9 +257,7 @@ class LocalExecutor(Executor):
         except _HostDied as exc:
             failure = f"{slot.label}: the evaluation process died ({exc})"
         except Exception as exc:
-            if is_harness_error(exc):
-                error = exc
-            elif self._stop:
+            if is_harness_error(exc) or self._stop:
                 error = exc
             else:
                 failure = f"{slot.label}: {type(exc).__name__}: {exc}"
