@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -44,17 +45,24 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
     if not records:
         console.print("[yellow]No records to summarise.[/yellow]")
         return
-    table = Table(title="Leaderboard", title_justify="left")
-    for name in ("label", "protocol", "n", "correct", "correct speedup", "comparable", "fast_1",
-                 "mem. eff.", "hack rate"):
-        table.add_column(name, justify="left" if name in ("label", "protocol") else "right")
-    for row in leaderboard_rows(records):
+    rows = leaderboard_rows(records)
+    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD)
+    # Names must stay readable on a narrow terminal; the numeric columns give way first.
+    table.add_column("label", min_width=min(30, max(len(r["label"]) for r in rows)))
+    table.add_column("protocol", min_width=min(12, max(len(r["protocol"]) for r in rows)))
+    for name in ("n", "correct", "speedup", "comparable", "fast_1", "mem", "hacks"):
+        table.add_column(name, justify="right", min_width=len(name))
+    for row in rows:
         table.add_row(
             Text(row["label"]), Text(row["protocol"]), str(row["n"]), fmt_rate(row["correct_rate"]),
             fmt_x(row["correct_speedup"]), fmt_x(row["comparable_geomean"]), fmt_rate(row["fast_p"][1.0]),
             fmt_x(row["memory_efficiency"]), fmt_rate(row["hack_rate"]),
         )
     console.print(table)
+    console.print(
+        "[dim]correct: passed / all pairs; speedup: geomean over passed pairs; comparable: geomean with "
+        "failures as 1.0; mem: geomean baseline/kernel peak; hacks: flagged / all pairs[/dim]"
+    )
 
     outcomes = metrics.outcome_counts(records)
     failures = Table(title="Outcomes", title_justify="left")
