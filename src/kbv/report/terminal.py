@@ -46,11 +46,11 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         console.print("[yellow]No records to summarise.[/yellow]")
         return
     rows = leaderboard_rows(records)
-    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     # Names must stay readable on a narrow terminal; the numeric columns give way first.
     table.add_column("label", min_width=min(30, max(len(r["label"]) for r in rows)))
     table.add_column("protocol", min_width=min(12, max(len(r["protocol"]) for r in rows)))
-    for name in ("n", "correct", "speedup", "comparable", "fast_1", "mem", "hacks"):
+    for name in ("n", "correct", "speedup", "cmp", "fast_1", "mem", "hacks"):
         table.add_column(name, justify="right", min_width=len(name))
     for row in rows:
         table.add_row(
@@ -60,8 +60,8 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         )
     console.print(table)
     console.print(
-        "[dim]correct: passed / all pairs; speedup: geomean over passed pairs; comparable: geomean with "
-        "failures as 1.0; mem: geomean baseline/kernel peak; hacks: flagged / all pairs[/dim]"
+        "[dim]correct: passed / all pairs; speedup: geomean over passed pairs; cmp: comparable geomean, "
+        "failures count 1.0; mem: geomean baseline/kernel peak; hacks: flagged / all pairs[/dim]"
     )
 
     outcomes = metrics.outcome_counts(records)
@@ -109,10 +109,10 @@ def render_comparison(
 
 
 _EFFECT_TEXT = {
-    "integrity": "integrity (flagged under verified)",
-    "distribution": "distribution (fails a hidden input distribution)",
-    "timing_other": "timing recipe and other failures",
-    "baseline": "baseline (best baseline instead of eager_fp32)",
+    "integrity": "integrity: flagged",
+    "distribution": "distribution: hidden inputs",
+    "timing_other": "timing recipe, other failures",
+    "baseline": "baseline: best vs eager_fp32",
 }
 
 
@@ -123,7 +123,7 @@ def _comparison_table(label: str, summary: dict[str, Any]) -> Table:
     table.add_column("")
     table.add_column("standard", justify="right")
     table.add_column("verified", justify="right")
-    table.add_column("share of drop", justify="right")
+    table.add_column("share", justify="right")
     table.add_row("correct", fmt_rate(std["correct_rate"]), fmt_rate(ver["correct_rate"]))
     table.add_row("correct speedup", fmt_x(std["correct_speedup"]), fmt_x(ver["correct_speedup"]))
     table.add_row("  vs eager_fp32", fmt_x(std["correct_speedup"]), fmt_x(ver["correct_speedup_vs_reference"]))
