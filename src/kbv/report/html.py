@@ -174,8 +174,9 @@ def _log_axes(ax: Any, *axes: str) -> None:
         axis = ax.xaxis if name == "x" else ax.yaxis
         (ax.set_xscale if name == "x" else ax.set_yscale)("log")
         low, high = ax.get_xlim() if name == "x" else ax.get_ylim()
-        narrow = high / max(low, 1e-12) < 30
-        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if narrow else (1.0, 2.0, 5.0)
+        span = high / max(low, 1e-12)
+        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 else (
+            (1.0, 2.0, 5.0) if span < 300 else (1.0,))
         axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         axis.set_minor_formatter(NullFormatter())
