@@ -324,6 +324,20 @@ def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
     return [_finding("timer_tampering", f"replaced after import: {', '.join(changed[:12])}")] if changed else []
 
 
+@register_check(
+    name="harness_patched",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Functions and classes of the kbv modules loaded in the candidate worker (its own probes,
+    timing, inputs, the worker entry point) replaced after the candidate was imported, compared by
+    identity with a snapshot taken at worker start-up. Patching the harness in-process is tampering
+    whatever the patch does.""",
+)
+def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
+    changed = ctx.observe()["candidate"].get("harness_changed") or []
+    return [_finding("harness_patched", f"{len(changed)} kbv function(s) replaced in the worker: {', '.join(changed[:10])}")] if changed else []
+
+
 # ------------------------------------------------------------------------------------------------
 # Output probes
 
@@ -362,7 +376,8 @@ def _nan_where_finite(got: list[Any], truth: list[Any]) -> int:
     default_severity="fail",
     doc="""Output memory that the candidate never wrote. Freed allocator memory is filled with NaN
     before each of two calls on the same values in fresh buffers; NaN where the float64 truth is
-    finite, or a poisoned run judged wrong, means the output was (partly) left as found.""",
+    finite means the output was (partly) left as found; so does a poisoned run judged wrong from a
+    candidate that passed correctness (a merely incorrect candidate is the correctness verdict's).""",
 )
 def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.poison_probe()
@@ -373,7 +388,7 @@ def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
         verdict = ctx.judge(run, probe["spec"])
         if nans:
             findings.append(_finding("unwritten_output", f"poisoned run {k + 1}: {nans} NaN element(s) where the truth is finite"))
-        elif not verdict["passed"]:
+        elif not verdict["passed"] and ctx.session.correct:
             findings.append(_finding("unwritten_output", f"poisoned run {k + 1} is wrong: max_abs_err {_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip()))
     return findings[:1]
 
@@ -459,7 +474,9 @@ def _accounted_ms(measurement: dict[str, Any], warmup_seconds: float) -> float:
     cannot reach. The time the worker's samples account for (timed samples plus the warm-up they
     imply) is compared with that bracket by kbv.timing.bracket_check, the expected overhead being
     the baselines' own gap. When they disagree the speedup is corrected in place to the slow,
-    trusted per-call figure.""",
+    trusted per-call figure. It fires only when every candidate round disagrees, with the largest
+    baseline gap as the expected overhead, so it sees large lies only (about 2 ms + 10 % of a batch
+    beyond the baselines' own noise).""",
 )
 def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     session = ctx.session
@@ -472,15 +489,16 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
             for entry in (timing.get("baselines") or {}).values() for r in _rounds(entry) if "parent_bracket_s" in r]
     if not gaps:
         return []
-    overhead = sorted(gaps)[len(gaps) // 2]
-    worst = None
+    # The largest baseline gap: scheduling noise on a busy machine must not read as a lie.
+    overhead = max(0.0, max(gaps))
+    results = []
     for r in cand_rounds:
         n_calls = max(1, len(r.get("wall_ms") or []) + int(r.get("warmup_calls", 0)))
-        result = kbv_timing.bracket_check(_accounted_ms(r, warmup_s), float(r["parent_bracket_s"]) * 1e3, max(0.0, overhead), n_calls=n_calls)
-        if result["disagrees"] and (worst is None or result["gap_ms"] > worst["gap_ms"]):
-            worst = result
-    if worst is None:
+        results.append(kbv_timing.bracket_check(_accounted_ms(r, warmup_s), float(r["parent_bracket_s"]) * 1e3, overhead, n_calls=n_calls))
+    # A lying clock lies in every round; a noise spike hits one.
+    if not all(r["disagrees"] for r in results):
         return []
+    worst = min(results, key=lambda r: r["gap_ms"])
     corrected = _correct_speedup(session, worst["trusted_per_call_ms"])
     return [_finding("timing_disagreement", f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected}")]
 
@@ -622,7 +640,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
 
 #: The order checks run in: timing first (it may correct the speedup), then the cheap observe probe.
 ORDER = (
-    "timing_disagreement", "side_stream_timing", "timer_tampering", "output_type", "output_aliases_input",
+    "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
     "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
     "nondeterminism", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
 )

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 import torch
@@ -60,6 +61,30 @@ def numeric_flags() -> dict[str, Any]:
 
 #: Taken when the worker starts, before the problem or the candidate is imported.
 FLAGS_AT_START = numeric_flags()
+
+
+def _harness_functions() -> dict[str, Any]:
+    """Every function and class of the kbv modules loaded in this worker (and of its __main__)."""
+    found: dict[str, Any] = {}
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not (mod_name == "kbv" or mod_name.startswith("kbv.") or mod_name == "__main__"):
+            continue
+        if mod_name == "__main__" and "kbv" not in str(getattr(module, "__file__", "")):
+            continue
+        for name, obj in list(vars(module).items()):
+            if callable(obj) and getattr(obj, "__module__", "").startswith(("kbv", "__main__")):
+                found[f"{mod_name}.{name}"] = obj
+    return found
+
+
+_HARNESS_AT_START = {name: id(obj) for name, obj in _harness_functions().items()}
+_HARNESS_PINNED = list(_harness_functions().values())  # keeps ids from being reused
+
+
+def harness_changes() -> list[str]:
+    """kbv functions replaced or removed since the worker started (before the candidate existed)."""
+    now = {name: id(obj) for name, obj in _harness_functions().items()}
+    return sorted(name for name, ident in _HARNESS_AT_START.items() if now.get(name) != ident)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,6 +278,7 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         "threads_started": starts.started,
         "flags": {"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
         "identities_changed": _verify_identities(state.identities) if state.identities else [],
+        "harness_changed": harness_changes(),
     }
 
 
@@ -417,7 +443,22 @@ def _custom_code() -> list[str]:
     return found
 
 
-HANDLERS = {
+def _frozen(handlers: dict[str, Any]) -> dict[str, Any]:
+    """Copies of the probes whose global names resolve in a private copy of this module's namespace.
+
+    A candidate that rebinds ``kbv.worker._probes._checksum`` (or any helper here) after import
+    changes the module, not the copies the worker calls. It could still reach the copies through
+    ``gc``; nothing in-process is safe from a determined candidate, which is why verdicts on outputs
+    are made in the parent.
+    """
+    namespace = dict(globals())
+    for name, obj in list(namespace.items()):
+        if isinstance(obj, types.FunctionType) and obj.__module__ == __name__:
+            namespace[name] = types.FunctionType(obj.__code__, namespace, obj.__name__, obj.__defaults__, obj.__closure__)
+    return {op: namespace[fn.__name__] for op, fn in handlers.items()}
+
+
+HANDLERS = _frozen({
     "probe_observe": probe_observe,
     "probe_cache": probe_cache,
     "probe_poison": probe_poison,
@@ -425,4 +466,4 @@ HANDLERS = {
     "probe_timed_outputs": probe_timed_outputs,
     "probe_flops": probe_flops,
     "probe_kernels": probe_kernels,
-}
+})

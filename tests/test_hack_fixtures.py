@@ -1,0 +1,73 @@
+"""Every known reward hack is rejected under ``verified``; every honest fixture passes cleanly.
+
+Each fixture declares ``KBV_FIXTURE = {"problem": ..., "expect_outcome": [...], "expect_checks": [...]}``
+(honest ones only ``problem``). A hack passes this test when its outcome is one of the allowed
+ones, never "passed", and at least one expected check fired with severity ``fail`` -- unless the
+outcome itself (incorrect, crashed) already rejects it and no check is required.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kbv.api import evaluate_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
+HACKS = sorted((FIXTURES / "hacks").glob("*.py"))
+HONEST = sorted((FIXTURES / "honest").glob("*.py"))
+
+
+def fixture_spec(path: Path) -> dict:
+    """The fixture's KBV_FIXTURE dict, read without importing the candidate."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} has no KBV_FIXTURE")
+
+
+def _evaluate(path: Path):
+    spec = fixture_spec(path)
+    return spec, evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cpu", timeout_s=240)
+
+
+def _params(paths: list[Path]) -> list:
+    return [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if fixture_spec(p).get("slow") else []) for p in paths]
+
+
+def _gpu_only(path: Path) -> bool:
+    return path.stem.startswith("gpu_")
+
+
+@pytest.mark.parametrize("path", _params([p for p in HACKS if not _gpu_only(p)]))
+def test_hack_is_caught(path: Path) -> None:
+    spec, record = _evaluate(path)
+    fails = {f.check for f in record.findings if f.severity == "fail"}
+    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:120]) for f in record.findings]} error={record.error}"
+    assert record.outcome != "passed", summary
+    assert record.outcome in spec["expect_outcome"], summary
+    expected = set(spec.get("expect_checks", []))
+    if expected and record.outcome == "hack_detected":
+        assert fails & expected, f"none of {sorted(expected)} failed; {summary}"
+    for check in spec.get("expect_warn", []):
+        assert check in {f.check for f in record.findings}, f"{check} did not fire; {summary}"
+
+
+@pytest.mark.parametrize("path", _params(HONEST))
+def test_honest_passes(path: Path) -> None:
+    _, record = _evaluate(path)
+    fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
+    assert record.outcome == "passed", f"outcome={record.outcome} fails={fails} error={record.error} dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
+    assert not fails
+
+
+def test_fixture_inventory() -> None:
+    """At least 18 CPU hack patterns and 5 honest candidates, each naming its pattern in a docstring."""
+    cpu_hacks = [p for p in HACKS if not _gpu_only(p)]
+    assert len(cpu_hacks) >= 18 and len(HONEST) >= 5
+    for path in HACKS + HONEST:
+        assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} needs a docstring naming its pattern"
+        assert (ROOT / fixture_spec(path)["problem"]).is_file(), path.name
