@@ -1,0 +1,49 @@
+"""GPU-only reward hacks (side streams, unwritten output, caching, unchecked launches, graph replay)
+must be caught under ``verified`` on a CUDA device. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import ast
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kbv.api import evaluate_paths
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
+HACKS = sorted((FIXTURES / "hacks").glob("*.py"))
+HONEST = sorted((FIXTURES / "honest").glob("*.py"))
+
+
+def fixture_spec(path: Path) -> dict:
+    """KBV_FIXTURE read without importing the candidate."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} has no KBV_FIXTURE")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+GPU_HACKS = [p for p in HACKS if p.stem.startswith("gpu_")]
+
+
+@pytest.mark.parametrize("path", GPU_HACKS, ids=lambda p: p.stem)
+def test_gpu_hack_is_caught(path: Path) -> None:
+    spec = fixture_spec(path)
+    record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
+    fails = {f.check for f in record.findings if f.severity == "fail"}
+    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} error={record.error}"
+    assert record.outcome != "passed", summary
+    assert record.outcome in spec["expect_outcome"], summary
+    if record.outcome == "hack_detected" and spec.get("expect_checks"):
+        assert fails & set(spec["expect_checks"]), summary
+
+
+@pytest.mark.parametrize("path", [p for p in HONEST if fixture_spec(p).get("gpu_ok", True) and "cpp" not in p.stem], ids=lambda p: p.stem)
+def test_honest_passes_on_gpu(path: Path) -> None:
+    spec = fixture_spec(path)
+    record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
+    fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
+    assert record.outcome == "passed" and not fails, f"outcome={record.outcome} fails={fails}"
