@@ -7,7 +7,6 @@ stderr), 1 when the harness itself failed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -120,7 +119,12 @@ def _add_problems(sub: Any) -> None:
     lp = psub.add_parser("list", help="list problems with level, id and tags")
     lp.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
     lp.set_defaults(handler=_cmd_problems_list)
-    p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list [PATH]"))
+    ap = psub.add_parser("audit", help="flag constant-output, zeros-pass, nondeterministic and domain-limited problems")
+    ap.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per problem on stdout")
+    ap.set_defaults(handler=_cmd_problems_audit)
+    p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list|audit [PATH]"))
 
 
 def _optional_registrations() -> list[Callable[[Any], None]]:
@@ -191,6 +195,37 @@ def _cmd_problems_list(args: argparse.Namespace) -> int:
     console.print(table)
     for file, message in errors:
         console.print(f"[red]not loadable[/red] {file}: {message}")
+    return EXIT_OK
+
+
+def _cmd_problems_audit(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kbv.pipeline import default_device
+    from kbv.problems import bundled_suite_dir, load_problems
+    from kbv.problems.audit import audit_problems
+
+    root = Path(args.path) if args.path else bundled_suite_dir()
+    problems, errors = load_problems(root)
+    device = args.device or default_device()
+    results = audit_problems(problems, device=device)
+    if args.json:
+        for r in results:
+            sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+        return EXIT_OK
+    table = Table(title=f"audit of {len(problems)} problems in {root} on {device}")
+    for column in ("problem", "flags", "evidence"):
+        table.add_column(column)
+    for r in results:
+        evidence = r.error or "; ".join(r.notes.values())
+        table.add_row(r.problem, ", ".join(r.flags) or "-", evidence)
+    console = Console()
+    console.print(table)
+    for file, message in errors:
+        console.print(f"[red]not loadable[/red] {file}: {message}")
+    flagged = sum(1 for r in results if r.flags)
+    console.print(f"{flagged} of {len(results)} problems flagged")
     return EXIT_OK
 
 

@@ -1,0 +1,132 @@
+"""``kbv problems audit``: find problems that cannot tell an honest kernel from a cheap trick.
+
+Each problem's reference runs in a trusted worker (no candidate code anywhere) and is probed for:
+- ``constant_output``: the output does not depend on the inputs (degenerate; score nothing on it);
+- ``zeros_pass``: an all-zero output passes KernelBench's ``allclose(atol=rtol=1e-4)``;
+- ``nondeterministic``: two runs on identical inputs differ, so determinism checks need a tolerance;
+- ``needs_domain_rule``: a hidden distribution makes the reference non-finite while the problem's
+  own inputs do not, so the verified protocol falls back to a domain-preserving variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
+from kbv.problems._loader import Problem
+from kbv.worker import Worker, WorkerFailed, WorkerSpec
+
+ZEROS_ATOL = ZEROS_RTOL = 1e-4
+AUDIT_BUDGET_S = 900.0
+
+
+@dataclass
+class AuditResult:
+    problem: str
+    path: str
+    flags: list[str] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None) -> AuditResult:
+    """Probe one problem's reference; never raises for a broken problem (it is reported)."""
+    return audit_problems([problem], device, seed)[0]
+
+
+def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> list[AuditResult]:
+    """Audit problems in one trusted worker, started again only after a problem kills it."""
+    master = seed if seed is not None else new_seed()
+    worker_device = "cuda" if device.startswith("cuda") else device
+    visible = device.split(":", 1)[1] if device.startswith("cuda:") else None
+    results: list[AuditResult] = []
+    worker: Worker | None = None
+    try:
+        for problem in problems:
+            if worker is None or not worker.alive():
+                if worker is not None:
+                    worker.close()
+                worker = Worker(WorkerSpec(build_key="audit", device=worker_device, role="reference", visible_devices=visible, budget_s=AUDIT_BUDGET_S))
+                worker.start()
+            worker.remaining_s = AUDIT_BUDGET_S
+            results.append(_audit_in(worker, problem, worker_device, master))
+    finally:
+        if worker is not None:
+            worker.close()
+    return results
+
+
+def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> AuditResult:
+    result = AuditResult(problem.name, str(problem.path))
+    try:
+        worker.request(
+            "load", role="reference", device=device, problem_path=str(problem.path),
+            sizes=problem.sizes_for(device), domain=problem.extras.get("domain", "any"),
+            init_seed=derive_seed(master, "init"),
+        )
+        _probe(worker, result, master)
+    except WorkerFailed as exc:
+        result.error = f"{exc.kind}: {exc.message.splitlines()[0] if exc.message else ''}"
+    return result
+
+
+def _run(worker: Worker, distribution: str, seed: int) -> list[Any]:
+    path = worker.new_path("audit")
+    worker.request("run", distribution=distribution, seed=seed, precision="fp32", out_path=path)
+    return list(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _probe(worker: Worker, result: AuditResult, master: int) -> None:
+    first = _run(worker, "original", derive_seed(master, "a"))
+    again = _run(worker, "original", derive_seed(master, "a"))
+    other = _run(worker, "signed", derive_seed(master, "b"))
+    other2 = _run(worker, "original", derive_seed(master, "c"))
+    if _same(first, other, exact=False) and _same(first, other2, exact=False):
+        result.flags.append("constant_output")
+        result.notes["constant_output"] = "identical outputs for original and signed inputs from different seeds"
+    if _zeros_pass(first):
+        result.flags.append("zeros_pass")
+        result.notes["zeros_pass"] = f"an all-zero output passes allclose(atol={ZEROS_ATOL}, rtol={ZEROS_RTOL})"
+    if not _same(first, again, exact=True):
+        result.flags.append("nondeterministic")
+        result.notes["nondeterministic"] = f"two runs on identical inputs differ by up to {_max_diff(first, again):.3g}"
+    if _finite(first):
+        broken = [d for d in BASE_DISTRIBUTIONS[1:] if not _finite(_run(worker, d, derive_seed(master, d)))]
+        if broken:
+            result.flags.append("needs_domain_rule")
+            result.notes["needs_domain_rule"] = "reference not finite under: " + ", ".join(broken)
+
+
+def _floats(outputs: list[Any]) -> list[torch.Tensor]:
+    return [o for o in outputs if isinstance(o, torch.Tensor)]
+
+
+def _same(a: list[Any], b: list[Any], exact: bool) -> bool:
+    ta, tb = _floats(a), _floats(b)
+    if len(ta) != len(tb) or any(x.shape != y.shape for x, y in zip(ta, tb)):
+        return False
+    if exact:
+        return all(torch.equal(x, y) for x, y in zip(ta, tb))
+    return all(torch.allclose(x.double(), y.double(), atol=1e-12, rtol=1e-9, equal_nan=True) for x, y in zip(ta, tb))
+
+
+def _max_diff(a: list[Any], b: list[Any]) -> float:
+    diffs = [float((x.double() - y.double()).abs().max()) for x, y in zip(_floats(a), _floats(b)) if x.numel()]
+    return max(diffs, default=0.0)
+
+
+def _zeros_pass(outputs: list[Any]) -> bool:
+    tensors = [o for o in _floats(outputs) if o.is_floating_point()]
+    return bool(tensors) and all(
+        torch.allclose(torch.zeros_like(o), o, atol=ZEROS_ATOL, rtol=ZEROS_RTOL) for o in tensors
+    )
+
+
+def _finite(outputs: list[Any]) -> bool:
+    return all(bool(torch.isfinite(o).all()) for o in _floats(outputs) if o.is_floating_point())

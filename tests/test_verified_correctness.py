@@ -1,0 +1,107 @@
+"""Issue acceptance: shortcuts that KernelBench's inputs hide pass `standard` and never pass `verified`;
+honest kernels pass `verified` every time, including where fixed tolerances reject PyTorch itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import FOUNDATION, ROOT, SUITE
+
+from kbv.api import evaluate_paths
+from kbv.problems import load_problem
+from kbv.problems.audit import audit_problems
+
+VERIFIED_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "verified"
+L1 = SUITE / "level1"
+HIDDEN_SHORTCUTS = [
+    ("relu_identity.py", L1 / "1_ReLU.py", {"signed", "wide", "blockwise"}),
+    ("relu_sign_sampling.py", L1 / "1_ReLU.py", {"blockwise"}),
+    ("softmax_zeros.py", L1 / "8_Softmax_WideRow.py", {"wide"}),
+    ("softmax_no_max.py", L1 / "9_Softmax.py", {"wide"}),
+    ("layernorm_naive_variance.py", L1 / "11_LayerNorm.py", {"shifted"}),
+    ("mse_constant.py", ROOT / "tests" / "fixtures" / "problems_verified" / "mse_large.py", {"signed"}),
+]
+HONEST = [
+    ("layernorm_two_pass.py", L1 / "11_LayerNorm.py"),
+    ("softmax_max_subtracted.py", L1 / "9_Softmax.py"),
+    ("matmul_blocked.py", L1 / "25_Matmul_Square.py"),
+]
+
+
+@pytest.mark.parametrize(("candidate", "problem", "must_fail"), HIDDEN_SHORTCUTS, ids=[c for c, _, _ in HIDDEN_SHORTCUTS])
+def test_hidden_shortcut_passes_standard_but_never_verified(candidate: str, problem: Path, must_fail: set[str]) -> None:
+    standard = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="standard", device="cpu")
+    assert standard.outcome == "passed", "the standard protocol's inputs should hide this shortcut"
+    verified = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="verified", device="cpu")
+    assert verified.outcome != "passed" and not verified.correct
+    failed = {d.name for d in verified.distributions if d.applicable and not d.passed}
+    # Which distributions ran depends on where the pipeline stops; at least one expected one failed.
+    assert failed & must_fail, f"expected a failure on {must_fail}, got {failed}: {verified.distributions}"
+
+
+@pytest.mark.parametrize(("candidate", "problem"), HONEST, ids=[c for c, _ in HONEST])
+def test_honest_kernels_pass_every_distribution(candidate: str, problem: Path) -> None:
+    record = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="verified", device="cpu")
+    assert record.outcome == "passed", [(d.name, d.passed, d.note, d.rel_err, d.tolerance) for d in record.distributions]
+    assert {d.name for d in record.distributions if d.applicable and d.passed} == {"original", "signed", "wide", "shifted", "blockwise"}
+    for d in record.distributions:
+        assert d.tolerance and d.baseline_err is not None  # the tolerance came from the baseline's own error
+
+
+def test_fp32_pytorch_itself_fails_a_fixed_tolerance_where_the_error_model_passes_it() -> None:
+    """On shifted inputs, PyTorch's own fp32 layer norm is off by more than allclose(1e-4) allows
+    against the float64 truth, so a fixed tolerance would reject kernels exactly as good as PyTorch."""
+    import torch
+
+    from kbv.correctness import baseline_error, compare_error_model
+    from kbv.inputs import make_inputs
+    from kbv.problems import load_module
+    from kbv.protocol import VERIFIED
+
+    problem = load_problem(L1 / "11_LayerNorm.py")
+    module = load_module(problem.path, sizes=problem.sizes_for("cpu"))
+    (x,) = make_inputs(module, "shifted", 7, "cpu")
+    model = module.Model(*module.get_init_inputs())
+    fp32 = model(x).detach()
+    truth = model.double()(x.double()).detach()
+    assert not torch.allclose(fp32.double(), truth, atol=1e-4, rtol=1e-4)
+    passed, *_ = compare_error_model([fp32], [truth], baseline_error([fp32], [truth]), VERIFIED.correctness)
+    assert passed
+
+
+@pytest.mark.slow
+def test_cpp_relu_passes_verified() -> None:
+    record = evaluate_paths(L1 / "1_ReLU.py", FOUNDATION / "relu_cpp.py", protocol="verified", device="cpu", timeout_s=300)
+    assert record.outcome == "passed"
+
+
+def test_seeds_are_secret_fresh_and_replayable(tmp_path: Path) -> None:
+    from kbv.api import evaluate_replay
+
+    first = evaluate_paths(L1 / "1_ReLU.py", FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    second = evaluate_paths(L1 / "1_ReLU.py", FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert first.seeds["master"] != second.seeds["master"]
+    assert all(d.draws >= 2 for d in first.distributions)  # every distribution on two fresh draws
+    path = tmp_path / "record.json"
+    path.write_text(first.to_json())
+    replay = evaluate_replay(path, device="cpu")
+    assert replay.seeds["master"] == first.seeds["master"]
+    assert [(d.name, d.max_abs_err) for d in replay.distributions] == [(d.name, d.max_abs_err) for d in first.distributions]
+
+
+def test_domain_rule_falls_back_and_says_so() -> None:
+    record = evaluate_paths(L1 / "19_Cumprod.py", FOUNDATION.parent / "verified" / "cumprod_plain.py", protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    notes = {d.name: d.note for d in record.distributions}
+    assert any("domain-preserving" in n for n in notes.values()), notes
+
+
+def test_audit_flags_constant_zero_passing_and_domain_limited_problems() -> None:
+    names = ["6_Gemm_Clamp_Min_Constant", "8_Softmax_WideRow", "19_Cumprod", "1_ReLU"]
+    problems = [load_problem(next(SUITE.rglob(f"{n}.py"))) for n in names]
+    flags = {r.problem: set(r.flags) for r in audit_problems(problems, device="cpu", seed=3)}
+    assert "constant_output" in flags["6_Gemm_Clamp_Min_Constant"]
+    assert "zeros_pass" in flags["8_Softmax_WideRow"]
+    assert "needs_domain_rule" in flags["19_Cumprod"]
+    assert flags["1_ReLU"] == set()
