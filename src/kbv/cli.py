@@ -7,6 +7,7 @@ stderr), 1 when the harness itself failed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
