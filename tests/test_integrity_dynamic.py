@@ -1,0 +1,127 @@
+"""Parent-side dynamic checks on fake sessions (no workers): decisions from observations."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from kbv.integrity import dynamic
+from kbv.integrity._registry import list_checks
+from kbv.protocol import VERIFIED
+
+
+def _ctx(**session_fields) -> dynamic.DynamicContext:
+    base = {"device": "cpu", "correct": True, "protocol": VERIFIED, "timing": {}, "speedup": {"best": None}}
+    base.update(session_fields)
+    return dynamic.DynamicContext(SimpleNamespace(**base))
+
+
+def _observation(**candidate) -> dict:
+    act = {"python_threads": 1, "os_threads": 4, "processes": 0}
+    flags = dict(dynamic.__dict__.get("_FLAGS_EXAMPLE", {"cuda.matmul.allow_tf32": False, "cudnn.benchmark": False}))
+    honest = {
+        "types": ["torch.Tensor"],
+        "aliasing": [],
+        "input_checksums_before": [{"sum": 1.0, "sha": "a"}],
+        "input_checksums_after": [{"sum": 1.0, "sha": "a"}],
+        "activity": {"before": act, "after": act, "after_delay": act},
+        "threads_started": 0,
+        "flags": {"start": flags, "before_call": flags, "after_call": flags},
+        "identities_changed": [],
+        "harness_changed": [],
+    }
+    out = torch.ones(3)
+    return {"candidate": {**honest, **candidate}, "reference": honest, "first": [out], "late": [out.clone()]}
+
+
+def _with_observation(obs: dict) -> dynamic.DynamicContext:
+    ctx = _ctx()
+    ctx._cache["observe"] = obs
+    return ctx
+
+
+def test_every_dynamic_check_is_ordered_and_documented() -> None:
+    names = {c.name for c in list_checks("dynamic")}
+    assert names == set(dynamic.ORDER)
+    assert all(c.doc for c in list_checks("dynamic"))
+
+
+def test_honest_observation_gives_no_findings() -> None:
+    ctx = _with_observation(_observation())
+    for check in (dynamic.check_output_type, dynamic.check_output_aliases_input, dynamic.check_input_mutation,
+                  dynamic.check_background_work, dynamic.check_global_flags, dynamic.check_timer_tampering,
+                  dynamic.check_harness_patched):
+        assert check(ctx) == []
+
+
+def test_observation_hacks_fail() -> None:
+    assert dynamic.check_output_type(_with_observation(_observation(types=["m._Lazy"])))[0].severity == "fail"
+    assert dynamic.check_output_aliases_input(_with_observation(_observation(aliasing=[[0, 0]])))[0].severity == "fail"
+    mutated = _observation(input_checksums_after=[{"sum": 0.0, "sha": "b"}])
+    assert dynamic.check_input_mutation(_with_observation(mutated))[0].severity == "fail"
+    threads = _observation(threads_started=1)
+    assert dynamic.check_background_work(_with_observation(threads))[0].severity == "fail"
+    late = _observation()
+    late["late"] = [torch.zeros(3)]
+    assert "changed after" in dynamic.check_background_work(_with_observation(late))[0].detail
+    flags = _observation()
+    flags["candidate"]["flags"] = {**flags["candidate"]["flags"], "after_call": {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True}}
+    severities = sorted(f.severity for f in dynamic.check_global_flags(_with_observation(flags)))
+    assert severities == ["fail", "warn"]
+
+
+def test_os_thread_growth_alone_warns() -> None:
+    obs = _observation()
+    obs["candidate"]["activity"] = {**obs["candidate"]["activity"], "after_delay": {"python_threads": 1, "os_threads": 9, "processes": 0}}
+    assert [f.severity for f in dynamic.check_background_work(_with_observation(obs))] == ["warn"]
+
+
+def _round(bracket_s: float, wall_ms: float, n: int = 30, warmup_calls: int = 5) -> dict:
+    return {"parent_bracket_s": bracket_s, "wall_ms": [wall_ms] * n, "device_ms": [wall_ms] * n, "warmup_calls": warmup_calls}
+
+
+def _timing(cand_rounds: list, base_rounds: list, base_median: float = 1.0, cand_median: float = 0.01) -> dict:
+    return {
+        "candidate": {"rounds": cand_rounds, "summary": {"median": cand_median}},
+        "baselines": {"eager_fp32": {"rounds": base_rounds, "summary": {"median": base_median}}},
+    }
+
+
+def test_timing_disagreement_corrects_the_speedup() -> None:
+    # Baseline: 30 x 1 ms samples + 50 ms warm-up, bracketed at 85 ms (5 ms overhead).
+    base = [_round(0.085, 1.0)] * 3
+    # Candidate claims 0.01 ms/call, but each batch took 400 ms on the parent's clock.
+    cand = [_round(0.400, 0.01, warmup_calls=5000)] * 3
+    speedup = {"eager_fp32": 100.0, "best": 100.0}
+    ctx = _ctx(timing=_timing(cand, base), speedup=speedup)
+    findings = dynamic.check_timing_disagreement(ctx)
+    assert findings and findings[0].severity == "fail"
+    assert speedup["best"] < 13.0  # corrected in place: 1 ms / ((400 - 5) ms / 5030 calls)
+
+
+def test_timing_agreement_and_one_noisy_round_do_not_fire() -> None:
+    base = [_round(0.085, 1.0)] * 3
+    honest = [_round(0.086, 1.0), _round(0.200, 1.0), _round(0.084, 1.0)]  # one noise spike
+    assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 1.0})) == []
+
+
+def test_plausibility_warns_on_large_speedup_on_cpu() -> None:
+    ctx = _ctx(timing=_timing([], []), speedup={"best": 25.0})
+    findings = dynamic.check_plausibility(ctx)
+    assert [f.severity for f in findings] == ["warn"]
+
+
+def test_max_diff_handles_nan_and_shapes() -> None:
+    assert dynamic._max_diff([torch.ones(2)], [torch.ones(2)]) == 0.0
+    assert dynamic._max_diff([torch.ones(2)], [torch.ones(3)]) == float("inf")
+    assert dynamic._max_diff([torch.tensor([float("nan")])], [torch.tensor([1.0])]) == float("inf")
+
+
+def test_caching_probe_judges_each_call_against_its_own_values() -> None:
+    ctx = _ctx()
+    specs = [{"distribution": "signed", "seed": s} for s in (1, 2, 2, 3)]
+    ctx._cache["cache"] = {"outputs": [[torch.ones(2)], [torch.zeros(2)], [torch.ones(2)], [torch.ones(2)]], "specs": specs}
+    ctx.judge = lambda outputs, spec: {"passed": bool(outputs[0].sum() > 0), "max_abs_err": 1.0}
+    findings = dynamic.check_caching(ctx)
+    assert findings[0].severity == "fail" and "same buffers, new contents" in findings[0].detail
