@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from kbv import correctness, inputs
-from kbv import timing as kbv_timing
+from kbv import correctness, inputs, measure
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.problems import Problem
@@ -105,7 +104,7 @@ def evaluate(
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
             if correct:
-                timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, reference, subject))
+                timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
             if ctx.protocol.integrity.dynamic:
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
         except WorkerFailed as failure:
@@ -328,89 +327,21 @@ def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     )
 
 
-_BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32"}
-
-
-def _measure(ctx: _Context, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Interleaved rounds: every baseline, then the candidate, ``rounds`` times over."""
+def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
-    baselines = [b for b in settings.baselines if b in _BASELINE_PRECISION]
-    seeds = [ctx.seeds.timing(k) for k in range(settings.input_sets)]
-    init_seed = ctx.seeds.init("original")
-    reference.request("build", init_seed=init_seed)
-    subject.request("build", init_seed=init_seed)
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*baselines, "candidate"]}
-    for _ in range(max(1, settings.rounds)):
-        for name in baselines:
-            rounds[name].append(_timed_batch(reference, settings, seeds, _BASELINE_PRECISION[name]))
-        rounds["candidate"].append(_timed_batch(subject, settings, seeds, "native"))
-    timing = {
-        "recipe": settings.recipe,
-        "candidate": _timing_entry(rounds["candidate"], settings),
-        "baselines": {name: _timing_entry(rounds[name], settings) for name in baselines},
-    }
-    speedup = _speedups(timing)
-    memory = _memory(ctx, reference, subject)
+    mctx = measure.MeasureContext(
+        problem=ctx.problem,
+        device=ctx.device,
+        settings=settings,
+        seeds=[ctx.seeds.timing(k) for k in range(settings.input_sets)],
+        init_seed=ctx.seeds.init("original"),
+        device_info=_device_info(ctx, hello),
+        torch_version=str(hello.get("torch", "")),
+        load_fields=_load_fields(ctx, "reference"),
+    )
+    timing, speedup = measure.measure_pair(mctx, reference, subject)
+    memory = measure.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
-
-
-def _timed_batch(worker: Worker, settings: Any, seeds: list[int], precision: str) -> dict[str, Any]:
-    started = time.monotonic()
-    reply = worker.request("time", distribution="original", seeds=seeds, precision=precision, settings=_settings_dict(settings))
-    bracket_s = time.monotonic() - started
-    measurement = reply["measurement"]
-    measurement["parent_bracket_s"] = bracket_s
-    return measurement
-
-
-def _settings_dict(settings: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
-
-
-def _timing_entry(rounds: list[dict[str, Any]], settings: Any) -> dict[str, Any]:
-    samples = [s for r in rounds for s in r["device_ms"]]
-    return {
-        "rounds": rounds,
-        "summary": kbv_timing.summarize(samples, resamples=settings.bootstrap_resamples),
-        "wall_summary": kbv_timing.summarize([s for r in rounds for s in r["wall_ms"]], resamples=settings.bootstrap_resamples),
-    }
-
-
-def _speedups(timing: dict[str, Any]) -> dict[str, Any]:
-    candidate_ms = timing["candidate"]["summary"]["median"]
-    speedup: dict[str, Any] = {}
-    for name, entry in timing["baselines"].items():
-        base_ms = entry["summary"]["median"]
-        speedup[name] = base_ms / candidate_ms if candidate_ms and base_ms else None
-    finite = [v for v in speedup.values() if v is not None]
-    # "best" is against the fastest baseline, so it is the smallest of the speedups.
-    speedup["best"] = min(finite) if finite else None
-    return speedup
-
-
-def _memory(ctx: _Context, reference: Worker, subject: Worker) -> dict[str, Any]:
-    if not ctx.device.startswith("cuda"):
-        return {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
-    seed = ctx.seeds.timing(0)
-    base = _run(reference, "original", seed, "fp32", measure_memory=True)["memory"]
-    cand = _run(subject, "original", seed, "native", measure_memory=True)["memory"]
-    cand_peak, base_peak = _peak(cand), _peak(base)
-    return {
-        "candidate_peak_bytes": cand_peak,
-        "baseline_peak_bytes": base_peak,
-        "ratio": cand_peak / base_peak if base_peak else None,
-        "candidate": cand,
-        "baseline": base,
-    }
-
-
-def _peak(memory: dict[str, Any]) -> int:
-    """The larger of the allocator's peak and the growth in device-level usage (raw cudaMalloc)."""
-    allocator = int(memory.get("allocator_peak", 0))
-    device_growth = int(memory.get("device_used_after", 0)) - int(memory.get("device_used_before", 0))
-    return max(allocator, int(memory.get("allocated_before", 0)) + device_growth)
 
 
 def _versions(hello: dict[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,9 @@ class TimingSettings:
     # Pairs of (baseline, candidate) rounds measured alternately; 1 means no interleaving.
     rounds: int = 1
     bootstrap_resamples: int = 1000
+    # Reuse baseline measurements whose key (problem, inputs, device, driver, torch, these settings)
+    # matches; interleaving then applies only to the first candidate that measured them.
+    cache_baselines: bool = True
 
 
 @dataclass(frozen=True)

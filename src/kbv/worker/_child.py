@@ -43,6 +43,7 @@ class _State:
         self.model_cls: Any = None
         self.model: Any = None
         self.model_fp64: Any = None
+        self.model_compiled: Any = None
         self.role = "reference"
         self.domain = "any"
         self.timer: Any = None
@@ -153,6 +154,7 @@ def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         parameters = "state_dict"
     state.model = model
     state.model_fp64 = None
+    state.model_compiled = None
     return {"parameters": parameters}
 
 
@@ -176,6 +178,12 @@ def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_for(state: _State, precision: str) -> Any:
+    if precision == "compile":
+        if state.role != "reference":
+            raise PermissionError("only a reference worker compiles the baseline")
+        if state.model_compiled is None:
+            state.model_compiled = torch.compile(state.model)
+        return state.model_compiled
     if precision != "fp64":
         return state.model
     if state.model_fp64 is None:
@@ -187,7 +195,7 @@ def _set_precision_flags(precision: str) -> None:
     """Baseline configurations. A candidate runs with PyTorch's defaults (``precision='native'``)."""
     if precision == "native":
         return
-    tf32 = precision == "tf32"
+    tf32 = precision in ("tf32", "compile")  # the compiled baseline runs with TF32, as practitioners do
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
 
@@ -238,7 +246,11 @@ def _memory_before(state: _State) -> dict[str, Any]:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     free, total = torch.cuda.mem_get_info()
-    return {"allocated_before": torch.cuda.memory_allocated(), "device_used_before": total - free}
+    return {
+        "allocated_before": torch.cuda.memory_allocated(),
+        "reserved_before": torch.cuda.memory_reserved(),
+        "device_used_before": total - free,
+    }
 
 
 def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
@@ -246,11 +258,14 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
         return {}
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
     return {
         **before,
         "allocator_peak": torch.cuda.max_memory_allocated(),
         "device_used_after": total - free,
         "reserved_peak": torch.cuda.max_memory_reserved(),
+        "reserved_now": reserved,
+        "reserved_growth": reserved - before["reserved_before"],
     }
 
 
