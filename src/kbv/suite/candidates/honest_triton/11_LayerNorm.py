@@ -54,5 +54,7 @@ class ModelNew(nn.Module):
         weight = self.ln.weight.detach().contiguous()
         bias = self.ln.bias.detach().contiguous()
         grid = lambda meta: (rows,)  # noqa: E731
-        _layer_norm_kernel[grid](x2, weight, bias, y2, cols, x2.stride(0), float(self.ln.eps), BLOCK=block, num_warps=8)
+        _layer_norm_kernel[grid](
+            x2, weight, bias, y2, cols, x2.stride(0), float(self.ln.eps), BLOCK=block, num_warps=8
+        )
         return y2.view(shape)

@@ -12,7 +12,9 @@ height = 128
 width = 128
 
 KBV = {
-    "cpu_sizes": {"batch_size": 1, "in_channels": 4, "out_channels": 8, "num_groups": 2, "height": 16, "width": 16},
+    "cpu_sizes": {
+        "batch_size": 1, "in_channels": 4, "out_channels": 8, "num_groups": 2, "height": 16, "width": 16,
+    },
     "tags": ["fusion", "convolution", "tf32-sensitive", "normalization", "activation"],
     "domain": "any",
 }
