@@ -1,0 +1,158 @@
+"""GPU acceptance run: bundled CUDA and Triton candidates, GPU fixtures, and the TF32 case.
+
+Run on a CUDA machine from the repository root::
+
+    python benchmarks/gpu_acceptance.py --out benchmarks/results/gpu_acceptance
+
+It pre-builds every extension in parallel (the build cache is shared with the evaluation workers),
+evaluates each candidate under `verified` (and `standard` for the illegal-access batch), and writes
+every record as JSONL plus a markdown summary with the date, GPU and torch version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from kbv.batch import run_batch
+from kbv.candidates import load_candidate
+from kbv.execute._compile import compile_candidate
+from kbv.pipeline import evaluate
+from kbv.problems import (
+    bundled_candidates_dir,
+    bundled_suite_dir,
+    check_importable,
+    load_module,
+    load_problem,
+)
+from kbv.protocol import STANDARD, VERIFIED
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "gpu"
+_ARCH = "{}.{}+PTX".format(*torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+FOUNDATION = ROOT / "tests" / "fixtures" / "candidates" / "foundation"
+
+
+def _problem(stem: str):
+    path = next(bundled_suite_dir().rglob(f"{stem}.py"))
+    problem = load_problem(path)
+    check_importable(problem)
+    return problem
+
+
+def _pairs() -> list[tuple]:
+    pairs = []
+    for name in ("honest_cuda", "honest_triton"):
+        for file in sorted((bundled_candidates_dir() / name).glob("*.py")):
+            pairs.append((_problem(file.stem), load_candidate(file, label=name)))
+    pairs.append((_problem("1_Linear_GELU_LayerNorm"), load_candidate(GPU_FIXTURES / "linear_gelu_ln_triton_tf32.py", label="gpu_fixtures")))
+    pairs.append((_problem("1_ReLU"), load_candidate(GPU_FIXTURES / "relu_raw_cudamalloc.py", label="gpu_fixtures")))
+    return pairs
+
+
+def _prebuild(candidates: list) -> list[dict]:
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(lambda c: compile_candidate(c, arch_list=_ARCH), candidates))
+    print(f"pre-built {len(candidates)} candidates in {time.monotonic() - started:.0f} s", flush=True)
+    return [r.to_dict() for r in results]
+
+
+def _tf32_rejected_by_fixed_tolerance() -> dict:
+    """Does PyTorch's own TF32 output fail allclose(1e-3) against the float64 truth?"""
+    problem = _problem("1_Linear_GELU_LayerNorm")
+    module = load_module(problem.path)
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs()).cuda()
+    with torch.device("cuda"):
+        (x,) = module.get_inputs()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    with torch.no_grad():
+        tf32 = model(x)
+        truth = model.double()(x.double())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return {
+        "problem": problem.name,
+        "tf32_allclose_1e-3": bool(torch.allclose(tf32.double(), truth, atol=1e-3, rtol=1e-3)),
+        "tf32_max_abs_err": float((tf32.double() - truth).abs().max()),
+    }
+
+
+def _row(record) -> str:
+    fails = ",".join(f.check for f in record.findings if f.severity == "fail") or "-"
+    warns = ",".join(f.check for f in record.findings if f.severity == "warn") or "-"
+    mem = record.memory or {}
+    peak = mem.get("candidate_peak_bytes")
+    base = mem.get("baseline_peak_bytes")
+    speed = record.speedup or {}
+    return (
+        f"| {record.problem['name']} | {record.candidate.get('label')}/{Path(record.candidate['path']).name} | "
+        f"{record.protocol['name']} | {record.outcome} | {_fmt(speed.get('eager_fp32'))} | {_fmt(speed.get('eager_tf32'))} | "
+        f"{_fmt(speed.get('best'))} | {_mib(peak)} | {_mib(base)} | {fails} | {warns} |"
+    )
+
+
+def _fmt(value) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+
+
+def _mib(value) -> str:
+    return f"{value / 2**20:.0f}" if isinstance(value, (int, float)) else "-"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results/gpu_acceptance")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    header = [
+        f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
+        f"gpu: {torch.cuda.get_device_name(0)}",
+        f"torch: {torch.__version__} (CUDA {torch.version.cuda}), python {sys.version.split()[0]}",
+    ]
+    print("\n".join(header), flush=True)
+    pairs = _pairs()
+    illegal = [
+        (_problem("1_ReLU"), load_candidate(GPU_FIXTURES / "relu_illegal_access.py", label="gpu_fixtures")),
+        (_problem("1_ReLU"), load_candidate(FOUNDATION / "relu_plain.py", label="gpu_fixtures")),
+    ]
+    builds = _prebuild([c for _, c in pairs + illegal])
+    records = []
+    for problem, candidate in pairs:
+        started = time.monotonic()
+        record = evaluate(problem, candidate, VERIFIED, "cuda")
+        records.append(record)
+        print(f"{time.monotonic() - started:6.1f} s {_row(record)}", flush=True)
+    batch = run_batch(illegal, STANDARD, device="cuda")
+    records.extend(batch.records)
+    for record in batch.records:
+        print(_row(record), flush=True)
+    tf32 = _tf32_rejected_by_fixed_tolerance()
+    print(json.dumps(tf32), flush=True)
+    with open(out / "records.jsonl", "w") as handle:
+        for record in records:
+            handle.write(record.to_json() + "\n")
+    table = [
+        "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB | base MiB | fail findings | warn findings |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *[_row(r) for r in records],
+    ]
+    builds_text = "\n".join(f"- {b['source_sha256'][:12]}: {b['status']} in {b['seconds']:.0f} s {b['message'][:200]}" for b in builds)
+    (out / "summary.md").write_text(
+        "# GPU acceptance run\n\n" + "\n".join(f"- {h}" for h in header) + "\n\n" + "\n".join(table)
+        + f"\n\nTF32 against the float64 truth: `{json.dumps(tf32)}`\n\nBuilds:\n{builds_text}\n"
+    )
+    print(f"wrote {out}/records.jsonl and {out}/summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
