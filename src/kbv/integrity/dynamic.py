@@ -356,7 +356,9 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
     labels = ["fresh buffers (control)", "same buffers, new contents", "new buffers, same contents", "same sampled values, other data"]
     verdicts = [ctx.judge(out, spec) for out, spec in zip(probe["outputs"], probe["specs"])]
     if not verdicts or not verdicts[0]["passed"]:
-        note = verdicts[0].get("note") if verdicts else "no outputs"
+        note = (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}") if verdicts else "no outputs"
+        if ctx.session.correct:  # right in the correctness phase, wrong on fresh buffers now: a stale answer
+            return [_finding("caching_probe", f"a call on fresh buffers is wrong ({note}) although correctness passed; a reused address or object may have hit a cache")]
         return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
     bad = [f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip() for i, v in enumerate(verdicts) if i and not v["passed"]]
     return [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))] if bad else []
