@@ -26,7 +26,9 @@ common commands:
   kbv demo                                  bundled problems and candidates, both protocols, a report
   kbv eval PROBLEM.py CANDIDATE.py          evaluate one pair (--json for one JSON record)
   kbv run --problems DIR --candidates DIR   a batch, stored so that it resumes
-  kbv problems list [PATH]                  list problems (default: the bundled suite)
+  kbv compare --problems DIR --candidates DIR   standard versus verified, per model
+  kbv problems list|audit [PATH]            list problems, or flag degenerate ones
+  kbv report --db PATH --html FILE          terminal summary and a self-contained HTML report
 """
 
 
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_run(sub)
     _add_demo(sub)
+    _add_compare(sub)
     _add_problems(sub)
     for register in _optional_registrations():
         register(sub)
@@ -112,6 +115,48 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--html", default=None, help="report path (default kbv-results/demo-report.html)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
     p.set_defaults(handler=_cmd_demo)
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser("compare", help="standard versus verified, side by side, per model", description="Evaluate the same candidates under the standard and verified protocols (pairs already stored are read, not re-run) and print, per model, the speedup under each, the drop and its decomposition, and the pairs whose verdict changed.")
+    p.add_argument("--problems", help="problem file, directory or KernelBench tree (omit to compare what --db holds)")
+    p.add_argument("--candidates", action="append", default=[], help="candidate directory; repeat for several models")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
+    p.set_defaults(handler=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kbv import batch
+    from kbv.protocol import STANDARD, VERIFIED
+    from kbv.report.terminal import render_comparison
+    from kbv.store import DEFAULT_DB, Store
+
+    if bool(args.problems) != bool(args.candidates):
+        raise UsageError("give both --problems and --candidates, or neither (to compare what --db holds)")
+    db = Path(args.db or DEFAULT_DB)
+    if not args.problems and not db.exists():
+        raise UsageError(f"no database at {db}; give --problems and --candidates to evaluate first")
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with Store(db) as store:
+        for directory in args.candidates:
+            pairs, errors = batch.collect_pairs(args.problems, directory)
+            for protocol in (STANDARD, VERIFIED):
+                run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name}, protocol)
+                batch.run_batch(pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
+                store.finish_run(run_id)
+            for file, message in errors:
+                sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
+        standard = store.records(protocol="standard", latest=True)
+        verified = store.records(protocol="verified", latest=True)
+    if not standard or not verified:
+        raise UsageError(f"{db} needs records under both protocols to compare")
+    render_comparison(standard, verified, Console())
+    Console(stderr=True).print(f"results database: {db}")
+    return EXIT_OK
 
 
 def _add_problems(sub: Any) -> None:
