@@ -23,7 +23,7 @@ import torch
 
 from kbv import inputs as kbv_inputs
 from kbv import timing as kbv_timing
-from kbv.protocol import TimingSettings
+from kbv.protocol import timing_settings_from_dict
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
 _active_count = threading.active_count
@@ -369,7 +369,7 @@ def probe_timed_outputs(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     as it does while being timed, and the parent checks what it returned. ``out_path`` gets one list
     of outputs per timed call; call i used input set ``i % len(seeds)``.
     """
-    settings = TimingSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in request["settings"].items()})
+    settings = timing_settings_from_dict(request["settings"])
     seeds = [int(s) for s in request["seeds"]]
     input_sets = [_probe_inputs(state, {"distribution": request["distribution"], "seed": s}) for s in seeds]
     last: list[Any] = [None]
