@@ -50,8 +50,9 @@ def test_honest_kernels_pass_every_distribution(candidate: str, problem: Path) -
 
 
 def test_fp32_pytorch_itself_fails_a_fixed_tolerance_where_the_error_model_passes_it() -> None:
-    """On shifted inputs, PyTorch's own fp32 layer norm is off by more than allclose(1e-4) allows
-    against the float64 truth, so a fixed tolerance would reject kernels exactly as good as PyTorch."""
+    """On shifted inputs, PyTorch's own fp32 layer norm is off by ~1e-4 against the float64 truth:
+    a tight fixed tolerance (1e-5) rejects it, so it would reject kernels exactly as good as PyTorch,
+    while the error model, scaled to the baseline's own error, accepts it."""
     import torch
 
     from kbv.correctness import baseline_error, compare_error_model
@@ -65,7 +66,7 @@ def test_fp32_pytorch_itself_fails_a_fixed_tolerance_where_the_error_model_passe
     model = module.Model(*module.get_init_inputs())
     fp32 = model(x).detach()
     truth = model.double()(x.double()).detach()
-    assert not torch.allclose(fp32.double(), truth, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(fp32.double(), truth, atol=1e-5, rtol=1e-5)
     passed, *_ = compare_error_model([fp32], [truth], baseline_error([fp32], [truth]), VERIFIED.correctness)
     assert passed
 

@@ -17,7 +17,7 @@ from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 from kbv.protocol import STANDARD, VERIFIED
 
 CPU_SETS = ("honest_cpu", "hacks", "broken")
-GPU_SETS = ("honest_cuda", "honest_triton", "honest_cpu", "hacks", "hacks_gpu", "broken")
+GPU_SETS = ("honest_cuda", "honest_triton", "hacks", "hacks_gpu", "broken")  # honest_cpu kernels are CPU-only
 # Two cores compile a C++ extension in ~30 s: the CPU demo keeps the compiled candidates few.
 CPU_DEMO_MAX_COMPILED = 3
 CPU_TIMEOUT_S = 120.0
