@@ -46,6 +46,12 @@ def probe_environment(device: str) -> dict[str, Any]:
     return {"device_name": name, "torch": hello.get("torch", "")}
 
 
+def store_key(problem: Problem, candidate: Candidate, protocol: Protocol, env: dict[str, Any]) -> tuple[str, ...]:
+    """The key a finished pair is stored under (``kbv.store.record_key`` of its record), known
+    before evaluating: it is what lets a batch skip finished work on resume."""
+    return (problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
+
+
 def _visible(device: str) -> str | None:
     return device.split(":", 1)[1] if device.startswith("cuda:") else None
 
@@ -69,12 +75,11 @@ def run_batch(
     pairs = list(pairs)
     env = probe_environment(device) if store is not None else {}
     result = BatchResult()
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task("evaluating", total=len(pairs))
         for problem, candidate in pairs:
             progress.update(task, description=f"{problem.name} x {candidate.label}/{candidate.path.name}")
-            key = (problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
-            if store is not None and not force and store.has_record(key):
+            if store is not None and not force and store.has_record(store_key(problem, candidate, protocol, env)):
                 result.skipped += 1
             else:
                 _evaluate_one(problem, candidate, protocol, device, timeout_s, store, run_id, jsonl, result, evaluate_fn)
@@ -96,7 +101,7 @@ def _evaluate_one(problem: Problem, candidate: Candidate, protocol: Protocol, de
     result.records.append(record)
 
 
-def _progress(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -121,6 +126,17 @@ def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: 
     return match_candidates(usable, candidates_dir, label=label), problem_errors
 
 
+def _run_pairs(args: argparse.Namespace, pairs: list[Pair], protocol: Protocol, saved_device: str | None, store: Any, run_id: int, console: Console) -> BatchResult:
+    """Sequentially in this process, or on an executor (``--executor local|ray``)."""
+    from kbv.execute import executor_from_args, run_pairs
+
+    executor = executor_from_args(args)
+    if executor is None:
+        return run_batch(pairs, protocol, device=args.device or saved_device, store=store, run_id=run_id, force=args.force, timeout_s=args.timeout, jsonl=args.out, console=console)
+    with executor:
+        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=args.force, timeout_s=args.timeout, jsonl=args.out, console=console)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """``kbv run``: resolve arguments (or the interrupted run's), evaluate, summarise."""
     from kbv.store import DEFAULT_DB, Store
@@ -141,12 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
         pairs, problem_errors = collect_pairs(problems_path, candidates_dir, label=args.label)
         run_args = {"problems": str(problems_path), "candidates": str(candidates_dir), "protocol": str(args.protocol), "device": args.device, "label": args.label}
         run_id = previous["id"] if previous else store.start_run("run", run_args, protocol)
-        status = "interrupted"
-        try:
-            result = run_batch(pairs, protocol, device=args.device or saved.get("device"), store=store, run_id=run_id, force=args.force, timeout_s=args.timeout, jsonl=args.out, console=console)
-            status = "finished"
-        finally:
-            store.finish_run(run_id, status) if status == "finished" else None
+        result = _run_pairs(args, pairs, protocol, saved.get("device"), store, run_id, console)
+        store.finish_run(run_id, "finished")
         from kbv.report.terminal import render_summary
 
         render_summary(store.records(run_id=run_id), Console())

@@ -105,6 +105,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue the last interrupted run (finished pairs are never redone)")
     p.add_argument("--force", action="store_true", help="re-evaluate pairs already in the database")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append every record to this JSONL file")
+    from kbv.execute import add_executor_arguments
+
+    add_executor_arguments(p)
     p.set_defaults(handler=_cmd_run)
 
 

@@ -284,13 +284,14 @@ def _all_finite(outputs: list[Any]) -> bool:
 def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_memory: bool = False) -> dict[str, Any]:
     path = worker.new_path("out")
     reply = worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=path, measure_memory=measure_memory)
-    return {"outputs": _load_tensors(path), "types": reply["types"], "memory": reply.get("memory")}
+    return {"outputs": _load_tensors(path, worker.spec.device), "types": reply["types"], "memory": reply.get("memory")}
 
 
-def _load_tensors(path: str) -> list[Any]:
-    """Outputs written by a worker. ``weights_only`` loading cannot execute code from the file."""
+def _load_tensors(path: str, device: str = "cpu") -> list[Any]:
+    """Outputs written by a worker, placed on the evaluation's device so that comparisons of large
+    outputs run there. ``weights_only`` loading cannot execute code from the file."""
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # a hostile or broken worker wrote something unreadable
         raise WorkerFailed("runtime_error", f"the worker's outputs could not be read ({exc})") from exc
     if not isinstance(loaded, list):

@@ -191,8 +191,7 @@ def run_pairs(
     """``kbv.batch.run_batch`` on an executor: returns a ``BatchResult``; the store is written here only."""
     from rich.console import Console
 
-    from kbv._version import __version__
-    from kbv.batch import BatchResult, _progress
+    from kbv.batch import BatchResult, progress_bar, store_key
 
     console = console or Console(stderr=True)
     pairs = list(pairs)
@@ -201,10 +200,9 @@ def run_pairs(
     result = BatchResult()
 
     def key(problem: Problem, candidate: Candidate) -> tuple[str, ...]:
-        # The same key as run_batch, so either path resumes the other's runs.
-        return (problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
+        return store_key(problem, candidate, protocol, env)  # the same key as run_batch: either resumes the other
 
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task("evaluating", total=len(pairs))
 
         def should_skip(problem: Problem, candidate: Candidate) -> bool:

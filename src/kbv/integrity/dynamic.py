@@ -78,7 +78,7 @@ class DynamicContext:
 
     def load(self, path: str) -> Any:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location=self.session.device, weights_only=True)
         except Exception as exc:  # written by a hostile worker
             raise _ProbeFailed(f"the worker's probe outputs could not be read ({exc})") from exc
 

@@ -236,7 +236,7 @@ def _to_cpu_tensor(value: Any) -> Any:
         tensor = value.detach()
         if type(tensor) is not torch.Tensor:
             tensor = tensor.as_subclass(torch.Tensor)
-        return tensor.cpu().clone()
+        return tensor.cpu() if tensor.is_cuda else tensor.clone()
     return torch.tensor(value) if isinstance(value, (int, float, bool)) else None
 
 
