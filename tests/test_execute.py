@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,8 @@ def test_killed_worker_is_retried_then_crashed(tmp_path: Path, monkeypatch: pyte
 
 
 def cuda_error_on_gpu1(problem, candidate, protocol, device, *, timeout_s=None):
+    if device == "cuda:0":
+        time.sleep(0.3)  # a slow healthy GPU, so the failing one certainly gets work
     return _fake_record(problem, candidate, protocol, device, kind="cuda_error" if device == "cuda:1" else None)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import FOUNDATION, RELU
+
 from kbv.api import evaluate_paths
 
 

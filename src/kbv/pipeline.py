@@ -243,37 +243,53 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
 def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> DistributionResult:
     settings = ctx.protocol.correctness
     draws: list[dict[str, Any]] = []
-    variant, note = distribution, ""
+    variant = distribution
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
-        expected = _reference_outputs(ctx, reference, variant, seed)
-        if expected is None and k == 0 and distribution != "original":
-            fallback = inputs.domain_fallback(distribution)
-            expected = _reference_outputs(ctx, reference, fallback, seed) if fallback else None
-            if expected is None:
-                return DistributionResult(distribution, applicable=False, passed=False, note="the reference is not finite under this distribution and no domain-preserving variant exists")
-            variant, note = fallback or distribution, f"reference not finite on {distribution}; used domain-preserving variant {fallback}"
+        expected, variant = _usable_reference(ctx, reference, variant, seed)
         if expected is None:
-            return DistributionResult(distribution, applicable=False, passed=False, note="the reference is not finite on this draw")
+            note = f"the reference is not finite under {distribution} nor any domain-preserving variant of it; not counted"
+            return DistributionResult(distribution, applicable=False, passed=False, note=note, draws=len(draws))
         outputs = _run(subject, variant, seed, "native")
         draws.append(_judge_draw(ctx, outputs, expected))
         if not draws[-1]["passed"]:
             break
     result = correctness.judge_distribution(distribution, draws, settings)
-    if note:
+    if variant != distribution:
+        note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
     return result
 
 
-def _reference_outputs(ctx: _Context, reference: Worker, distribution: str, seed: int) -> dict[str, Any] | None:
+def _usable_reference(ctx: _Context, reference: Worker, variant: str, seed: int) -> tuple[dict[str, Any] | None, str]:
+    """The reference on ``variant``, or on the first domain-preserving fallback where it is finite.
+
+    The problem's own inputs define its domain, so ``original`` never falls back."""
+    candidate: str | None = variant
+    while candidate is not None:
+        expected = _reference_outputs(ctx, reference, candidate, seed)
+        if candidate == "original" or _finite_reference(ctx, expected):
+            return expected, candidate
+        candidate = inputs.domain_fallback(candidate)
+    return None, variant
+
+
+def _finite_reference(ctx: _Context, expected: dict[str, Any]) -> bool:
+    """Truth finite, and the realistic baseline finite wherever the truth is (fp32 overflow)."""
+    if ctx.protocol.correctness.mode != "error_model":
+        return _all_finite(expected["fp32"]["outputs"])
+    if not _all_finite(expected["truth"]["outputs"]):
+        return False
+    return bool(correctness.baseline_error(expected["baseline"]["outputs"], expected["truth"]["outputs"]).get("finite_match", True))
+
+
+def _reference_outputs(ctx: _Context, reference: Worker, distribution: str, seed: int) -> dict[str, Any]:
     """Reference fp32 outputs and, under the error model, the float64 truth and the realistic baseline."""
     expected: dict[str, Any] = {"fp32": _run(reference, distribution, seed, "fp32")}
     if ctx.protocol.correctness.mode == "error_model":
         expected["truth"] = _run(reference, distribution, seed, "fp64")
         baseline = "tf32" if ctx.device.startswith("cuda") else "fp32"
         expected["baseline"] = expected["fp32"] if baseline == "fp32" else _run(reference, distribution, seed, baseline)
-        if not _all_finite(expected["truth"]["outputs"]) and distribution != "original":
-            return None
     return expected
 
 

@@ -4,13 +4,13 @@ must be caught under ``verified`` on a CUDA device. Skipped without CUDA."""
 from __future__ import annotations
 
 import ast
-
 from pathlib import Path
 
 import pytest
 import torch
 
 from kbv.api import evaluate_paths
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
 HACKS = sorted((FIXTURES / "hacks").glob("*.py"))
