@@ -385,3 +385,21 @@ def test_cli_all_requests_failing_exits_1(server, problems, tmp_path):
     code = run_cli(["generate", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url",
                     server.url + "/v1", "--out", str(tmp_path / "run"), "--no-progress", "--no-cache"])
     assert code == 1
+
+
+def test_pipeline_stores_evaluated_records_and_never_the_key(server, problems, tmp_path):
+    """`kbv pipeline` end to end: real generation, real evaluation into a real store, and the
+    provider key in no file that the run or the store wrote."""
+    from kbv.cli import main
+    from kbv.store import Store
+
+    out, db = tmp_path / "run", tmp_path / "results.sqlite"
+    code = main(["pipeline", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url", server.url + "/v1",
+                 "--out", str(out), "--no-progress", "--device", "cpu", "--protocol", "standard", "--db", str(db)])
+    assert code == 0
+    with Store(db) as store:
+        records = store.records()
+    assert sorted(r.problem["name"] for r in records) == ["alpha", "beta", "gamma"]
+    assert {r.outcome for r in records} == {"passed"}
+    files = [p for p in [*out.rglob("*"), *tmp_path.glob("results.sqlite*")] if p.is_file()]
+    assert files and not [p for p in files if SECRET.encode() in p.read_bytes()]

@@ -6,6 +6,7 @@ The parent only reads a candidate's bytes (to hash and scan them); it never impo
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,25 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
     )
 
 
+def _manifest_numbering(directory: Path, problems: list[Problem]) -> dict[tuple[int | None, int | None], Problem]:
+    """``kbv generate`` numbers problems that have no KernelBench level/id and writes the mapping
+    to ``manifest.jsonl`` in the run directory; read it back, matching problems by source hash."""
+    manifest = directory / "manifest.jsonl"
+    if not manifest.is_file():
+        return {}
+    by_sha = {p.source_sha256: p for p in problems}
+    numbering: dict[tuple[int | None, int | None], Problem] = {}
+    for line in manifest.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        problem = by_sha.get(str(entry.get("source_sha256")))
+        if problem is not None:
+            numbering[(entry.get("level"), entry.get("problem_id"))] = problem
+    return numbering
+
+
 def match_candidates(problems: list[Problem], directory: str | Path, label: str = "") -> list[tuple[Problem, Candidate]]:
     """Pair problems with candidate files in ``directory``.
 
@@ -61,6 +81,7 @@ def match_candidates(problems: list[Problem], directory: str | Path, label: str 
     if not directory.is_dir():
         raise CandidateError(f"candidate directory {directory} does not exist")
     by_level_id = {(p.level, p.problem_id): p for p in problems}
+    by_level_id.update(_manifest_numbering(directory, problems))
     by_stem = {p.name: p for p in problems}
     pairs: list[tuple[Problem, Candidate]] = []
     for file in sorted(directory.glob("*.py")):

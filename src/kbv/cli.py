@@ -70,11 +70,15 @@ def _add_pipeline(sub: Any) -> None:
         run_args = argparse.Namespace(
             problems=problems_path, candidates=candidates_dir, protocol=args.protocol, device=args.device,
             timeout=args.timeout, db=getattr(args, "db", None), label=Path(candidates_dir).name,
-            resume=False, force=False, out=None,
+            resume=False, force=False, out=None, executor=None, gpus=None, workers=None, address=None,
         )
         return batch.run_command(run_args)
 
-    register_pipeline(sub, evaluate_batch, add_eval_arguments=_common_eval_flags)
+    def eval_flags(p: argparse.ArgumentParser) -> None:
+        _common_eval_flags(p)
+        p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
+
+    register_pipeline(sub, evaluate_batch, add_eval_arguments=eval_flags)
 
 
 def _common_eval_flags(p: argparse.ArgumentParser) -> None:
