@@ -155,7 +155,8 @@ def run_command(args: argparse.Namespace) -> int:
             raise ProblemError("give --problems and --candidates (or --resume with an interrupted run in --db)")
         protocol = load_protocol(args.protocol if args.protocol else saved.get("protocol", "verified"))
         pairs, problem_errors = collect_pairs(problems_path, candidates_dir, label=args.label)
-        run_args = {"problems": str(problems_path), "candidates": str(candidates_dir), "protocol": str(args.protocol), "device": args.device, "label": args.label}
+        # Broken problem files are part of the run's record: the batch goes on without them.
+        run_args = {"problems": str(problems_path), "candidates": str(candidates_dir), "protocol": str(args.protocol), "device": args.device, "label": args.label, "problem_errors": problem_errors}
         run_id = previous["id"] if previous else store.start_run("run", run_args, protocol)
         result = _run_pairs(args, pairs, protocol, saved.get("device"), store, run_id, console)
         store.finish_run(run_id, "finished")
