@@ -112,3 +112,22 @@ def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
     done = kbv("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
     assert done.returncode == 0, done.stderr
     assert "model-b" in done.stdout and "passed" in done.stdout and "incorrect" in done.stdout
+
+
+def test_a_broken_problem_file_is_recorded_and_the_batch_goes_on(tmp_path: Path) -> None:
+    from kbv.store import Store
+
+    problems = tmp_path / "KernelBench" / "level1"
+    problems.mkdir(parents=True)
+    shutil.copy(RELU, problems / "1_ReLU.py")
+    (problems / "2_Broken.py").write_text("import torch\nraise RuntimeError('broken on purpose')\n" + RELU.read_text())
+    candidates = _candidates(tmp_path / "model-c", 1)
+    shutil.copy(FOUNDATION / "relu_plain.py", candidates / "level_1_problem_2_sample_0_kernel.py")
+    db = tmp_path / "errors.sqlite"
+    done = kbv("run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "2_Broken.py" in done.stderr and "broken on purpose" in done.stderr
+    with Store(db) as store:
+        assert [r.outcome for r in store.records()] == ["passed"]
+        (error_file, message), = store.runs()[-1]["args"]["problem_errors"]
+    assert error_file.endswith("2_Broken.py") and "failed to import" in message
