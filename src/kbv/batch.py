@@ -33,6 +33,15 @@ class BatchResult:
     skipped: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
 
+    def keep(self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None) -> None:
+        """Store a finished record at once (a later crash of the batch cannot lose it)."""
+        if store is not None:
+            store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
+        if jsonl:
+            with open(jsonl, "a") as handle:
+                handle.write(record.to_json() + "\n")
+        self.records.append(record)
+
 
 def probe_environment(device: str) -> dict[str, Any]:
     """What a worker sees (torch version, device name): part of every record's key."""
@@ -93,12 +102,7 @@ def _evaluate_one(problem: Problem, candidate: Candidate, protocol: Protocol, de
     except (HarnessError, ProblemError) as exc:
         result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0]))
         return
-    if store is not None:
-        store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
-    if jsonl:
-        with open(jsonl, "a") as handle:
-            handle.write(record.to_json() + "\n")
-    result.records.append(record)
+    result.keep(record, candidate, store, run_id, jsonl)
 
 
 def progress_bar(console: Console) -> Progress:

@@ -3,11 +3,11 @@ must be caught under ``verified`` on a CUDA device. Skipped without CUDA."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import torch
+from test_hack_fixtures import fixture_spec
 
 from kbv.api import evaluate_paths
 
@@ -16,13 +16,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
 HACKS = sorted((FIXTURES / "hacks").glob("*.py"))
 HONEST = sorted((FIXTURES / "honest").glob("*.py"))
 
-
-def fixture_spec(path: Path) -> dict:
-    """KBV_FIXTURE read without importing the candidate."""
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{path} has no KBV_FIXTURE")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -218,12 +218,7 @@ def run_pairs(
             if record is None:
                 result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
                 return
-            if store is not None:
-                store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
-            if jsonl:
-                with open(jsonl, "a") as handle:
-                    handle.write(record.to_json() + "\n")
-            result.records.append(record)
+            result.keep(record, candidate, store, run_id, jsonl)
 
         executor.map(pairs, protocol, timeout_s=timeout_s, on_record=on_record, should_skip=should_skip)
     for slot, state in executor.health().get("removed", {}).items():
