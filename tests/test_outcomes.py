@@ -95,3 +95,15 @@ def test_record_round_trips_through_json() -> None:
     record = _eval("relu_plain.py")
     again = Record.from_dict(json.loads(record.to_json()))
     assert again.outcome == record.outcome and again.distributions == record.distributions
+
+
+def test_a_build_that_failed_ahead_of_time_is_a_compile_error_without_rebuilding() -> None:
+    from kbv.candidates import load_candidate
+    from kbv.execute._compile import compile_candidate
+
+    candidate = load_candidate(FOUNDATION / "relu_cpp_broken.py")
+    assert compile_candidate(candidate).status == "failed"
+    started = time.monotonic()
+    record = _eval("relu_cpp_broken.py", timeout_s=5)  # far less than a build takes
+    assert record.outcome == "compile_error" and "undeclared_function" in record.error["message"]
+    assert time.monotonic() - started < 30

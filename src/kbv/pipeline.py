@@ -214,6 +214,11 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
 
 
 def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
+    from kbv.execute._compile import known_build_failure
+
+    message = known_build_failure(ctx.candidate.source_sha256)
+    if message is not None:  # built (and failed) ahead of time by the compile stage
+        raise WorkerFailed("compile_error", message)
     subject.wait_ready()
     reply = subject.request("load", **_load_fields(ctx, "candidate"))
     ref_params = reference.hello.get("parameters") or {}

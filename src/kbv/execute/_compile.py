@@ -116,6 +116,24 @@ def compile_candidate(candidate: Candidate, *, arch_list: str | None = None, tim
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def known_build_failure(source_sha256: str) -> str | None:
+    """The compiler's message when the compile stage already failed to build this source with this
+    torch and Python: the evaluation then reports ``compile_error`` without building it again."""
+    import torch
+
+    for marker in sorted(build_dir(source_sha256).glob(".kbv-built-*.json")):
+        try:
+            entry = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        tools = entry.get("toolchain", {})
+        same = tools.get("torch") == torch.__version__ and tools.get("python") == platform.python_version()
+        message = str(entry.get("message", ""))
+        if same and entry.get("status") == "failed" and "Error building extension" in message:
+            return message
+    return None
+
+
 def _run_build_child(candidate: Candidate, extensions: Path, triton_dir: Path, arch_list: str | None, timeout_s: float) -> tuple[bool, str]:
     home = Path(tempfile.mkdtemp(prefix="kbv-build-"))
     try:
