@@ -131,3 +131,21 @@ def test_a_broken_problem_file_is_recorded_and_the_batch_goes_on(tmp_path: Path)
         assert [r.outcome for r in store.records()] == ["passed"]
         (error_file, message), = store.runs()[-1]["args"]["problem_errors"]
     assert error_file.endswith("2_Broken.py") and "failed to import" in message
+
+
+def test_explain_shows_a_record_from_a_file_or_the_store(tmp_path: Path) -> None:
+    from kbv.records import Record
+    from kbv.store import Store
+
+    out = tmp_path / "r.jsonl"
+    hack = FOUNDATION.parent / "hacks" / "tf32_flag.py"
+    problem = json.loads(json.dumps(__import__("test_hack_fixtures").fixture_spec(hack)))["problem"]
+    assert kbv("eval", str(Path(__file__).parents[1] / problem), str(hack), "--device", "cpu", "--out", str(out), "--json").returncode == 0
+    shown = kbv("explain", str(out))
+    assert shown.returncode == 0 and "global_flags" in shown.stdout and "fail" in shown.stdout
+    db = tmp_path / "x.sqlite"
+    with Store(db) as store:
+        record_id = store.add_record(Record.from_dict(json.loads(out.read_text())))
+    by_id = kbv("explain", str(record_id), "--db", str(db))
+    assert by_id.returncode == 0 and "global_flags" in by_id.stdout
+    assert kbv("explain", "999", "--db", str(db)).returncode == 2

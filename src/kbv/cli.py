@@ -29,6 +29,7 @@ common commands:
   kbv compare --problems DIR --candidates DIR   standard versus verified, per model
   kbv problems list|audit [PATH]            list problems, or flag degenerate ones
   kbv report --db PATH --html FILE          terminal summary and a self-contained HTML report
+  kbv explain RECORD.json|ID [--db PATH]    one record with its findings and their evidence
 """
 
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_demo(sub)
     _add_compare(sub)
+    _add_explain(sub)
     _add_problems(sub)
     for register in _optional_registrations():
         register(sub)
@@ -122,6 +124,43 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--html", default=None, help="report path (default kbv-results/demo-report.html)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
     p.set_defaults(handler=_cmd_demo)
+
+
+def _add_explain(sub: Any) -> None:
+    p = sub.add_parser("explain", help="one record in full: distributions, findings with evidence, timing", description="Show one record: a JSON file (as written by kbv eval --json or --out; the last line of a JSONL file) or a record id in --db.")
+    p.add_argument("record", help="RECORD.json / RECORDS.jsonl, or a record id from the database")
+    p.add_argument("--db", default=None, help="results database for a record id (default kbv-results/kbv.sqlite)")
+    p.set_defaults(handler=_cmd_explain)
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from kbv.summary import print_record
+
+    print_record(_find_record(args.record, args.db))
+    return EXIT_OK
+
+
+def _find_record(ref: str, db: str | None) -> Any:
+    from kbv.records import Record
+
+    path = Path(ref)
+    if path.is_file():
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if not lines:
+            raise UsageError(f"{path} holds no record")
+        return Record.from_dict(json.loads(lines[-1]))
+    if not ref.isdigit():
+        raise UsageError(f"{ref} is neither a record file nor a record id")
+    from kbv.store import DEFAULT_DB, Store
+
+    db_path = Path(db or DEFAULT_DB)
+    if not db_path.exists():
+        raise UsageError(f"no database at {db_path}; pass --db")
+    with Store(db_path) as store:
+        found = [record for record_id, record in store.records_with_ids() if record_id == int(ref)]
+    if not found:
+        raise UsageError(f"no record {ref} in {db_path}")
+    return found[0]
 
 
 def _add_compare(sub: Any) -> None:
