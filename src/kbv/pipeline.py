@@ -105,6 +105,7 @@ def evaluate(
             timing, speedup, memory = _empty_timing()
             if correct:
                 timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
+                ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
             if ctx.protocol.integrity.dynamic:
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
         except WorkerFailed as failure:
@@ -221,6 +222,8 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
         raise WorkerFailed("compile_error", message)
     subject.wait_ready()
     reply = subject.request("load", **_load_fields(ctx, "candidate"))
+    # Importing the candidate builds its extensions: the worker's own time for it is the compile phase.
+    ctx.phases["compile"] = float(reply.get("worker_seconds", 0.0))
     ref_params = reference.hello.get("parameters") or {}
     same = bool(ref_params) and reply["parameters"] == ref_params
     ctx.parameters_mode = "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
@@ -362,6 +365,7 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
         load_fields=_load_fields(ctx, "reference"),
     )
     timing, speedup = measure.measure_pair(mctx, reference, subject)
+    ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = measure.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
 
