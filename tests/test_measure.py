@@ -54,3 +54,16 @@ def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Pat
     assert interval["paired"] and len(interval["per_round"]) == 3
     assert record.speedup["best"] == min(record.speedup["eager_fp32"], record.speedup["eager_tf32"])
     assert record.memory["candidate_peak_bytes"] is None  # no device memory to account on the CPU
+
+
+@pytest.mark.parametrize("protocol", ["standard", "verified"])
+def test_a_candidate_that_patches_the_clocks_and_sleeps_gets_its_real_slow_speedup(protocol: str) -> None:
+    """kbv's timer holds the clock functions it captured before the candidate was imported, and the
+    parent brackets every batch, so patching time.perf_counter buys nothing."""
+    hack = Path(__file__).parent / "fixtures" / "candidates" / "hacks" / "timer_tampering.py"
+    record = evaluate_paths(RELU, hack, protocol=protocol, device="cpu")
+    if protocol == "verified":
+        assert record.outcome == "hack_detected"
+        assert "timer_tampering" in {f.check for f in record.findings if f.severity == "fail"}
+    assert record.speedup["best"] is not None and record.speedup["best"] < 0.2  # it sleeps 1 ms per call
+    assert record.timing["candidate"]["summary"]["median"] >= 1.0
