@@ -125,21 +125,21 @@ def main() -> int:
         (_problem("1_ReLU"), load_candidate(FOUNDATION / "relu_plain.py", label="gpu_fixtures")),
     ]
     builds = _prebuild([c for _, c in pairs + illegal])
-    records = []
+    tf32 = _tf32_rejected_by_fixed_tolerance()
+    print(json.dumps(tf32), flush=True)
+    jsonl = out / "records.jsonl"
+    jsonl.unlink(missing_ok=True)
+    batch = run_batch(illegal, STANDARD, device="cuda", jsonl=jsonl)
+    records = list(batch.records)
+    for record in batch.records:
+        print(_row(record), flush=True)
     for problem, candidate in pairs:
         started = time.monotonic()
         record = evaluate(problem, candidate, VERIFIED, "cuda")
         records.append(record)
-        print(f"{time.monotonic() - started:6.1f} s {_row(record)}", flush=True)
-    batch = run_batch(illegal, STANDARD, device="cuda")
-    records.extend(batch.records)
-    for record in batch.records:
-        print(_row(record), flush=True)
-    tf32 = _tf32_rejected_by_fixed_tolerance()
-    print(json.dumps(tf32), flush=True)
-    with open(out / "records.jsonl", "w") as handle:
-        for record in records:
+        with open(jsonl, "a") as handle:  # written as it goes: a cut-short run keeps what finished
             handle.write(record.to_json() + "\n")
+        print(f"{time.monotonic() - started:6.1f} s {_row(record)} phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }", flush=True)
     table = [
         "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB | base MiB | fail findings | warn findings |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
