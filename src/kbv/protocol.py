@@ -56,6 +56,9 @@ class CorrectnessSettings:
     elementwise_floor: float = 1e-5
     norm_floor: float = 1e-6
     redraw_parameters: bool = False
+    # Fresh seeds from the OS per evaluation (stored afterwards for replay); off means KernelBench's
+    # fixed, public seeds.
+    secret_seeds: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ VERIFIED = Protocol(
         distributions=("original", "signed", "wide", "shifted", "blockwise"),
         draws_per_distribution=2,
         redraw_parameters=True,
+        secret_seeds=True,
     ),
     timing=TimingSettings(
         recipe="flush-rotate-events-median",
