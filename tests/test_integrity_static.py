@@ -550,3 +550,16 @@ def test_every_detail_quotes_a_line():
     for source in sources:
         for finding in static_scan(source, problem_source=PROBLEM):
             assert finding.detail.startswith("line "), finding
+
+
+def test_fallback_around_a_custom_torch_op_is_caught() -> None:
+    source = (
+        "import torch\nimport torch.nn.functional as F\n\n\n"
+        "def _fused(x):\n    return torch.ops.my_kernels.gelu_fwd(x)\n\n\n"
+        "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        try:\n            return _fused(x)\n"
+        "        except Exception:\n            return F.gelu(x)\n"
+    )
+    findings = [f for f in static_scan(source) if f.check == "reference_fallback"]
+    assert findings and findings[0].severity == "fail" and "line 14" in findings[0].detail
+    aten = source.replace("torch.ops.my_kernels.gelu_fwd", "torch.ops.aten.gelu")
+    assert not [f for f in static_scan(aten) if f.check == "reference_fallback"]

@@ -696,9 +696,15 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
+_BUILTIN_OP_NAMESPACES = {"aten", "prim", "prims", "quantized", "_c10d_functional", "c10d"}
+
+
 def _launches(a: Analysis, kernels: _Kernels, call: ast.Call) -> bool:
     """Does this call launch a custom kernel (directly or through a local helper)?"""
     func = call.func
+    parts = (a.qualname(func) or "").split(".")
+    if parts[:2] == ["torch", "ops"] and len(parts) > 3 and parts[2] not in _BUILTIN_OP_NAMESPACES:
+        return True  # a custom operator registered under its own namespace: torch.ops.<ns>.<op>
     if isinstance(func, ast.Subscript):
         return _dotted(func.value) in kernels.triton or _last(_dotted(func.value) or "") in kernels.triton
     name = _dotted(func)
