@@ -22,7 +22,7 @@ from kbv.problems import Problem, ProblemError, load_problems
 from kbv.problems._loader import check_importable
 from kbv.protocol import Protocol, load_protocol
 from kbv.records import Record
-from kbv.worker import Worker, WorkerSpec
+from kbv.worker import Worker, WorkerSpec, visible_devices
 
 Pair = tuple[Problem, Candidate]
 
@@ -45,7 +45,7 @@ class BatchResult:
 
 def probe_environment(device: str) -> dict[str, Any]:
     """What a worker sees (torch version, device name): part of every record's key."""
-    with Worker(WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=_visible(device), budget_s=120)) as worker:
+    with Worker(WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible_devices(device), budget_s=120)) as worker:
         hello = worker.start()
     name = (hello.get("device") or {}).get("name") if device.startswith("cuda") else None
     if name is None:
@@ -60,9 +60,6 @@ def store_key(problem: Problem, candidate: Candidate, protocol: Protocol, env: d
     before evaluating: it is what lets a batch skip finished work on resume."""
     return (problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
 
-
-def _visible(device: str) -> str | None:
-    return device.split(":", 1)[1] if device.startswith("cuda:") else None
 
 
 def run_batch(

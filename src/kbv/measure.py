@@ -19,7 +19,7 @@ from typing import Any
 from kbv import telemetry
 from kbv import timing as kbv_timing
 from kbv.protocol import TimingSettings
-from kbv.worker import Worker, WorkerSpec, cache_root
+from kbv.worker import Worker, WorkerSpec, cache_root, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
 BASELINE_TIMEOUT_S = 1800.0
@@ -129,16 +129,13 @@ def speedups(timing: dict[str, Any], settings: TimingSettings) -> tuple[dict[str
 
 
 def _compile_worker(ctx: MeasureContext) -> Worker:
-    spec = WorkerSpec(build_key=f"compile-{ctx.problem.source_sha256}", device=ctx.device, role="reference", visible_devices=_visible(ctx.device), budget_s=BASELINE_TIMEOUT_S)
+    spec = WorkerSpec(build_key=f"compile-{ctx.problem.source_sha256}", device=ctx.device, role="reference", visible_devices=visible_devices(ctx.device), budget_s=BASELINE_TIMEOUT_S)
     worker = Worker(spec)
     worker.start()
     worker.request("load", **ctx.load_fields)
     worker.request("build", init_seed=ctx.init_seed)
     return worker
 
-
-def _visible(device: str) -> str | None:
-    return device.split(":", 1)[1] if device.startswith("cuda:") else None
 
 
 def cache_key(ctx: MeasureContext, baseline: str) -> str:

@@ -21,7 +21,7 @@ from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
-from kbv.worker import Worker, WorkerFailed, WorkerSpec
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -92,8 +92,8 @@ def evaluate(
     seeds = _Seeds(master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()), fixed=fixed)
     ctx = _Context(problem, candidate, protocol, device, seeds, )
     ctx.findings.extend(_static_findings(ctx))
-    reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=_visible(device), budget_s=REFERENCE_TIMEOUT_S))
-    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=_visible(device), budget_s=protocol.timeout_s))
+    reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S))
+    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s))
     with reference, subject:
         reference.launch()
         subject.launch()
@@ -114,13 +114,6 @@ def evaluate(
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
 
 
-def _visible(device: str) -> str | None:
-    """``cuda:N`` pins the worker to GPU N; inside the worker it is simply ``cuda``."""
-    return device.split(":", 1)[1] if device.startswith("cuda:") else None
-
-
-def _worker_device(device: str) -> str:
-    return "cuda" if device.startswith("cuda") else device
 
 
 def _phase(ctx: _Context, name: str, work: Any) -> Any:
@@ -203,9 +196,9 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
 def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "role": role,
-        "device": _worker_device(ctx.device),
+        "device": worker_device(ctx.device),
         "problem_path": str(ctx.problem.path),
-        "sizes": ctx.problem.sizes_for(_worker_device(ctx.device)),
+        "sizes": ctx.problem.sizes_for(worker_device(ctx.device)),
         "domain": ctx.problem.extras.get("domain", "any"),
         "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
     }
@@ -379,7 +372,7 @@ def _versions(hello: dict[str, Any]) -> dict[str, Any]:
 
 def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
     if ctx.device.startswith("cuda") and hello.get("device"):
-        return {**hello["device"], "index": _visible(ctx.device)}
+        return {**hello["device"], "index": visible_devices(ctx.device)}
     return {"type": "cpu", "name": platform.processor() or platform.machine()}
 
 

@@ -17,7 +17,7 @@ import torch
 
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
 from kbv.problems._loader import Problem
-from kbv.worker import Worker, WorkerFailed, WorkerSpec
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 ZEROS_ATOL = ZEROS_RTOL = 1e-4
 AUDIT_BUDGET_S = 900.0
@@ -43,8 +43,7 @@ def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None
 def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> list[AuditResult]:
     """Audit problems in one trusted worker, started again only after a problem kills it."""
     master = seed if seed is not None else new_seed()
-    worker_device = "cuda" if device.startswith("cuda") else device
-    visible = device.split(":", 1)[1] if device.startswith("cuda:") else None
+    device_in_worker, visible = worker_device(device), visible_devices(device)
     results: list[AuditResult] = []
     worker: Worker | None = None
     try:
@@ -52,10 +51,10 @@ def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | Non
             if worker is None or not worker.alive():
                 if worker is not None:
                     worker.close()
-                worker = Worker(WorkerSpec(build_key="audit", device=worker_device, role="reference", visible_devices=visible, budget_s=AUDIT_BUDGET_S))
+                worker = Worker(WorkerSpec(build_key="audit", device=device_in_worker, role="reference", visible_devices=visible, budget_s=AUDIT_BUDGET_S))
                 worker.start()
             worker.remaining_s = AUDIT_BUDGET_S
-            results.append(_audit_in(worker, problem, worker_device, master))
+            results.append(_audit_in(worker, problem, device_in_worker, master))
     finally:
         if worker is not None:
             worker.close()

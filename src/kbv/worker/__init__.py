@@ -41,6 +41,16 @@ class WorkerFailed(Exception):
         self.details = details or {}
 
 
+def visible_devices(device: str) -> str | None:
+    """``cuda:N`` pins a worker to GPU N (``CUDA_VISIBLE_DEVICES=N``); inside it is simply ``cuda``."""
+    return device.split(":", 1)[1] if device.startswith("cuda:") else None
+
+
+def worker_device(device: str) -> str:
+    """The device name a worker uses: ``cuda`` for any ``cuda:N`` (it sees only that GPU)."""
+    return "cuda" if device.startswith("cuda") else device
+
+
 def cache_root() -> Path:
     """Where builds are cached: ``$KBV_CACHE_DIR`` or ``~/.cache/kbv``."""
     return Path(os.environ.get("KBV_CACHE_DIR") or Path.home() / ".cache" / "kbv")
