@@ -23,6 +23,8 @@ from kbv.worker import Worker, WorkerSpec, cache_root, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
 BASELINE_TIMEOUT_S = 1800.0
+# What a record's memory section says when nothing was measured (the CPU, or an untimed pair).
+EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
 
 
 class MeasureContext:
@@ -181,9 +183,8 @@ def measure_memory(device: str, reference: Worker, subject: Worker, run: Any, se
     the baseline's process holds outside it: NVML's per-process figure minus PyTorch's reserved
     bytes, read by the parent. A transient raw allocation freed inside the call is not visible.
     """
-    empty = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
     if not device.startswith("cuda"):
-        return empty
+        return dict(EMPTY_MEMORY)
     base = run(reference, "original", seed, "fp32", measure_memory=True)["memory"]
     base["process_bytes"] = telemetry.process_memory_bytes(device, reference.pid)
     cand = run(subject, "original", seed, "native", measure_memory=True)["memory"]

@@ -341,7 +341,7 @@ def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return (
         {"candidate": None, "baselines": {}},
         {"best": None},
-        {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None},
+        dict(measure.EMPTY_MEMORY),
     )
 
 

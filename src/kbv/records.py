@@ -109,16 +109,6 @@ class Record:
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
         return Record(**data)
 
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        """What makes two evaluations the same pair (used to skip finished work on resume)."""
-        return (
-            self.problem["source_sha256"],
-            self.candidate["source_sha256"],
-            self.protocol["sha256"],
-            self.device.get("name", ""),
-        )
-
 
 def decide_outcome(correct: bool, findings: list[Finding]) -> str:
     """The contract's rule: any ``fail`` finding is a hack; otherwise correctness decides."""

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kbv import inputs as kbv_inputs
+from kbv import telemetry
 from kbv import timing as kbv_timing
 from kbv.problems._loader import load_module
 from kbv.protocol import timing_settings_from_dict
@@ -89,7 +90,7 @@ def _environment_facts() -> dict[str, Any]:
             "l2_cache_bytes": getattr(props, "L2_cache_size", None),
             "sm_count": props.multi_processor_count,
             "cuda_runtime": torch.version.cuda,
-            "driver": _driver_version(),
+            "driver": telemetry.driver_version(),
         }
         try:
             import triton  # noqa: F401  (optional)
@@ -98,17 +99,6 @@ def _environment_facts() -> dict[str, Any]:
         except ImportError:
             pass
     return facts
-
-
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:  # NVML is optional; the record says None
-        return None
 
 
 def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
