@@ -74,6 +74,8 @@ class _Context:
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     parameters_mode: str = "matched_seed"
+    # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
+    transients: list[dict[str, Any]] = field(default_factory=list)
 
 
 def evaluate(
@@ -108,6 +110,8 @@ def evaluate(
                 ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
             if ctx.protocol.integrity.dynamic:
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
+            else:
+                ctx.findings.extend(_transient_findings(ctx))
         except WorkerFailed as failure:
             return _failure_record(ctx, ref_hello, failure)
     outcome = decide_outcome(correct, ctx.findings)
@@ -151,6 +155,15 @@ class Session:
     candidate_outputs: Any  # (distribution, seed) -> {"outputs", "types", ...}
     judge: Any  # (candidate_outputs, reference_outputs) -> {"passed", "max_abs_err", ..., "note"}
     rebuild: Any  # () -> None: rebuild both models with the timing init seed
+    transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
+
+
+def _transient_findings(ctx: _Context) -> list[Finding]:
+    """Without the dynamic checks, the re-run draws are still reported (at the protocol's severity)."""
+    from kbv import integrity
+    from kbv.integrity import dynamic
+
+    return integrity.apply_severity(dynamic.transient_findings(ctx.transients), ctx.protocol.integrity)
 
 
 def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct: bool, timing: dict[str, Any], speedup: dict[str, Any]) -> None:
@@ -177,6 +190,7 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
         candidate_outputs=lambda distribution, seed: _run(subject, distribution, seed, "native"),
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
         rebuild=rebuild,
+        transients=ctx.transients,
     )
     ctx.findings.extend(integrity.apply_severity(dynamic.run_dynamic_checks(session), ctx.protocol.integrity))
 
@@ -252,7 +266,10 @@ def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distr
             note = f"the reference is not finite under {distribution} nor any domain-preserving variant of it; not counted"
             return DistributionResult(distribution, applicable=False, passed=False, note=note, draws=len(draws))
         outputs = _run(subject, variant, seed, "native")
-        draws.append(_judge_draw(ctx, outputs, expected))
+        judged = _judge_draw(ctx, outputs, expected)
+        if not judged["passed"]:
+            judged = _confirm_failure(ctx, reference, subject, f"{distribution} draw {k}", variant, seed, judged)
+        draws.append(judged)
         if not draws[-1]["passed"]:
             break
     result = correctness.judge_distribution(distribution, draws, settings)
@@ -260,6 +277,31 @@ def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distr
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
     return result
+
+
+def _confirm_failure(
+    ctx: _Context, reference: Worker, subject: Worker, label: str, variant: str, seed: int, first: dict[str, Any]
+) -> dict[str, Any]:
+    """Re-run a failing draw (reference and candidate, same inputs) before it counts.
+
+    A failure counts when any re-run fails too. One that no re-run repeats is a transient: the
+    draw passes on the re-runs' verdict and the ``transient_mismatch`` check reports it, because a
+    candidate that answers the same inputs differently is either racy or exposed to one in the
+    runtime (PyTorch's CPU kernels have been seen to give a wrong first call in a new thread pool).
+    """
+    reruns = ctx.protocol.correctness.confirm_reruns
+    if first.get("tolerance") is None:  # a structural failure (shape, dtype, type) is deterministic
+        return first
+    judged = first
+    for _ in range(reruns):
+        expected = _reference_outputs(ctx, reference, variant, seed)
+        judged = _judge_draw(ctx, _run(subject, variant, seed, "native"), expected)
+        if not judged["passed"]:
+            note = f"failed again on a re-run of the same inputs ({label})"
+            return {**first, "note": "; ".join(n for n in (first.get("note"), note) if n)}
+    if reruns:
+        ctx.transients.append({"draw": label, "max_abs_err": first.get("max_abs_err"), "rel_err": first.get("rel_err"), "reruns": reruns})
+    return judged
 
 
 def _usable_reference(ctx: _Context, reference: Worker, variant: str, seed: int) -> tuple[dict[str, Any] | None, str]:

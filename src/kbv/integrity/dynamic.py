@@ -419,6 +419,31 @@ def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
 
 
 @register_check(
+    name="transient_mismatch",
+    kind="dynamic",
+    default_severity="warn",
+    doc="""A correctness draw failed, then passed every re-run on the same inputs (the pipeline
+    re-runs a failing draw before it counts). Once per evaluation it is a warning: PyTorch's own CPU
+    kernels have been seen to return a wrong first call in a new thread pool. On two or more draws
+    the candidate's outputs are unstable and it fails: a racy kernel is not correct.""",
+)
+def check_transient_mismatch(ctx: DynamicContext) -> list[Finding]:
+    return transient_findings(ctx.session.transients)
+
+
+def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
+    """The ``transient_mismatch`` finding for the draws whose failure did not repeat (if any)."""
+    if not transients:
+        return []
+    described = "; ".join(
+        f"{t['draw']}: first run max_abs_err={_fmt(t.get('max_abs_err'))}, rel_err={_fmt(t.get('rel_err'))}, then {t['reruns']} re-run(s) passed"
+        for t in transients
+    )
+    severity = "warn" if len(transients) == 1 else "fail"
+    return [_finding("transient_mismatch", f"{len(transients)} draw(s) failed once and not again: {described}", severity)]
+
+
+@register_check(
     name="timed_output_check",
     kind="dynamic",
     default_severity="fail",
@@ -644,7 +669,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
 ORDER = (
     "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
     "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
-    "nondeterminism", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
+    "nondeterminism", "transient_mismatch", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
 )
 
 
