@@ -117,7 +117,14 @@ def main() -> int:
     pairs = bundled_pairs(args.sets, args.repeat, args.limit)
     if not pairs:
         parser.error("no problem x candidate pairs found")
-    configs = [run_config(gpus[:1], pairs, args), run_config(gpus[:2], pairs, args)]
+    configs: list[dict[str, Any]] = []
+    for slots in (gpus[:1], gpus[:2]):
+        configs.append(run_config(slots, pairs, args))
+        write_report(configs, pairs, args)  # a call cut short still leaves the configurations that finished
+    return 0
+
+
+def write_report(configs: list[dict[str, Any]], pairs: list[Any], args: argparse.Namespace) -> None:
     from kbv._version import __version__
 
     report = {
@@ -131,15 +138,14 @@ def main() -> int:
         "repeat": args.repeat,
         "pairs": len(pairs),
         "configs": configs,
-        "second_gpu_speedup": configs[1]["candidates_per_hour"] / configs[0]["candidates_per_hour"],
+        "second_gpu_speedup": configs[1]["candidates_per_hour"] / configs[0]["candidates_per_hour"] if len(configs) > 1 else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"throughput-{report['date'][:10]}-{args.device}"
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
     (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
-    print(f"written to {args.out / stem}.json and .md")
-    return 0
+    print(f"written to {args.out / stem}.json and .md", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""How often does an honest candidate fail `verified`? Each one is evaluated N times, fresh secret
+seeds each time; every run that does not pass is printed with its distributions and findings.
+
+    python benchmarks/honest_stability.py --runs 15 [--device cpu] [--set honest_cpu]
+
+Honest kernels must pass in every run (an RL reward that rejects correct code by luck teaches the
+wrong lesson). Results are written as JSON lines to --out if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from kbv.api import evaluate_paths
+from kbv.candidates import match_candidates
+from kbv.problems import load_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "src" / "kbv" / "suite"
+FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
+
+
+def _fixture_pairs() -> list[tuple[Path, Path]]:
+    """Honest test fixtures with the problem each declares."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_hack_fixtures import fixture_spec  # noqa: PLC0415  (the tests own the fixture format)
+
+    pairs = [(ROOT / fixture_spec(p)["problem"], p) for p in sorted((FIXTURES / "honest").glob("*.py"))]
+    level1 = SUITE / "problems" / "level1"
+    for name, problem in (("layernorm_two_pass", "11_LayerNorm"), ("softmax_max_subtracted", "9_Softmax"), ("matmul_blocked", "25_Matmul_Square")):
+        pairs.append((level1 / f"{problem}.py", FIXTURES / "verified" / f"{name}.py"))
+    return pairs
+
+
+def _suite_pairs(candidate_set: str) -> list[tuple[Path, Path]]:
+    problems, _ = load_problems(SUITE / "problems")
+    return [(problem.path, candidate.path) for problem, candidate in match_candidates(problems, SUITE / "candidates" / candidate_set)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--set", action="append", help="bundled candidate set(s); default honest_cpu plus the honest test fixtures")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    pairs = [p for s in (args.set or ["honest_cpu"]) for p in _suite_pairs(s)]
+    if not args.set:
+        pairs += _fixture_pairs()
+    failures = 0
+    out = args.out.open("a") if args.out else None
+    for problem, candidate in pairs:
+        outcomes: dict[str, int] = {}
+        started = time.monotonic()
+        for _ in range(args.runs):
+            record = evaluate_paths(problem, candidate, protocol="verified", device=args.device)
+            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+            flagged = [(f.check, f.severity, f.detail[:160]) for f in record.findings if f.severity != "info"]
+            if record.outcome != "passed" or flagged:
+                print(f"  {candidate.name}: {record.outcome} seed={record.seeds['master']} findings={flagged} "
+                      f"dists={[(d.name, d.passed, d.note) for d in record.distributions if not d.passed]}", flush=True)
+            if out:
+                out.write(json.dumps({"problem": problem.name, "candidate": str(candidate.relative_to(ROOT)), "outcome": record.outcome,
+                                      "seed": record.seeds["master"], "findings": flagged}) + "\n")
+                out.flush()
+        failures += args.runs - outcomes.get("passed", 0)
+        print(f"{candidate.relative_to(ROOT)} on {problem.name}: {outcomes} ({time.monotonic() - started:.0f} s)", flush=True)
+    print(f"not passed: {failures} of {len(pairs) * args.runs}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
