@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -143,3 +145,15 @@ def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> 
     with pytest.raises(WorkerFailed):
         _load_tensors(str(path))
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux-only")
+def test_harden_process_makes_the_process_non_dumpable() -> None:
+    """A non-dumpable process's /proc files (environ, mem) are closed to other same-user processes."""
+    code = (
+        "import ctypes; from kbv.worker import harden_process; libc = ctypes.CDLL(None);"
+        "before = libc.prctl(3, 0, 0, 0, 0); ok = harden_process(); after = libc.prctl(3, 0, 0, 0, 0);"
+        "print(before, ok, after)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "True", "0"]

@@ -21,7 +21,7 @@ from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, discard, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -348,11 +348,14 @@ def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_m
 
 def _load_tensors(path: str, device: str = "cpu") -> list[Any]:
     """Outputs written by a worker, placed on the evaluation's device so that comparisons of large
-    outputs run there. ``weights_only`` loading cannot execute code from the file."""
+    outputs run there. ``weights_only`` loading cannot execute code from the file, and the file is
+    deleted once read: the reference's answers must not lie around for the candidate to find."""
     try:
         loaded = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # a hostile or broken worker wrote something unreadable
         raise WorkerFailed("runtime_error", f"the worker's outputs could not be read ({exc})") from exc
+    finally:
+        discard(path)
     if not isinstance(loaded, list):
         raise WorkerFailed("runtime_error", "the worker's outputs are not a list of tensors")
     return loaded

@@ -23,7 +23,7 @@ from kbv import inputs as kbv_inputs
 from kbv import timing as kbv_timing
 from kbv.integrity._registry import get_check, register_check
 from kbv.records import Finding
-from kbv.worker import WorkerFailed
+from kbv.worker import WorkerFailed, discard
 
 #: Seconds the observe probe waits before looking at the outputs and the thread count again.
 OBSERVE_DELAY_S = 0.2
@@ -81,6 +81,8 @@ class DynamicContext:
             return torch.load(path, map_location=self.session.device, weights_only=True)
         except Exception as exc:  # written by a hostile worker
             raise _ProbeFailed(f"the worker's probe outputs could not be read ({exc})") from exc
+        finally:
+            discard(path)  # reference outputs must not stay where the candidate could read them
 
     @property
     def on_cuda(self) -> bool:

@@ -51,6 +51,31 @@ def worker_device(device: str) -> str:
     return "cuda" if device.startswith("cuda") else device
 
 
+def discard(path: str | Path) -> None:
+    """Delete a file a worker wrote, once the parent has read it (missing is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def harden_process() -> bool:
+    """Make this process non-dumpable (Linux): its ``/proc/<pid>`` files (environ, mem, fd) become
+    root-owned, so a candidate running as the same non-root user cannot read the parent's API keys
+    or a reference worker's memory. No effect against a candidate running as root (see
+    docs/architecture.md, "What isolation does not cover"). Returns whether it was applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_DUMPABLE = 4
+
+
 def cache_root() -> Path:
     """Where builds are cached: ``$KBV_CACHE_DIR`` or ``~/.cache/kbv``."""
     return Path(os.environ.get("KBV_CACHE_DIR") or Path.home() / ".cache" / "kbv")

@@ -335,6 +335,9 @@ def _warm_cpu_kernels() -> None:
 
 
 if __name__ == "__main__":
+    from kbv.worker import harden_process
+
+    harden_process()  # another worker (a candidate) must not read this one's memory or files
     _register_probes()
     _warm_cpu_kernels()
     main(int(sys.argv[1]))
