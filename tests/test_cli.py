@@ -81,12 +81,14 @@ def _stored(db: Path) -> int:
 
 
 def test_a_killed_batch_resumes_without_losing_or_redoing_pairs(tmp_path: Path) -> None:
+    from kbv.store import Store
+
     problems = tmp_path / "KernelBench" / "level1"
     problems.mkdir(parents=True)
     shutil.copy(RELU, problems / "1_ReLU.py")
     candidates = _candidates(tmp_path / "model-a", 4)
     db = tmp_path / "results.sqlite"
-    args = ["run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu"]
+    args = ["run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu", "--timeout", "120"]
     proc = subprocess.Popen([sys.executable, "-m", "kbv.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while _stored(db) < 1 and time.monotonic() < deadline and proc.poll() is None:
@@ -95,10 +97,40 @@ def test_a_killed_batch_resumes_without_losing_or_redoing_pairs(tmp_path: Path) 
     proc.wait()
     done_before = _stored(db)
     assert 1 <= done_before < 4
-    resumed = kbv(*args, "--resume")
+    # Only --resume and --db: the interrupted run's problems, candidates, protocol and timeout are used.
+    resumed = kbv("run", "--resume", "--db", str(db), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert _stored(db) == 4  # nothing lost, nothing evaluated twice
     assert f"{4 - done_before} evaluated, {done_before} already stored" in resumed.stderr
+    with Store(db) as store:
+        (run,) = store.runs()  # resumed into the interrupted run, not a new one
+        assert run["status"] == "finished" and run["args"]["timeout"] == 120.0
+        records = store.records()
+    assert {(r.protocol["name"], r.protocol["settings"]["timeout_s"]) for r in records} == {("standard", 120.0)}
+    # The same command again (with --timeout) finds every pair stored: the key includes the timeout.
+    again = kbv(*args)
+    assert again.returncode == 0, again.stderr
+    assert "0 evaluated, 4 already stored" in again.stderr
+    # Nothing left to resume: a clear usage error, not a new empty run.
+    nothing = kbv("run", "--resume", "--db", str(db))
+    assert nothing.returncode == 2 and len(nothing.stderr.strip().splitlines()) == 1 and "nothing to resume" in nothing.stderr
+
+
+def test_resume_picks_the_interrupted_run_its_flags_name(tmp_path: Path) -> None:
+    from kbv.batch import _run_to_resume
+    from kbv.protocol import STANDARD
+    from kbv.store import Store
+
+    with Store(tmp_path / "r.sqlite") as store:
+        # as an older kbv saved it: relative paths, no timeout
+        old = store.start_run("run", {"problems": "p", "candidates": "c", "protocol": "standard", "label": ""}, STANDARD)
+        new = store.start_run("run", {"problems": str(tmp_path / "p"), "candidates": str(tmp_path / "d"), "protocol": "verified", "timeout": 60.0, "label": ""}, STANDARD)
+        done = store.start_run("run", {"problems": str(tmp_path / "p"), "candidates": str(tmp_path / "e"), "protocol": "verified", "label": ""}, STANDARD)
+        store.finish_run(done)
+        assert _run_to_resume(store, {})["id"] == new
+        assert _run_to_resume(store, {"protocol": "standard"})["id"] == old
+        assert _run_to_resume(store, {"timeout": 60.0, "candidates": str(tmp_path / "d")})["id"] == new
+        assert _run_to_resume(store, {"candidates": str(tmp_path / "e")}) is None  # finished: nothing to resume
 
 
 def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
@@ -114,7 +146,7 @@ def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
     assert "model-b" in done.stdout and "passed" in done.stdout and "incorrect" in done.stdout
 
 
-def test_a_broken_problem_file_is_recorded_and_the_batch_goes_on(tmp_path: Path) -> None:
+def test_broken_problem_and_candidate_files_are_recorded_and_the_batch_goes_on(tmp_path: Path) -> None:
     from kbv.store import Store
 
     problems = tmp_path / "KernelBench" / "level1"
@@ -123,14 +155,59 @@ def test_a_broken_problem_file_is_recorded_and_the_batch_goes_on(tmp_path: Path)
     (problems / "2_Broken.py").write_text("import torch\nraise RuntimeError('broken on purpose')\n" + RELU.read_text())
     candidates = _candidates(tmp_path / "model-c", 1)
     shutil.copy(FOUNDATION / "relu_plain.py", candidates / "level_1_problem_2_sample_0_kernel.py")
+    (candidates / "level_1_problem_1_sample_1_kernel.py").write_bytes(b"\xff\xfe# latin-1 \xe9\n" + (FOUNDATION / "relu_plain.py").read_bytes())
+    (candidates / "level_1_problem_77_sample_0_kernel.py").write_text((FOUNDATION / "relu_plain.py").read_text())
     db = tmp_path / "errors.sqlite"
     done = kbv("run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu")
     assert done.returncode == 0, done.stderr
-    assert "2_Broken.py" in done.stderr and "broken on purpose" in done.stderr
+    err = " ".join(done.stderr.split())  # rich may wrap long lines
+    assert "2_Broken.py" in err and "broken on purpose" in err
+    assert "level_1_problem_1_sample_1_kernel.py" in err and "not UTF-8" in err and "save it as UTF-8" in err
+    assert "level_1_problem_77_sample_0_kernel.py: matches no problem" in err
+    assert "level_1_problem_2_sample_0_kernel.py: its problem 2_Broken.py is not usable" in err
+    assert "run the same command again" in err and "1 evaluated, 0 already stored" in err
     with Store(db) as store:
         assert [r.outcome for r in store.records()] == ["passed"]
-        (error_file, message), = store.runs()[-1]["args"]["problem_errors"]
+        saved = store.runs()[-1]["args"]
+    (error_file, message), = saved["problem_errors"]
     assert error_file.endswith("2_Broken.py") and "failed to import" in message
+    (bad_file, bad_message), = saved["candidate_errors"]
+    assert bad_file.endswith("level_1_problem_1_sample_1_kernel.py") and "not UTF-8" in bad_message
+    assert sorted(Path(f).name for f, _ in saved["unmatched_candidates"]) == ["level_1_problem_2_sample_0_kernel.py", "level_1_problem_77_sample_0_kernel.py"]
+
+
+def test_an_unreadable_manifest_or_a_directory_named_py_is_a_listed_error(tmp_path: Path) -> None:
+    from kbv.batch import plan_batch
+
+    candidates = _candidates(tmp_path / "model-m", 1)
+    (candidates / "manifest.jsonl").write_bytes(b"\xff\n")
+    (candidates / "1_ReLU.py").mkdir()
+    plan = plan_batch(SUITE / "level1" / "1_ReLU.py", candidates)
+    assert len(plan.pairs) == 1
+    assert sorted(Path(f).name for f, _ in plan.candidate_errors) == ["1_ReLU.py", "manifest.jsonl"]
+    assert all(message for _, message in plan.candidate_errors)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, "no candidate files"),
+        ({"notes.py": "x = 1\n"}, "match no usable problem"),
+        ({"1_ReLU.py": b"\xff\xfe"}, "cannot be read"),
+    ],
+)
+def test_an_empty_batch_is_a_usage_error_and_leaves_no_run(tmp_path: Path, files: dict, expected: str) -> None:
+    candidates = tmp_path / "cands"
+    candidates.mkdir()
+    for name, content in files.items():
+        (candidates / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    db = tmp_path / "empty.sqlite"
+    done = kbv("run", "--problems", str(SUITE / "level1" / "1_ReLU.py"), "--candidates", str(candidates), "--db", str(db), "--device", "cpu")
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("kbv: error:") and expected in done.stderr
+    assert done.stdout == ""
+    resumed = kbv("run", "--resume", "--db", str(db))  # the failed start left nothing to resume
+    assert resumed.returncode == 2 and "nothing to resume" in resumed.stderr
 
 
 def test_explain_shows_a_record_from_a_file_or_the_store(tmp_path: Path) -> None:

@@ -226,3 +226,50 @@ def test_prebuilt_extension_is_reused_by_the_evaluation(tmp_path: Path, monkeypa
     record = evaluate(load_problem(SUITE / "level1" / "1_ReLU.py"), candidate, FAST, "cpu")
     assert record.outcome == "passed"
     assert built[0].stat().st_mtime_ns == before  # the worker found the build ready
+
+
+# --- resume keys: a batch with a timeout, sequential or on an executor, skips what is stored ------
+
+FAKE_TORCH = "fake-torch"
+
+
+def _cpu_name() -> str:
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def keyed_evaluate(problem, candidate, protocol, device, *, timeout_s=None):
+    """As ``evaluate`` does: the record's protocol carries the timeout; 7_Tanh kills its host."""
+    from kbv._version import __version__
+
+    if candidate.path.name == "7_Tanh.py" and os.environ.get("KBV_TEST_KILL_TANH"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    record = crashed_record(problem, candidate, protocol.with_timeout(timeout_s), {"type": "cpu", "name": _cpu_name()}, "", [])
+    record.outcome, record.correct, record.versions = "passed", True, {"kbv": __version__, "torch": FAKE_TORCH}
+    return record
+
+
+def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kbv.batch
+    from kbv.store import Store
+
+    monkeypatch.setattr(kbv.batch, "probe_environment", lambda device: {"device_name": _cpu_name(), "torch": FAKE_TORCH})
+    pairs = _pairs(tmp_path / "candidates")
+    with Store(tmp_path / "keys.sqlite") as store:
+        first = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)
+        again = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)
+        assert (len(first.records), first.skipped) == (3, 0)
+        assert (len(again.records), again.skipped) == (0, 3)
+        # The executor path uses the same keys: it resumes what the sequential path stored, and a
+        # pair whose evaluation died twice (crashed) counts as finished work too.
+        monkeypatch.setenv("KBV_TEST_KILL_TANH", "1")
+        for timeout_s, expected in ((60, (0, 3)), (30, (3, 0)), (30, (0, 3))):
+            executor = make_executor("local", device="cpu", workers=2, evaluate_fn=keyed_evaluate)
+            executor._hello = {"torch": FAKE_TORCH}  # what the probe of a real worker would say here
+            with executor:
+                result = run_pairs(executor, pairs, FAST, store=store, timeout_s=timeout_s)
+            assert (len(result.records), result.skipped) == expected, timeout_s
+        outcomes = {(Path(r.candidate["path"]).name, r.protocol["settings"]["timeout_s"]): r.outcome for r in store.records()}
+    assert outcomes[("7_Tanh.py", 30.0)] == "crashed" and outcomes[("7_Tanh.py", 60.0)] == "passed"
+    assert len(outcomes) == 6

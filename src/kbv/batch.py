@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kbv._version import __version__
-from kbv.candidates import Candidate, match_candidates
+from kbv.candidates import NAMING_HINT, Candidate, scan_candidates
 from kbv.pipeline import HarnessError, default_device, evaluate
 from kbv.problems import Problem, ProblemError, load_problems
 from kbv.problems._loader import check_importable
@@ -55,11 +56,13 @@ def probe_environment(device: str) -> dict[str, Any]:
     return {"device_name": name, "torch": hello.get("torch", "")}
 
 
-def store_key(problem: Problem, candidate: Candidate, protocol: Protocol, env: dict[str, Any]) -> tuple[str, ...]:
+def store_key(problem: Problem, candidate: Candidate, protocol: Protocol, env: dict[str, Any], timeout_s: float | None = None) -> tuple[str, ...]:
     """The key a finished pair is stored under (``kbv.store.record_key`` of its record), known
-    before evaluating: it is what lets a batch skip finished work on resume."""
-    return (problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
+    before evaluating: it is what lets a batch skip finished work on resume.
 
+    A record's protocol hash covers the timeout it ran under (``evaluate`` applies
+    ``protocol.with_timeout``), so the key is built from the same protocol."""
+    return (problem.source_sha256, candidate.source_sha256, protocol.with_timeout(timeout_s).sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
 
 
 def run_batch(
@@ -78,6 +81,7 @@ def run_batch(
     """Evaluate pairs in order, storing each record as it finishes; harness errors are logged, not fatal."""
     device = device or default_device()
     console = console or Console(stderr=True)
+    protocol = protocol.with_timeout(timeout_s)  # what the records will carry, so what the keys hash
     pairs = list(pairs)
     env = probe_environment(device) if store is not None else {}
     result = BatchResult()
@@ -113,29 +117,138 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
-def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> tuple[list[Pair], list[tuple[str, str]]]:
-    """Problems that load, paired with their candidates, plus (file, error) for those that do not."""
+@dataclass
+class BatchPlan:
+    """The pairs a batch will evaluate, and every input file it will not, with why."""
+
+    pairs: list[Pair] = field(default_factory=list)
+    problem_errors: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
+    candidate_errors: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
+    unmatched: list[tuple[str, str]] = field(default_factory=list)  # (candidate file, why it has no usable problem)
+    problems: int = 0  # usable problems
+    candidate_files: int = 0
+
+    def empty_reason(self, problems_path: str | Path, candidates_dir: str | Path) -> str:
+        """One line saying what to check when the plan holds no pair."""
+        if not self.problems and self.problem_errors:
+            file, message = self.problem_errors[0]
+            return f"no usable problem in {problems_path}: {len(self.problem_errors)} problem file(s) failed to load (first: {message.splitlines()[0]}); fix them or check --problems"
+        if not self.problems:
+            return f"no problem files (*.py) in {problems_path}; check --problems (a problem file, directory or KernelBench tree)"
+        if not self.candidate_files:
+            return f"no candidate files (*.py) in {candidates_dir}; check --candidates"
+        parts = []
+        if self.candidate_errors:
+            parts.append(f"{len(self.candidate_errors)} cannot be read (first: {self.candidate_errors[0][1].splitlines()[0]})")
+        if self.unmatched:
+            parts.append(f"{len(self.unmatched)} match no usable problem of the {self.problems} in {problems_path} (e.g. {Path(self.unmatched[0][0]).name}; {NAMING_HINT}, or check --problems)")
+        return f"none of the {self.candidate_files} candidate file(s) in {candidates_dir} can be evaluated: " + "; ".join(parts)
+
+
+def plan_batch(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> BatchPlan:
+    """Problems that load, paired with their candidates; every file left out is listed with why."""
     problems, errors = load_problems(problems_path)
-    usable: list[Problem] = []
-    problem_errors = [(str(f), m) for f, m in errors]
+    plan = BatchPlan(problem_errors=[(str(f), m) for f, m in errors])
+    unusable: dict[Path, str] = {}
     for problem in problems:
         try:
             check_importable(problem)
-            usable.append(problem)
         except ProblemError as exc:
-            problem_errors.append((str(problem.path), str(exc)))
-    return match_candidates(usable, candidates_dir, label=label), problem_errors
+            plan.problem_errors.append((str(problem.path), str(exc)))
+            unusable[problem.path] = problem.path.name
+    plan.problems = len(problems) - len(unusable)
+    scan = scan_candidates(problems, candidates_dir, label=label)
+    plan.candidate_errors = scan.errors
+    plan.candidate_files = scan.files
+    for problem, candidate in scan.pairs:
+        if problem.path in unusable:
+            plan.unmatched.append((str(candidate.path), f"its problem {unusable[problem.path]} is not usable (error above)"))
+        else:
+            plan.pairs.append((problem, candidate))
+    plan.unmatched.extend((file, "matches no problem") for file in scan.unmatched)
+    return plan
 
 
-def _run_pairs(args: argparse.Namespace, pairs: list[Pair], protocol: Protocol, saved_device: str | None, store: Any, run_id: int, console: Console) -> BatchResult:
+def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> tuple[list[Pair], list[tuple[str, str]]]:
+    """Problems that load, paired with their candidates, plus (file, error) for those that do not
+    (:func:`plan_batch` also lists the candidate files left out)."""
+    plan = plan_batch(problems_path, candidates_dir, label=label)
+    return plan.pairs, plan.problem_errors
+
+
+def _run_pairs(args: argparse.Namespace, pairs: list[Pair], protocol: Protocol, device: str | None, timeout: float | None, store: Any, run_id: int, console: Console) -> BatchResult:
     """Sequentially in this process, or on an executor (``--executor local|ray``)."""
     from kbv.execute import executor_from_args, run_pairs
 
     executor = executor_from_args(args)
     if executor is None:
-        return run_batch(pairs, protocol, device=args.device or saved_device, store=store, run_id=run_id, force=args.force, timeout_s=args.timeout, jsonl=args.out, console=console)
+        return run_batch(pairs, protocol, device=device, store=store, run_id=run_id, force=args.force, timeout_s=timeout, jsonl=args.out, console=console)
     with executor:
-        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=args.force, timeout_s=args.timeout, jsonl=args.out, console=console)
+        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=args.force, timeout_s=timeout, jsonl=args.out, console=console)
+
+
+# What identifies a run: saved with it, restored by --resume; given explicitly they pick the run.
+RUN_IDENTITY = ("problems", "candidates", "protocol", "timeout", "label")
+_FLAG = {"problems": "--problems", "candidates": "--candidates", "protocol": "--protocol", "timeout": "--timeout", "label": "--label"}
+
+
+def _normalized(name: str, value: Any) -> Any:
+    """A run argument in the form it is saved and compared: absolute paths, float timeouts."""
+    if value is None:
+        return None
+    if name in ("problems", "candidates"):
+        return str(Path(value).expanduser().resolve())
+    if name == "protocol":
+        path = Path(str(value)).expanduser()
+        return str(path.resolve()) if path.suffix == ".toml" else str(value)  # as load_protocol reads it
+    if name == "timeout":
+        return float(value)
+    return str(value)
+
+
+def _explicit(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: _normalized(name, getattr(args, name, None)) for name in RUN_IDENTITY if getattr(args, name, None) is not None}
+
+
+def _saved(run: dict[str, Any]) -> dict[str, Any]:
+    args = run["args"]
+    return {name: _normalized(name, args.get(name)) for name in RUN_IDENTITY}
+
+
+def _run_to_resume(store: Any, explicit: dict[str, Any]) -> dict[str, Any] | None:
+    """The newest unfinished ``kbv run`` whose saved arguments agree with every flag given."""
+    for run in reversed(store.runs()):
+        if run["command"] != "run" or run["status"] != "running":
+            continue
+        saved = _saved(run)
+        if all(saved.get(name) == value or (name == "label" and not value and not saved.get(name)) for name, value in explicit.items()):
+            return run
+    return None
+
+
+class RunArgumentsError(ValueError):
+    """``kbv run`` cannot start: nothing to resume, no pair to evaluate (the CLI exits 2 with the message)."""
+
+
+def _usage_error(message: str) -> Exception:
+    return RunArgumentsError(message)
+
+
+def _print_left_out(plan: BatchPlan, result: BatchResult, console: Console, limit: int = 10) -> None:
+    for file, message in plan.problem_errors:
+        console.print(f"[red]problem not usable[/red] {escape(file)}: {escape(message)}", highlight=False, soft_wrap=True)
+    for file, message in plan.candidate_errors:
+        console.print(f"[red]candidate not usable[/red] {escape(file)}: {escape(message)}", highlight=False, soft_wrap=True)
+    if plan.unmatched:
+        console.print(f"[yellow]{len(plan.unmatched)} candidate file(s) not evaluated[/yellow] ({escape(NAMING_HINT)}):", highlight=False, soft_wrap=True)
+        for file, why in plan.unmatched[:limit]:
+            console.print(f"  {escape(file)}: {escape(why)}", highlight=False, soft_wrap=True)
+        if len(plan.unmatched) > limit:
+            console.print(f"  ... and {len(plan.unmatched) - limit} more (all are saved with the run in the database)", highlight=False, soft_wrap=True)
+    for what, message in result.errors:
+        console.print(f"[red]harness error[/red] {escape(what)}: {escape(message)}", highlight=False, soft_wrap=True)
+    if plan.problem_errors or plan.candidate_errors or result.errors:
+        console.print("fix the files above and run the same command again: pairs already stored are not redone", highlight=False, soft_wrap=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -143,28 +256,54 @@ def run_command(args: argparse.Namespace) -> int:
     from kbv.store import DEFAULT_DB, Store
 
     db = Path(args.db or DEFAULT_DB)
-    db.parent.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
+    explicit = _explicit(args)
+    if args.resume and not db.exists():
+        if "problems" not in explicit or "candidates" not in explicit:
+            raise _usage_error(f"no database at {db} to resume from; pass the interrupted run's --db")
+    elif not args.resume and ("problems" not in explicit or "candidates" not in explicit):
+        raise _usage_error("kbv run needs --problems and --candidates (or --resume to continue an interrupted run)")
+    db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
-        previous = store.last_run(command="run", status="running") if args.resume else None
+        previous = _run_to_resume(store, explicit) if args.resume else None
         if args.resume and previous is None:
-            console.print("no interrupted run to resume in this database; starting a new run")
-        saved = previous["args"] if previous else {}
-        problems_path = args.problems or saved.get("problems")
-        candidates_dir = args.candidates or saved.get("candidates")
+            if "problems" not in explicit or "candidates" not in explicit:
+                given = " ".join(f"{_FLAG[name]} {value}" for name, value in explicit.items())
+                raise _usage_error(f"no interrupted kbv run in {db}" + (f" matches {given}" if given else "") + "; nothing to resume (give --problems and --candidates to start a run)")
+            console.print(f"no interrupted run with these arguments in {escape(str(db))}; starting a new run (pairs already stored are skipped)", highlight=False, soft_wrap=True)
+        saved = _saved(previous) if previous else {}
+        settings = {name: explicit.get(name, saved.get(name)) for name in RUN_IDENTITY}
+        problems_path, candidates_dir = settings["problems"], settings["candidates"]
         if not problems_path or not candidates_dir:
-            raise ProblemError("give --problems and --candidates (or --resume with an interrupted run in --db)")
-        protocol = load_protocol(args.protocol if args.protocol else saved.get("protocol", "verified"))
-        pairs, problem_errors = collect_pairs(problems_path, candidates_dir, label=args.label)
-        # Broken problem files are part of the run's record: the batch goes on without them.
-        run_args = {"problems": str(problems_path), "candidates": str(candidates_dir), "protocol": str(args.protocol), "device": args.device, "label": args.label, "problem_errors": problem_errors}
-        run_id = previous["id"] if previous else store.start_run("run", run_args, protocol)
-        result = _run_pairs(args, pairs, protocol, saved.get("device"), store, run_id, console)
+            raise _usage_error(f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them")
+        protocol_name = settings["protocol"] or "verified"
+        timeout = settings["timeout"]
+        label = settings["label"] or ""
+        protocol = load_protocol(protocol_name)
+        plan = plan_batch(problems_path, candidates_dir, label=label)
+        if not plan.pairs:
+            raise _usage_error(plan.empty_reason(problems_path, candidates_dir))
+        device = args.device or (previous["args"].get("device") if previous else None)
+        if previous:
+            console.print(f"resuming run {previous['id']} (started {previous['started_at']}): {escape(problems_path)} x {escape(candidates_dir)}, protocol {escape(protocol_name)}, timeout {timeout or 'default'}", highlight=False, soft_wrap=True)
+            run_id = previous["id"]
+        else:
+            # Files left out are part of the run's record: the batch goes on without them.
+            run_args = {
+                "problems": problems_path, "candidates": candidates_dir, "protocol": protocol_name, "timeout": timeout,
+                "device": args.device, "label": label, "problem_errors": plan.problem_errors,
+                "candidate_errors": plan.candidate_errors, "unmatched_candidates": plan.unmatched,
+            }
+            run_id = store.start_run("run", run_args, protocol.with_timeout(timeout))
+        try:
+            result = _run_pairs(args, plan.pairs, protocol, device, timeout, store, run_id, console)
+        except KeyboardInterrupt:
+            console.print(f"kbv: interrupted; finished records are stored. Continue with: kbv run --resume --db {escape(str(db))}", highlight=False, soft_wrap=True)
+            return 130
         store.finish_run(run_id, "finished")
         from kbv.report.terminal import render_summary
 
         render_summary(store.records(run_id=run_id), Console())
-    for file, message in problem_errors + result.errors:
-        console.print(f"[red]error[/red] {file}: {message}")
+    _print_left_out(plan, result, console)
     console.print(f"{len(result.records)} evaluated, {result.skipped} already stored; results in {db}")
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,18 @@ class Candidate:
 
 def load_candidate(path: str | Path, label: str = "") -> Candidate:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CandidateError(f"candidate file {path} does not exist")
+    if not path.is_file():
+        raise CandidateError(f"candidate {path} is not a regular file; remove it or give a .py file")
     try:
-        source = path.read_text()
+        source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise CandidateError(f"candidate file {path} is not UTF-8 text") from exc
+        raise CandidateError(
+            f"candidate file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+        ) from exc
+    except OSError as exc:
+        raise CandidateError(f"candidate file {path} cannot be read ({exc.strerror or exc}); check its permissions") from exc
     match = _RUN_DIR_NAME.match(path.stem)
     return Candidate(
         path=path.resolve(),
@@ -52,41 +58,78 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
     )
 
 
-def _manifest_numbering(directory: Path, problems: list[Problem]) -> dict[tuple[int | None, int | None], Problem]:
+def _manifest_numbering(directory: Path, problems: list[Problem]) -> tuple[dict[tuple[int | None, int | None], Problem], str | None]:
     """``kbv generate`` numbers problems that have no KernelBench level/id and writes the mapping
-    to ``manifest.jsonl`` in the run directory; read it back, matching problems by source hash."""
+    to ``manifest.jsonl`` in the run directory; read it back, matching problems by source hash.
+    Returns the numbering and, when the manifest cannot be read, why (the scan goes on without it)."""
     manifest = directory / "manifest.jsonl"
     if not manifest.is_file():
-        return {}
+        return {}, None
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"cannot be read ({exc}); candidates numbered by it match no problem until it is fixed or regenerated"
     by_sha = {p.source_sha256: p for p in problems}
     numbering: dict[tuple[int | None, int | None], Problem] = {}
-    for line in manifest.read_text().splitlines():
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if not isinstance(entry, dict):
+            continue
         problem = by_sha.get(str(entry.get("source_sha256")))
         if problem is not None:
             numbering[(entry.get("level"), entry.get("problem_id"))] = problem
-    return numbering
+    return numbering, None
 
 
-def match_candidates(problems: list[Problem], directory: str | Path, label: str = "") -> list[tuple[Problem, Candidate]]:
-    """Pair problems with candidate files in ``directory``.
+NAMING_HINT = "name candidates level_L_problem_P_sample_S_kernel.py or {problem_stem}.py after a problem in --problems"
+
+
+@dataclass
+class CandidateScan:
+    """What a candidate directory holds: matched pairs, files that cannot be read, files that match
+    no problem. One bad file never hides the others."""
+
+    pairs: list[tuple[Problem, Candidate]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (file, what is wrong and what to do)
+    unmatched: list[str] = field(default_factory=list)  # files named after no given problem
+    files: int = 0  # candidate files seen
+
+
+def scan_candidates(problems: list[Problem], directory: str | Path, label: str = "") -> CandidateScan:
+    """Pair problems with candidate files in ``directory``, collecting per-file errors.
 
     A candidate named ``level_{L}_problem_{P}_sample_{S}_kernel.py`` matches the problem with that
-    level and id; a file named after a problem's stem (``{stem}.py``) matches that problem.
+    level and id; a file named after a problem's stem (``{stem}.py``) matches that problem. Raises
+    :class:`CandidateError` only when ``directory`` itself is missing.
     """
     directory = Path(directory)
     if not directory.is_dir():
         raise CandidateError(f"candidate directory {directory} does not exist")
-    by_level_id = {(p.level, p.problem_id): p for p in problems}
-    by_level_id.update(_manifest_numbering(directory, problems))
+    by_level_id: dict[tuple[int | None, int | None], Problem] = {(p.level, p.problem_id): p for p in problems}
+    numbering, manifest_error = _manifest_numbering(directory, problems)
+    by_level_id.update(numbering)
     by_stem = {p.name: p for p in problems}
-    pairs: list[tuple[Problem, Candidate]] = []
+    scan = CandidateScan()
+    if manifest_error:
+        scan.errors.append((str(directory / "manifest.jsonl"), manifest_error))
     for file in sorted(directory.glob("*.py")):
+        scan.files += 1
         match = _RUN_DIR_NAME.match(file.stem)
         problem = by_level_id.get((int(match.group(1)), int(match.group(2)))) if match else by_stem.get(file.stem)
-        if problem is not None:
-            pairs.append((problem, load_candidate(file, label=label or directory.name)))
-    return pairs
+        if problem is None:
+            scan.unmatched.append(str(file))
+            continue
+        try:
+            scan.pairs.append((problem, load_candidate(file, label=label or directory.name)))
+        except CandidateError as exc:
+            scan.errors.append((str(file), str(exc)))
+    return scan
+
+
+def match_candidates(problems: list[Problem], directory: str | Path, label: str = "") -> list[tuple[Problem, Candidate]]:
+    """The pairs of :func:`scan_candidates` (files that cannot be read are left out; ask
+    ``scan_candidates`` for them and for the files that match no problem)."""
+    return scan_candidates(problems, directory, label=label).pairs

@@ -25,7 +25,7 @@ realistic baselines with a clock it cannot reach.
 common commands:
   kbv demo                                  bundled problems and candidates, both protocols, a report
   kbv eval PROBLEM.py CANDIDATE.py          evaluate one pair (--json for one JSON record)
-  kbv run --problems DIR --candidates DIR   a batch, stored so that it resumes
+  kbv run --problems DIR --candidates DIR   a batch, stored so that it resumes (kbv run --resume)
   kbv compare --problems DIR --candidates DIR   standard versus verified, per model
   kbv problems list|audit [PATH]            list problems, or flag degenerate ones
   kbv report --db PATH --html FILE          terminal summary and a self-contained HTML report
@@ -67,14 +67,12 @@ def _add_pipeline(sub: Any) -> None:
         return
 
     def evaluate_batch(problems_path: str, candidates_dir: str, args: argparse.Namespace) -> int:
-        from kbv import batch
-
         run_args = argparse.Namespace(
             problems=problems_path, candidates=candidates_dir, protocol=args.protocol, device=args.device,
             timeout=args.timeout, db=getattr(args, "db", None), label=Path(candidates_dir).name,
             resume=False, force=False, out=None, executor=None, gpus=None, workers=None, address=None,
         )
-        return batch.run_command(run_args)
+        return _cmd_run(run_args)
 
     def eval_flags(p: argparse.ArgumentParser) -> None:
         _common_eval_flags(p)
@@ -83,8 +81,11 @@ def _add_pipeline(sub: Any) -> None:
     register_pipeline(sub, evaluate_batch, add_eval_arguments=eval_flags)
 
 
-def _common_eval_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--protocol", default="verified", help="standard, verified (default) or a protocol .toml file")
+def _common_eval_flags(p: argparse.ArgumentParser, resumable: bool = False) -> None:
+    if resumable:  # kbv run: unset flags come from the resumed run, else from these defaults
+        p.add_argument("--protocol", default=None, help="standard, verified (default) or a protocol .toml file")
+    else:
+        p.add_argument("--protocol", default="verified", help="standard, verified (default) or a protocol .toml file")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit, compilation included")
 
@@ -102,13 +103,30 @@ def _add_eval(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="evaluate a batch of candidates, resumably", description="Evaluate every candidate in a directory against its problem. Records are stored as they finish; an interrupted batch resumes.")
-    p.add_argument("--problems", required=True, help="problem file, directory or KernelBench tree")
-    p.add_argument("--candidates", required=True, help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py)")
-    _common_eval_flags(p)
+    p = sub.add_parser(
+        "run",
+        help="evaluate a batch of candidates, resumably",
+        description=(
+            "Evaluate every candidate in a directory against its problem. Records are stored as they finish; "
+            "an interrupted batch resumes with `kbv run --resume [--db PATH]` (or by running the same command again): "
+            "pairs already stored are never redone. Files that cannot be used (a broken problem, an unreadable "
+            "candidate, a candidate named after no problem) are listed and saved with the run; the batch goes on."
+        ),
+    )
+    p.add_argument("--problems", default=None, help="problem file, directory or KernelBench tree (required unless --resume)")
+    p.add_argument("--candidates", default=None, help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py; required unless --resume)")
+    _common_eval_flags(p, resumable=True)
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
-    p.add_argument("--label", default="", help="model or candidate-set name stored with the records (default: the directory name)")
-    p.add_argument("--resume", action="store_true", help="continue the last interrupted run (finished pairs are never redone)")
+    p.add_argument("--label", default=None, help="model or candidate-set name stored with the records (default: the directory name)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=(
+            "continue the latest interrupted run in --db with its saved --problems, --candidates, --protocol, "
+            "--timeout and --label; any of these given pick which interrupted run (they must match it). "
+            "--device, --out, --force and the scale-out flags may differ from the interrupted run's"
+        ),
+    )
     p.add_argument("--force", action="store_true", help="re-evaluate pairs already in the database")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append every record to this JSONL file")
     from kbv.execute import add_executor_arguments
@@ -189,13 +207,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
         for directory in args.candidates:
-            pairs, errors = batch.collect_pairs(args.problems, directory)
+            plan = batch.plan_batch(args.problems, directory)
             for protocol in (STANDARD, VERIFIED):
-                run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name}, protocol)
-                batch.run_batch(pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
+                run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name, "timeout": args.timeout}, protocol.with_timeout(args.timeout))
+                batch.run_batch(plan.pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
                 store.finish_run(run_id)
-            for file, message in errors:
+            for file, message in plan.problem_errors:
                 sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
+            for file, message in plan.candidate_errors:
+                sys.stderr.write(f"kbv: candidate not usable: {file}: {message}\n")
+            for file, why in plan.unmatched:
+                sys.stderr.write(f"kbv: candidate not evaluated: {file}: {why}\n")
         standard = store.records(protocol="standard", latest=True)
         verified = store.records(protocol="verified", latest=True)
     if not standard or not verified:
@@ -261,7 +283,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from kbv import batch
 
-    return batch.run_command(args)
+    try:
+        return batch.run_command(args)
+    except batch.RunArgumentsError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -341,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"kbv: error: {str(exc).splitlines()[0]}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write("kbv: interrupted; finished records are stored (use --resume to continue)\n")
+        sys.stderr.write("kbv: interrupted; finished records are stored (kbv run: continue with kbv run --resume [--db PATH])\n")
         return 130
     except Exception as exc:  # the harness itself failed: say so, exit 1
         sys.stderr.write(f"kbv: harness error: {type(exc).__name__}: {exc}\n")

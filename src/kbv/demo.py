@@ -80,7 +80,7 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
     _prebuild([candidate for _, candidate in pairs], device, console)
     with Store(db_path) as store:
         for protocol in (STANDARD, VERIFIED):
-            run_id = store.start_run("demo", {"device": device, "protocol": protocol.name}, protocol)
+            run_id = store.start_run("demo", {"device": device, "protocol": protocol.name, "timeout": timeout}, protocol.with_timeout(timeout))
             result = run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout, console=Console(stderr=True))
             store.finish_run(run_id)
             for what, message in result.errors:

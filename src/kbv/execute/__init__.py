@@ -191,9 +191,13 @@ def run_pairs(
     """``kbv.batch.run_batch`` on an executor: returns a ``BatchResult``; the store is written here only."""
     from rich.console import Console
 
+    from kbv._version import __version__
     from kbv.batch import BatchResult, progress_bar, store_key
 
     console = console or Console(stderr=True)
+    # What the records carry (evaluate applies the timeout; crashed records get it here), so what
+    # the keys hash: a run with --timeout resumes without redoing its pairs.
+    protocol = protocol.with_timeout(timeout_s)
     pairs = list(pairs)
     env = executor.probe() if store is not None else {}
     executor.device_name = env.get("device_name", executor.device_name)
@@ -218,6 +222,10 @@ def run_pairs(
             if record is None:
                 result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
                 return
+            if record.outcome == Outcome.CRASHED.value and env:
+                # Written by the driver, not a worker: give it the versions the key was probed
+                # with, so that a crashed pair counts as finished work on resume.
+                record.versions = {"kbv": __version__, "torch": env.get("torch", ""), **(record.versions or {})}
             result.keep(record, candidate, store, run_id, jsonl)
 
         executor.map(pairs, protocol, timeout_s=timeout_s, on_record=on_record, should_skip=should_skip)
