@@ -157,3 +157,27 @@ def test_harden_process_makes_the_process_non_dumpable() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "True", "0"]
+
+
+def test_scratch_left_by_a_killed_parent_is_swept(tmp_path, monkeypatch) -> None:
+    """A parent killed with -9 never runs close(); the next process removes what it left behind."""
+    import kbv.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "_scratch_parent", lambda: str(tmp_path))
+    monkeypatch.setattr(worker_module, "_swept", False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / "kbv-candidate-orphan"
+    orphan.mkdir()
+    (orphan / ".kbv-owner").write_text(str(dead.pid))
+    live = tmp_path / "kbv-reference-live"
+    live.mkdir()
+    (live / ".kbv-owner").write_text(str(os.getppid()))  # a live process that is not us
+    foreign = tmp_path / "kbv-other-thing"
+    foreign.mkdir()  # no owner file: not kbv's to delete
+    worker = Worker(WorkerSpec(build_key="sweep"))
+    try:
+        assert not orphan.exists() and live.exists() and foreign.exists()
+        assert (worker.scratch / ".kbv-owner").read_text() == str(os.getpid())
+    finally:
+        worker.close()
