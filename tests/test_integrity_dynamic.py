@@ -106,6 +106,33 @@ def test_timing_agreement_and_one_noisy_round_do_not_fire() -> None:
     assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 1.0})) == []
 
 
+def test_a_claimed_huge_warmup_does_not_hide_a_gap() -> None:
+    """A worker that claims 100000 warm-up calls to account for 350 ms it did not report is caught;
+    the speedup is corrected from the bracket and the recipe, not from the claimed count."""
+    base = [_round(0.085, 1.0)] * 3
+    lying = [_round(0.400, 0.01, warmup_calls=100_000)] * 3
+    speedup = {"eager_fp32": 100.0, "best": 100.0}
+    findings = dynamic.check_timing_disagreement(_ctx(timing=_timing(lying, base), speedup=speedup))
+    assert [f.severity for f in findings] == ["fail"]
+    assert speedup["best"] < 0.2  # (400 - 5 - 50) ms / 30 calls = 11.5 ms per call against 1 ms
+    honest = [_round(0.056, 0.01, warmup_calls=5000)] * 3  # 50 ms warm-up + 0.3 ms + 5 ms overhead
+    assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 100.0})) == []
+
+
+def test_wrong_timed_call_outputs_fail_and_keep_the_speedup_withdrawn() -> None:
+    timing = _timing([_round(0.400, 0.01)] * 3, [_round(0.085, 1.0)] * 3)
+    assert dynamic.check_timed_call_outputs(_ctx(timing=timing)) == []
+    timing["timed_outputs"] = {"checked": 9, "wrong": [{"round": 1, "call": 29, "max_abs_err": 2.0, "note": ""}]}
+    timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
+    speedup = {"eager_fp32": None, "best": None}
+    ctx = _ctx(timing=timing, speedup=speedup)
+    findings = dynamic.check_timed_call_outputs(ctx)
+    assert [f.severity for f in findings] == ["fail"] and "round 2, call 29" in findings[0].detail
+    assert dynamic.timed_call_findings(timing) == findings  # what the pipeline reports without dynamic checks
+    dynamic.check_timing_disagreement(ctx)  # the lying clock fires, yet nothing brings a speedup back
+    assert speedup == {"eager_fp32": None, "best": None}
+
+
 def test_plausibility_warns_on_large_speedup_on_cpu() -> None:
     ctx = _ctx(timing=_timing([], []), speedup={"best": 25.0})
     findings = dynamic.check_plausibility(ctx)

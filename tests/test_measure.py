@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import FOUNDATION, RELU
 
+from kbv import measure
 from kbv.api import evaluate_paths
+from kbv.protocol import TimingSettings
+from kbv.worker import WorkerFailed
 
 
 @pytest.fixture()
@@ -67,3 +72,98 @@ def test_a_candidate_that_patches_the_clocks_and_sleeps_gets_its_real_slow_speed
         assert "timer_tampering" in {f.check for f in record.findings if f.severity == "fail"}
     assert record.speedup["best"] is not None and record.speedup["best"] < 0.2  # it sleeps 1 ms per call
     assert record.timing["candidate"]["summary"]["median"] >= 1.0
+
+
+# ------------------------------------------------------------------------------------------
+# The parent's side of a timed batch, with fake workers (no processes)
+# ------------------------------------------------------------------------------------------
+
+
+class _FakeWorker:
+    """Answers ``time`` with a canned measurement and ``timed_outputs`` with canned kept outputs."""
+
+    def __init__(self, tmp_path: Path, role: str, device_ms: list, kept: dict | None = None) -> None:
+        self.spec = SimpleNamespace(role=role, device="cpu")
+        self.tmp_path, self.device_ms, self.kept = tmp_path, device_ms, kept or {}
+        self.requests: list[tuple[str, dict]] = []
+        self._n = 0
+
+    def new_path(self, stem: str) -> str:
+        self._n += 1
+        return str(self.tmp_path / f"{stem}-{self._n}.pt")
+
+    def request(self, op: str, **fields):
+        self.requests.append((op, fields))
+        if op == "time":
+            return {"measurement": {"recipe": "r", "device_ms": self.device_ms, "wall_ms": list(self.device_ms), "warmup_calls": 3}}
+        if op == "timed_outputs":
+            torch.save([[i, outs] for i, outs in self.kept.items()], fields["out_path"])
+            return {"kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()]}
+        return {}
+
+
+def _mctx(**extra) -> measure.MeasureContext:
+    problem = SimpleNamespace(source_sha256="abc")
+    return measure.MeasureContext(problem=problem, device="cpu", settings=TimingSettings(repeats=4, input_sets=2), seeds=[11, 22], init_seed=1,
+                                  device_info={"name": "cpu"}, torch_version="2.x", load_fields={"sizes": {}}, **extra)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_an_impossible_candidate_sample_is_the_candidates_runtime_error(tmp_path: Path, bad: float) -> None:
+    worker = _FakeWorker(tmp_path, "candidate", [1.0, bad, 1.0])
+    with pytest.raises(WorkerFailed) as failed:
+        measure._timed_batch(worker, _mctx(), "native")
+    assert failed.value.kind == "runtime_error" and "no clock produces" in failed.value.message
+
+
+def test_an_impossible_baseline_sample_is_a_harness_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="baseline"):
+        measure._timed_batch(_FakeWorker(tmp_path, "reference", [0.0]), _mctx(), "fp32")
+
+
+def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Path) -> None:
+    """Calls 1 and 3 (the last) are kept; call 1 used input set 1, call 3 input set 1 as well."""
+    right, wrong = torch.ones(2), torch.zeros(2)
+    asked: list[tuple[str, int]] = []
+
+    def reference_outputs(distribution: str, seed: int) -> dict:
+        asked.append((distribution, seed))
+        return {"reference": {"outputs": [right]}}
+
+    def judge(got: dict, expected: dict) -> dict:
+        ok = torch.equal(got["outputs"][0], expected["reference"]["outputs"][0])
+        return {"passed": ok, "max_abs_err": 0.0 if ok else 1.0, "note": ""}
+
+    ctx = _mctx(keep_seed=7, reference_outputs=reference_outputs, judge=judge)
+    worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept={1: [right], 3: [wrong]})
+    batch = measure._timed_batch(worker, ctx, "native", keep_calls=[1])
+    kept = measure._fetch_kept(worker, [1], batch)
+    assert kept["expected"] == [1, 3]
+    result = measure._judge_kept(ctx, [kept])
+    assert result["checked"] == 2 and [w["call"] for w in result["wrong"]] == [3]
+    assert asked == [("original", 22)]  # one reference run per timing input set
+    assert worker.requests[0] == ("time", {**worker.requests[0][1], "keep_calls": [1]})  # the secret picks travel with the batch
+    missing = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept={3: [right]})
+    batch = measure._timed_batch(missing, ctx, "native", keep_calls=[1])
+    result = measure._judge_kept(ctx, [measure._fetch_kept(missing, [1], batch)])
+    assert [(w["call"], w["note"]) for w in result["wrong"]] == [(1, "the worker did not hand over this call's outputs")]
+
+
+def test_secret_call_picks_differ_between_batches_and_stay_in_range() -> None:
+    import random
+
+    picker = random.Random(123)
+    picks = [measure._pick_calls(picker, 30) for _ in range(3)]
+    assert all(len(p) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 30 for i in p) for p in picks)
+    assert len({tuple(p) for p in picks}) > 1
+    assert measure._pick_calls(random.Random(1), 1) == [0]
+
+
+def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = _mctx()
+    key = measure.cache_key(ctx, "eager_fp32")
+    monkeypatch.setattr(measure, "__version__", "9.9.9")
+    assert measure.cache_key(ctx, "eager_fp32") != key
+    monkeypatch.undo()
+    monkeypatch.setattr(measure, "_triton_version", lambda: "0.0.1-test")
+    assert measure.cache_key(ctx, "eager_fp32") != key

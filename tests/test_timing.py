@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -546,6 +547,47 @@ def test_identities_detect_removed_function(monkeypatch: pytest.MonkeyPatch) -> 
     assert verify_identities(snap) == ["time.monotonic"]
 
 
+@pytest.mark.parametrize("calls_s", [0.001, 0.03])  # time-bound and count-bound warm-ups
+def test_honest_warmup_fits_the_recipe_bound_and_the_trusted_per_call_time(calls_s: float) -> None:
+    """On a fake clock, an honest batch's real warm-up never exceeds warmup_bound_ms, the account
+    covers the bracket, and trusted_per_call_ms recovers the call time without the worker's count."""
+    clock = FakeClock()
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+    m = measure(make_fn(clock, seconds=calls_s), settings=s, n_input_sets=1, timer=CpuTimer(clock))
+    warmup_ms = m.total_wall_s * 1e3 - sum(m.wall_ms)
+    assert warmup_ms <= timing.warmup_bound_ms(s, max(m.wall_ms)) + 1e-9
+    assert timing.accounted_batch_ms(m.wall_ms, m.warmup_calls, s) == pytest.approx(m.total_wall_s * 1e3, rel=0.05)
+    assert timing.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(calls_s * 1e3, rel=0.05)
+
+
+def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+    wall = [0.01] * 30
+    honest = timing.accounted_batch_ms(wall, 5000, s)  # 5000 x 0.01 ms = the 50 ms budget
+    lying = timing.accounted_batch_ms(wall, 100_000, s)  # claims 1 s of warm-up
+    bound = timing.warmup_bound_ms(s, 0.01)
+    assert honest == pytest.approx(0.3 + 50.0)
+    assert lying == pytest.approx(0.3 + bound) and bound == pytest.approx(50.0 + 4 * 0.01)
+    graph = replace(s, cuda_graph=True)
+    assert timing.warmup_bound_ms(graph, 0.01, n_input_sets=3) > 2 * 50.0  # two warm-ups, three captures
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"device_ms": [1.0, 0.0], "wall_ms": [1.0, 1.0]}, "device_ms\\[1\\] = 0.0"),
+    ({"device_ms": [1.0, -1.0], "wall_ms": [1.0, 1.0]}, "positive"),
+    ({"device_ms": [1.0, float("nan")], "wall_ms": [1.0, 1.0]}, "finite"),
+    ({"device_ms": [1.0], "wall_ms": [float("inf")]}, "wall_ms"),
+    ({"device_ms": [], "wall_ms": []}, "expected 1..30"),
+    ({"device_ms": [1.0] * 31, "wall_ms": [1.0] * 31}, "expected 1..30"),
+    ({"device_ms": [1.0], "wall_ms": [1.0], "warmup_calls": -5}, "warmup_calls"),
+    ({"device_ms": "1.0", "wall_ms": [1.0]}, "lists"),
+])
+def test_invalid_samples_names_what_no_clock_produces(bad: dict[str, Any], reason: str) -> None:
+    problem = timing.invalid_samples({"warmup_calls": 3, **bad}, settings(repeats=30))
+    assert problem is not None and re.search(reason, problem), problem
+    assert timing.invalid_samples({"device_ms": [0.5], "wall_ms": [0.6], "warmup_calls": 3}, settings(repeats=30)) is None
+
+
 # ------------------------------------------------------------------------------------------
 # Baseline cache key
 # ------------------------------------------------------------------------------------------
@@ -557,6 +599,7 @@ KEY_ARGS: dict[str, Any] = {
     "torch_version": "2.11.0+cu130",
     "timing_settings": TimingSettings(),
     "baseline_name": "eager_fp32",
+    "versions": {"kbv": "0.1.0", "triton": "3.5.0"},
 }
 
 KEY_CHANGES: dict[str, Any] = {
@@ -566,6 +609,7 @@ KEY_CHANGES: dict[str, Any] = {
     "torch_version": "2.11.1+cu130",
     "timing_settings": TimingSettings(l2_flush=True),
     "baseline_name": "eager_tf32",
+    "versions": {"kbv": "0.2.0", "triton": "3.5.0"},
 }
 
 
@@ -587,6 +631,13 @@ def test_cache_key_changes_with_each_component(component: str) -> None:
 def test_cache_key_changes_with_device_name() -> None:
     other = {**KEY_ARGS, "device": {**KEY_ARGS["device"], "name": "NVIDIA H100"}}
     assert baseline_cache_key(**other) != baseline_cache_key(**KEY_ARGS)
+
+
+def test_cache_key_changes_with_triton_version_and_its_presence() -> None:
+    newer = {**KEY_ARGS, "versions": {**KEY_ARGS["versions"], "triton": "3.6.0"}}
+    absent = {**KEY_ARGS, "versions": {**KEY_ARGS["versions"], "triton": None}}
+    keys = {baseline_cache_key(**KEY_ARGS), baseline_cache_key(**newer), baseline_cache_key(**absent)}
+    assert len(keys) == 3
 
 
 def test_cache_key_requires_device_name_and_driver() -> None:

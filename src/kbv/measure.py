@@ -6,31 +6,50 @@ worker of its own (``torch.compile`` leaves state behind). Baseline and candidat
 (A B A B ...) so that drift cancels; every batch is bracketed by the parent's monotonic clock and by
 NVML readings of clocks, temperature, power and throttling. Baseline measurements are cached under a
 key of everything that could change them.
+
+The candidate's real timed calls are checked too: in every batch the parent picks a few secret call
+indices (and the batch's last call), the worker copies those calls' outputs after they returned,
+outside the timed region, and hands them over after the parent's bracket closed; the parent judges
+them against the reference for the same timing inputs. A wrong one withdraws the speedup and is the
+``timed_call_outputs`` finding (docs/integrity-dynamic.md).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kbv import telemetry
 from kbv import timing as kbv_timing
+from kbv._version import __version__
 from kbv.protocol import TimingSettings
-from kbv.worker import Worker, WorkerSpec, cache_root, visible_devices
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, discard, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
 BASELINE_TIMEOUT_S = 1800.0
 # What a record's memory section says when nothing was measured (the CPU, or an untimed pair).
 EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
+#: Secret call indices per candidate batch whose outputs are kept and judged (plus the batch's last call).
+KEPT_CALLS_PER_BATCH = 2
 
 
 class MeasureContext:
     """What measuring one pair needs from the pipeline."""
 
-    def __init__(self, *, problem: Any, device: str, settings: TimingSettings, seeds: list[int], init_seed: int, device_info: dict[str, Any], torch_version: str, load_fields: dict[str, Any]) -> None:
+    def __init__(self, *, problem: Any, device: str, settings: TimingSettings, seeds: list[int], init_seed: int, device_info: dict[str, Any], torch_version: str, load_fields: dict[str, Any],
+                 keep_seed: int | None = None, reference_outputs: Callable[[str, int], dict[str, Any]] | None = None,
+                 judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """``keep_seed`` (secret, derived from the evaluation's master seed) picks the timed calls whose
+        outputs are judged with ``judge(got, reference_outputs(distribution, seed))``, the pipeline's
+        own operations; without all three the timed outputs are not checked."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -39,6 +58,13 @@ class MeasureContext:
         self.device_info = device_info
         self.torch_version = torch_version
         self.load_fields = load_fields
+        self.keep_seed = keep_seed
+        self.reference_outputs = reference_outputs
+        self.judge = judge
+
+    @property
+    def checks_timed_outputs(self) -> bool:
+        return self.keep_seed is not None and self.reference_outputs is not None and self.judge is not None
 
 
 def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,6 +76,8 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
+    picker = random.Random(ctx.keep_seed) if ctx.checks_timed_outputs else None
+    kept: list[dict[str, Any]] = []
     baseline_started = time.monotonic()
     baseline_seconds = 0.0
     try:
@@ -59,7 +87,10 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
                 assert worker is not None
                 rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name]))
                 baseline_seconds += rounds[name][-1]["parent_bracket_s"]
-            rounds["candidate"].append(_timed_batch(subject, ctx, "native"))
+            keep_calls = _pick_calls(picker, settings.repeats) if picker is not None else None
+            rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
+            if keep_calls is not None:
+                kept.append(_fetch_kept(subject, keep_calls, rounds["candidate"][-1]))
     finally:
         if compile_worker is not None:
             compile_worker.close()
@@ -79,21 +110,101 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
         "baselines": baselines,
     }
     speedup, timing["speedup_intervals"] = speedups(timing, settings)
+    if ctx.checks_timed_outputs:
+        timing["timed_outputs"] = checked = _judge_kept(ctx, kept)
+        if checked["wrong"]:  # a speedup measured on wrong outputs is no speedup
+            speedup = {name: None for name in speedup}
+            timing["speedup_intervals"] = {}
+            timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     return timing, speedup
 
 
-def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str) -> dict[str, Any]:
+def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None) -> dict[str, Any]:
+    """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
+    checked before anything uses them: impossible ones are the worker's failure (for the candidate,
+    a ``runtime_error`` outcome), never an exception inside the statistics."""
     before = telemetry.gpu_state(ctx.device)
+    extra = {"keep_calls": keep_calls} if keep_calls is not None else {}
     started = time.monotonic()
-    reply = worker.request("time", distribution="original", seeds=ctx.seeds, precision=precision, settings=_settings_dict(ctx.settings))
+    reply = worker.request("time", distribution="original", seeds=ctx.seeds, precision=precision, settings=_settings_dict(ctx.settings), **extra)
     bracket_s = time.monotonic() - started
     after = telemetry.gpu_state(ctx.device)
-    measurement = dict(reply["measurement"])
+    raw = reply.get("measurement")
+    problem = kbv_timing.invalid_samples(raw, ctx.settings) if isinstance(raw, dict) else "no measurement in the reply"
+    if problem is not None:
+        message = f"the worker reported timing samples no clock produces ({problem}); its timing cannot be used"
+        if worker.spec.role != "candidate":
+            raise RuntimeError(f"kbv's {precision} baseline: {message}")
+        raise WorkerFailed("runtime_error", message)
+    assert isinstance(raw, dict)
+    measurement = dict(raw)
     measurement["parent_bracket_s"] = bracket_s
     measurement["gpu_before"], measurement["gpu_after"] = before, after
     throttled = sorted({*((before or {}).get("throttled") or []), *((after or {}).get("throttled") or [])})
     measurement["throttled"] = throttled
     return measurement
+
+
+def _pick_calls(picker: random.Random, repeats: int) -> list[int]:
+    """Secret timed-call indices for one batch; the worker adds the batch's last call itself."""
+    return sorted(picker.sample(range(repeats), min(KEPT_CALLS_PER_BATCH, repeats)))
+
+
+def _fetch_kept(worker: Worker, keep_calls: list[int], measurement: dict[str, Any]) -> dict[str, Any]:
+    """Ask the worker (after the bracket closed) to write the outputs it kept; note what must be there."""
+    n = len(measurement["device_ms"])
+    path = worker.new_path("timed-kept")
+    reply = worker.request("timed_outputs", out_path=path)
+    expected = sorted({i for i in keep_calls if i < n} | {n - 1})
+    return {"path": path, "types": reply.get("kept") or [], "expected": expected}
+
+
+def _judge_kept(ctx: MeasureContext, kept: list[dict[str, Any]]) -> dict[str, Any]:
+    """Judge every kept timed output against the reference on the same timing input set."""
+    assert ctx.reference_outputs is not None and ctx.judge is not None
+    expected_by_seed: dict[int, dict[str, Any]] = {}
+    checked, wrong = 0, []
+    for r, batch in enumerate(kept):
+        outputs = _load_kept(batch["path"], ctx.device)
+        types = _kept_types(batch["types"])
+        for i in batch["expected"]:
+            checked += 1
+            seed = ctx.seeds[i % len(ctx.seeds)]
+            if i not in outputs or i not in types:
+                wrong.append({"round": r, "call": i, "input_set": i % len(ctx.seeds), "note": "the worker did not hand over this call's outputs"})
+                continue
+            if seed not in expected_by_seed:
+                expected_by_seed[seed] = ctx.reference_outputs("original", seed)
+            verdict = ctx.judge({"outputs": outputs[i], "types": types[i]}, expected_by_seed[seed])
+            if not verdict.get("passed"):
+                wrong.append({"round": r, "call": i, "input_set": i % len(ctx.seeds), "max_abs_err": verdict.get("max_abs_err"), "note": verdict.get("note") or ""})
+    return {"checked": checked, "wrong": wrong, "per_batch": KEPT_CALLS_PER_BATCH, "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw"}
+
+
+def _kept_types(reply: Any) -> dict[int, list[str]]:
+    """The output type names per kept call from the worker's reply, ``[[call index, [names]], ...]``."""
+    found: dict[int, list[str]] = {}
+    for item in reply if isinstance(reply, list) else []:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], list):
+            found.setdefault(item[0], [str(t) for t in item[1]])
+    return found
+
+
+def _load_kept(path: str, device: str) -> dict[int, list[Any]]:
+    """The worker's file of kept outputs, ``[[call index, [outputs]], ...]``; anything else is empty."""
+    try:
+        loaded = torch.load(path, map_location=device, weights_only=True)
+    except Exception:  # written by a hostile worker: whatever is unreadable counts as not handed over
+        return {}
+    finally:
+        discard(path)
+    if not isinstance(loaded, list):
+        return {}
+    found: dict[int, list[Any]] = {}
+    for item in loaded:
+        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], list):
+            found.setdefault(int(item[0]), item[1])
+    return found
 
 
 def _settings_dict(settings: TimingSettings) -> dict[str, Any]:
@@ -147,7 +258,16 @@ def cache_key(ctx: MeasureContext, baseline: str) -> str:
         "capability": ctx.device_info.get("capability"),
     }
     input_spec = {"sizes": ctx.load_fields.get("sizes"), "distribution": "original", "input_sets": len(ctx.seeds)}
-    return kbv_timing.baseline_cache_key(ctx.problem.source_sha256, input_spec, device, ctx.torch_version, ctx.settings, baseline)
+    versions = {"kbv": __version__, "triton": _triton_version()}
+    return kbv_timing.baseline_cache_key(ctx.problem.source_sha256, input_spec, device, ctx.torch_version, ctx.settings, baseline, versions=versions)
+
+
+def _triton_version() -> str | None:
+    """Triton's installed version (the workers share this environment), without importing it."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _cache_path(ctx: MeasureContext, baseline: str) -> Path:

@@ -643,6 +643,78 @@ def bracket_check(reported_total_ms: float, parent_bracket_ms: float, expected_o
     }
 
 
+def warmup_bound_ms(settings: TimingSettings, largest_sample_ms: float, n_input_sets: int = 1) -> float:
+    """The longest an honest warm-up under ``settings`` lasts, from the recipe, not the worker's word.
+
+    :func:`_warm_up` stops at the first check after ``settings.warmup_calls`` calls were made and
+    ``settings.warmup_seconds`` passed, so it lasts at most warmup_seconds + (warmup_calls + 1) x the
+    slowest call. With ``cuda_graph`` there are two warm-ups (eager, covering every input set, then
+    replays) and one capture per input set. ``largest_sample_ms`` is the largest timed sample.
+    """
+    largest = max(0.0, float(largest_sample_ms))
+    budget_ms = settings.warmup_seconds * 1e3
+    bound = budget_ms + (settings.warmup_calls + 1) * largest
+    if settings.cuda_graph:
+        eager = budget_ms + (max(settings.warmup_calls, n_input_sets) + 1) * largest
+        bound += eager + n_input_sets * largest
+    return bound
+
+
+def accounted_batch_ms(wall_ms: Sequence[float], claimed_warmup_calls: int, settings: TimingSettings,
+                       n_input_sets: int = 1) -> float:
+    """How much of a timed batch the worker's report accounts for: the timed samples plus the warm-up.
+
+    The warm-up the worker implies (its claimed number of warm-up calls x its median sample, at
+    least the recipe's ``warmup_seconds``) is accepted only up to :func:`warmup_bound_ms`: a worker
+    that claims 100000 warm-up calls cannot stretch its account to cover a gap in the parent's bracket.
+    """
+    wall = [float(x) for x in wall_ms]
+    if not wall:
+        return 0.0
+    median = float(np.median(wall))
+    claimed = max(settings.warmup_seconds * 1e3, max(0, int(claimed_warmup_calls)) * median)
+    return sum(wall) + min(claimed, warmup_bound_ms(settings, max(wall), n_input_sets))
+
+
+def trusted_per_call_ms(bracket_ms: float, overhead_ms: float, n_timed: int, settings: TimingSettings) -> float:
+    """A call's time from the parent's bracket and the recipe alone (no worker-reported count).
+
+    The bracket minus the expected overhead (``B``) holds the warm-up and ``n_timed`` calls of time
+    ``T``. The warm-up is either time-bound (it lasts ``warmup_seconds``: T = (B - warmup_seconds) /
+    n_timed) or count-bound (``warmup_calls`` calls: T = B / (warmup_calls + n_timed)); for an honest
+    batch the smaller of the two is its per-call time. ``n_timed`` is capped at ``settings.repeats``.
+    """
+    budget = max(0.0, float(bracket_ms) - float(overhead_ms))
+    n = max(1, min(int(n_timed), settings.repeats))
+    estimates = [budget / (settings.warmup_calls + n)]
+    if budget > settings.warmup_seconds * 1e3:
+        estimates.append((budget - settings.warmup_seconds * 1e3) / n)
+    return min(estimates)
+
+
+def invalid_samples(measurement: dict[str, Any], settings: TimingSettings) -> str | None:
+    """Why a worker-reported measurement cannot have come from the recipe's clocks, or None.
+
+    Samples must be finite and positive (a call takes time), there must be 1..``settings.repeats``
+    of each kind and as many wall samples as device samples, and the warm-up count must be a
+    non-negative integer. The parent checks this before any statistic, so a hostile worker's zero
+    or NaN becomes the candidate's outcome instead of an exception in the statistics.
+    """
+    device, wall = measurement.get("device_ms"), measurement.get("wall_ms")
+    if not isinstance(device, list) or not isinstance(wall, list):
+        return "device_ms and wall_ms must be lists of samples"
+    if not 1 <= len(device) <= settings.repeats or len(wall) != len(device):
+        return f"{len(device)} device and {len(wall)} wall samples (expected 1..{settings.repeats} of each, as many of both)"
+    for kind, samples in (("device_ms", device), ("wall_ms", wall)):
+        for i, x in enumerate(samples):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+                return f"{kind}[{i}] = {x!r}: a timed call takes a finite, positive time"
+    warm = measurement.get("warmup_calls", 0)
+    if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+        return f"warmup_calls = {warm!r} is not a non-negative integer"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Baseline cache key
 # --------------------------------------------------------------------------------------------
@@ -655,13 +727,16 @@ def baseline_cache_key(
     torch_version: str,
     timing_settings: TimingSettings | dict[str, Any],
     baseline_name: str,
+    versions: dict[str, Any] | None = None,
 ) -> str:
     """sha256 of the canonical JSON of everything a cached baseline timing depends on.
 
     ``device`` must name the GPU (``name``) and the driver (``driver_version``); other keys (CUDA
     version, clocks, MIG profile) are included as given. Every timing setting is included, even
     those that do not change a baseline's samples: a needless cache miss costs a re-measurement,
-    a wrong hit costs a wrong speedup.
+    a wrong hit costs a wrong speedup. ``versions`` names the other software the measurement ran on
+    (``kbv``, whose timing recipe may change between releases, and ``triton`` when importable, which
+    the compiled baseline generates kernels with).
     """
     missing = [k for k in ("name", "driver_version") if k not in device]
     if missing:
@@ -676,6 +751,7 @@ def baseline_cache_key(
         "torch_version": torch_version,
         "timing_settings": settings,
         "baseline": baseline_name,
+        "versions": dict(versions or {}),
     }
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -485,14 +485,38 @@ def _rounds(entry: dict[str, Any] | None) -> list[dict[str, Any]]:
     return list((entry or {}).get("rounds") or [])
 
 
-def _accounted_ms(measurement: dict[str, Any], warmup_seconds: float) -> float:
-    """Time the worker claims its batch took: timed samples plus the warm-up they imply."""
+def _accounted_ms(measurement: dict[str, Any], settings: Any) -> float:
+    """Time the worker's report accounts for: timed samples plus the warm-up they imply, the warm-up
+    bounded by the recipe (kbv.timing.accounted_batch_ms), never by the worker's claimed count."""
     wall = [float(x) for x in measurement.get("wall_ms") or []]
-    if not wall:
-        return 0.0
-    per_call = sorted(wall)[len(wall) // 2]
-    warmup = max(warmup_seconds * 1e3, int(measurement.get("warmup_calls", 0)) * per_call)
-    return sum(wall) + warmup
+    return kbv_timing.accounted_batch_ms(wall, int(measurement.get("warmup_calls", 0) or 0), settings, max(1, settings.input_sets))
+
+
+@register_check(
+    name="timed_call_outputs",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Outputs of the real timed calls. In every candidate timing batch the parent picks secret
+    call indices (from the evaluation's master seed) and always the batch's last call; the worker
+    copies those calls' outputs after they returned, outside the timed region, and hands them over
+    once the parent's bracket closed; each is judged like a correctness draw against the reference
+    on the same timing inputs. Catches phase detection that only cheats while really being timed
+    (bursts of rapid calls, the first timing rounds) and is honest for every later probe. Reported
+    under every protocol (it needs no probe), and a wrong timed output withdraws the speedup.""",
+)
+def check_timed_call_outputs(ctx: DynamicContext) -> list[Finding]:
+    return timed_call_findings(ctx.session.timing)
+
+
+def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
+    """The ``timed_call_outputs`` finding for a timing section whose kept timed outputs were wrong."""
+    checked = (timing or {}).get("timed_outputs") or {}
+    wrong = checked.get("wrong") or []
+    if not wrong:
+        return []
+    first = wrong[0]
+    detail = f"round {first.get('round', 0) + 1}, call {first.get('call')}: max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''}".strip()
+    return [_finding("timed_call_outputs", f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are wrong (first: {detail}); speedup withdrawn")]
 
 
 @register_check(
@@ -513,8 +537,8 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     cand_rounds = _rounds(timing.get("candidate"))
     if not cand_rounds:
         return []
-    warmup_s = float(session.protocol.timing.warmup_seconds)
-    gaps = [float(r["parent_bracket_s"]) * 1e3 - _accounted_ms(r, warmup_s)
+    settings = session.protocol.timing
+    gaps = [float(r["parent_bracket_s"]) * 1e3 - _accounted_ms(r, settings)
             for entry in (timing.get("baselines") or {}).values() for r in _rounds(entry) if "parent_bracket_s" in r]
     if not gaps:
         return []
@@ -522,8 +546,11 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     overhead = max(0.0, max(gaps))
     results = []
     for r in cand_rounds:
-        n_calls = max(1, len(r.get("wall_ms") or []) + int(r.get("warmup_calls", 0)))
-        results.append(kbv_timing.bracket_check(_accounted_ms(r, warmup_s), float(r["parent_bracket_s"]) * 1e3, overhead, n_calls=n_calls))
+        bracket_ms = float(r["parent_bracket_s"]) * 1e3
+        result = kbv_timing.bracket_check(_accounted_ms(r, settings), bracket_ms, overhead)
+        # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.
+        result["trusted_per_call_ms"] = kbv_timing.trusted_per_call_ms(bracket_ms, overhead, len(r.get("wall_ms") or []), settings)
+        results.append(result)
     # A lying clock lies in every round; a noise spike hits one.
     if not all(r["disagrees"] for r in results):
         return []
@@ -534,12 +561,14 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
 
 def _correct_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
     speedup = session.speedup
+    session.trusted_candidate_ms = trusted_ms
+    if (session.timing or {}).get("speedup_withdrawn"):  # wrong timed outputs: no speedup to correct
+        return dict(speedup)
     for name, entry in (session.timing.get("baselines") or {}).items():
         base = (entry.get("summary") or {}).get("median")
         speedup[name] = base / trusted_ms if base and trusted_ms > 0 else None
     finite = [v for k, v in speedup.items() if k != "best" and v is not None]
     speedup["best"] = min(finite) if finite else None
-    session.trusted_candidate_ms = trusted_ms
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in speedup.items()}
 
 
@@ -669,7 +698,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
 
 #: The order checks run in: timing first (it may correct the speedup), then the cheap observe probe.
 ORDER = (
-    "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
+    "timed_call_outputs", "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
     "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
     "nondeterminism", "transient_mismatch", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
 )

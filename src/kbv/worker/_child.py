@@ -49,6 +49,8 @@ class _State:
         self.domain = "any"
         self.timer: Any = None
         self.identities: dict[str, int] = {}
+        # Outputs of timed calls the parent asked to keep: [call index, type names, copies].
+        self.kept_timed: list[list[Any]] = []
 
 
 def main(fd: int) -> None:
@@ -267,18 +269,52 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     input_sets = [_make_inputs(state, request["distribution"], s, precision) for s in seeds]
     model = _model_for(state, precision)
     last: list[Any] = [None] * len(input_sets)
+    keeping = "keep_calls" in request
+    keep = {int(i) for i in request.get("keep_calls") or []}
+    state.kept_timed = []
 
     def call(k: int) -> None:
         last[k] = model(*input_sets[k])
 
+    def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
+        # Runs after call i returned and was synchronised and timed: outside the timed region.
+        if i in keep:
+            state.kept_timed.append(_kept_copy(i, last[i % len(input_sets)]))
+
     flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
     with torch.no_grad():
         measurement = kbv_timing.measure(
-            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush
+            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush,
+            on_sample=on_sample if keeping else None,
         )
+        n = len(measurement.device_ms)
+        if keeping and n and (n - 1) not in keep:  # the batch's last call is always kept
+            state.kept_timed.append(_kept_copy(n - 1, last[(n - 1) % len(input_sets)]))
     if request.get("out_path"):
         torch.save([[_to_cpu_tensor(o) for o in _as_outputs(r)] for r in last], request["out_path"])
     return {"measurement": measurement.to_dict()}
+
+
+def _kept_copy(index: int, result: Any) -> list[Any]:
+    """[index, type names, copies] of one timed call's outputs. Copies stay on the device (a clone
+    is cheap there), so the parent's bracket of the batch barely grows; ``timed_outputs`` writes them."""
+    outputs = _as_outputs(result)
+    types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
+    copies = []
+    for o in outputs:
+        if isinstance(o, torch.Tensor):
+            tensor = o.detach()
+            copies.append((tensor if type(tensor) is torch.Tensor else tensor.as_subclass(torch.Tensor)).clone())
+        else:
+            copies.append(_to_cpu_tensor(o))
+    return [index, types, copies]
+
+
+def _timed_outputs(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Write the outputs kept by the last ``time`` request to ``out_path`` as [[index, outputs], ...]."""
+    kept, state.kept_timed = state.kept_timed, []
+    torch.save([[i, [_to_cpu_tensor(o) for o in copies]] for i, _, copies in kept], request["out_path"])
+    return {"kept": [[i, types] for i, types, _ in kept]}
 
 
 def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -291,6 +327,7 @@ _HANDLERS = {
     "redraw": _redraw,
     "run": _run,
     "time": _time,
+    "timed_outputs": _timed_outputs,
     "identities": _identities,
 }
 
