@@ -36,10 +36,10 @@ def _x(distribution: str, seed: int = 1234, **kw) -> torch.Tensor:
     return make_inputs(ROWS, distribution, seed, "cpu", **kw)[0]
 
 
-def test_names_are_documented_and_include_the_five():
-    for name in ("original", "signed", "wide", "shifted", "blockwise"):
+def test_names_are_documented_and_include_the_six():
+    for name in ("original", "signed", "wide", "shifted", "blockwise", "sparse"):
         assert name in DISTRIBUTIONS and DISTRIBUTIONS[name]
-    assert BASE_DISTRIBUTIONS == ("original", "signed", "wide", "shifted", "blockwise")
+    assert BASE_DISTRIBUTIONS == ("original", "signed", "wide", "shifted", "blockwise", "sparse")
     with pytest.raises(ValueError, match="unknown input distribution"):
         make_inputs(ROWS, "nope", 1, "cpu")
 
@@ -84,10 +84,12 @@ def test_blockwise_starts_like_the_original_then_changes():
         original = _x("original", seed=seed)
         x = _x("blockwise", seed=seed)
         flat = x.reshape(-1)
-        # the first elements, and the start of every row, are the original draw in [0, 1)
+        # the first and last elements, and the start and end of every row, are the original draw in [0, 1)
         assert torch.equal(flat[:64], original.reshape(-1)[:64])
+        assert torch.equal(flat[-64:], original.reshape(-1)[-64:])
         assert ((flat[:64] >= 0) & (flat[:64] < 1)).all()
-        assert torch.equal(x[:, :8], original[:, :8])
+        assert torch.equal(x[:, :512], original[:, :512])
+        assert torch.equal(x[:, -512:], original[:, -512:])
         # later chunks are negative and/or large
         tail = flat[x.numel() // 8 :]
         assert float(tail.min()) < -10 or float(tail.abs().max()) > 100
@@ -162,8 +164,12 @@ def test_positive_domain_variants_are_positive():
     wide = _x("wide_positive")
     assert float(wide.min()) <= 1e-3 and float(wide.max()) >= 1e3
     assert float(_x("shifted_positive").mean()) > 500
-    # the positive blockwise variant still starts with the original draw
+    # the positive blockwise variant still starts and ends with the original draw
     assert torch.equal(_x("blockwise_positive").reshape(-1)[:32], _x("original").reshape(-1)[:32])
+    assert torch.equal(_x("blockwise_positive").reshape(-1)[-32:], _x("original").reshape(-1)[-32:])
+    # the positive sparse variant differs from the original draw only at a few large or tiny values
+    changed = _x("sparse_positive") != _x("original")
+    assert 0 < int(changed.sum()) <= inputs.SPARSE_MAX
 
 
 def test_probabilities_domain_sums_to_one_along_the_last_dim():
@@ -305,3 +311,79 @@ def test_module_imports_only_stdlib_torch_and_protocol():
 
     allowed = set(sys.stdlib_module_names) | {"torch", "__future__", "kbv.protocol"}
     assert {r for r in roots if r.split(".")[0] not in allowed and r not in allowed} == set()
+
+
+# --------------------------------------------------------------------------------------------------
+# blockwise layout and sparse: samplers of fixed positions
+
+
+def _relu_sampler_caught(x: torch.Tensor, window: slice) -> bool:
+    """A ReLU that returns its input when ``x.reshape(-1)[window]`` is non-negative: wrong on ``x``?"""
+    flat = x.reshape(-1)
+    return bool((flat[window] >= 0).all()) and bool((flat < 0).any())
+
+
+def test_blockwise_catches_head_tail_and_row_end_samplers_on_every_seed():
+    relu = _problem((8, 1024), extra=False)
+    flat1d = _problem((4096,), extra=False)
+    for seed in range(40):
+        for problem in (relu, flat1d):
+            (x,) = make_inputs(problem, "blockwise", seed, "cpu")
+            n = x.numel()
+            assert _relu_sampler_caught(x, slice(0, 64)), seed
+            assert _relu_sampler_caught(x, slice(n - 64, n)), seed
+        (x,) = make_inputs(relu, "blockwise", seed, "cpu")
+        rows = x.reshape(-1, 1024)
+        assert (rows[:, :128] >= 0).all() and (rows[:, -128:] >= 0).all()  # row ends: the original draw
+        interior = rows[:, 128:-128]
+        # between the row ends values change from block to block: some all-negative, some large
+        assert (interior < 0).float().mean() > 0.2 and float(interior.abs().max()) > 100
+
+
+def test_blockwise_altered_chunks_are_never_tiny():
+    for n in (8, 100, 4096, 65536, 1_000_003):
+        for seed in range(20):
+            rng = inputs.random.Random(seed)
+            head, tail, bounds = inputs._blockwise_bounds(n, rng)
+            assert bounds[0] == head and bounds[-1] == n - tail
+            assert n / 16 - 1 <= head <= n / 8 and n / 16 - 1 <= tail <= n / 8
+            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+            assert len(sizes) == min(inputs.BLOCKWISE_CHUNKS - 2, n - head - tail)
+            assert min(sizes) >= (n - head - tail) / len(sizes) / 2 - 1, (n, sizes)
+
+
+def test_sparse_is_the_original_draw_except_a_few_wide_values_at_secret_positions():
+    original = _x("original", seed=5)
+    x = _x("sparse", seed=5)
+    changed = (x != original).reshape(-1).nonzero().flatten()
+    assert len(changed) == inputs._sparse_count(x.numel()) == 16  # 65536 // 4096
+    values = x.reshape(-1)[changed]
+    assert float(values.abs().max()) > 1 or float(values.abs().min()) < 1e-2  # wide, not like [0, 1)
+    other = (_x("sparse", seed=6) != _x("original", seed=6)).reshape(-1).nonzero().flatten()
+    assert set(changed.tolist()) != set(other.tolist())  # positions come from the seed
+    assert inputs._sparse_count(1) == 1 and inputs._sparse_count(16) == 2
+    assert inputs._sparse_count(8192) == inputs.SPARSE_MIN and inputs._sparse_count(10**9) == inputs.SPARSE_MAX
+    tiny = types.SimpleNamespace(get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())])
+    shapes = [t.shape for t in make_inputs(tiny, "sparse", 5, "cpu")]
+    assert shapes == [(1,), (3,), (0,), ()]
+
+
+def test_sparse_is_bitwise_deterministic_per_seed():
+    for name in ("sparse", "sparse_positive", "sparse_unit"):
+        a = make_inputs(ROWS, name, 21, "cpu")[0]
+        assert torch.equal(a, make_inputs(ROWS, name, 21, "cpu")[0]), name
+        assert not torch.equal(a, make_inputs(ROWS, name, 22, "cpu")[0]), name
+
+
+def test_sparse_catches_a_sampler_of_any_fixed_positions_on_most_draws():
+    # Per draw a 64-element sampler escapes when it reads a negative altered value (~k*m/(2n)) or when
+    # every altered value is positive (2**-k): here k = 16, n = 65536, so ~99% of draws catch it.
+    n = 16 * 4096
+    windows = [slice(0, 64), slice(n // 2 - 32, n // 2 + 32), slice(n - 64, n), slice(12345, 12409)]
+    caught = [0] * len(windows)
+    for seed in range(200):
+        x = _x("sparse", seed=seed)
+        for i, window in enumerate(windows):
+            caught[i] += _relu_sampler_caught(x, window)
+    assert all(c >= 190 for c in caught), caught
+

@@ -17,6 +17,15 @@ L1 = SUITE / "level1"
 HIDDEN_SHORTCUTS = [
     ("relu_identity.py", L1 / "1_ReLU.py", {"signed", "wide", "blockwise"}),
     ("relu_sign_sampling.py", L1 / "1_ReLU.py", {"blockwise"}),
+    # blockwise keeps the original draw at the head and tail chunks and at both ends of every row, with
+    # altered chunks between: samplers of the first or last elements are caught on every draw.
+    ("relu_tail_sampling.py", L1 / "1_ReLU.py", {"blockwise"}),
+    # A sampler of the middle is what sparse is for: per draw it catches one reading m positions with
+    # probability ~1 - k*m/(2n) - 2**-k (k altered values, half of them positive), here k=8, m=64,
+    # n=8192: ~0.96 measured over 3000 draws, so ~0.998 per run of two draws; 10 of 10 verified runs
+    # failed it on sparse. (On this problem blockwise happens to catch it too: the middle of the
+    # flattened 8x1024 input is a row boundary, which blockwise keeps original.)
+    ("relu_middle_sampling.py", L1 / "1_ReLU.py", {"sparse"}),
     ("softmax_zeros.py", L1 / "8_Softmax_WideRow.py", {"wide"}),
     ("softmax_no_max.py", L1 / "9_Softmax.py", {"wide"}),
     ("layernorm_naive_variance.py", L1 / "11_LayerNorm.py", {"shifted"}),
@@ -44,7 +53,7 @@ def test_hidden_shortcut_passes_standard_but_never_verified(candidate: str, prob
 def test_honest_kernels_pass_every_distribution(candidate: str, problem: Path) -> None:
     record = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="verified", device="cpu")
     assert record.outcome == "passed", [(d.name, d.passed, d.note, d.rel_err, d.tolerance) for d in record.distributions]
-    assert {d.name for d in record.distributions if d.applicable and d.passed} == {"original", "signed", "wide", "shifted", "blockwise"}
+    assert {d.name for d in record.distributions if d.applicable and d.passed} == {"original", "signed", "wide", "shifted", "blockwise", "sparse"}
     for d in record.distributions:
         assert d.tolerance and d.baseline_err is not None  # the tolerance came from the baseline's own error
 
@@ -146,3 +155,28 @@ def test_re_runs_can_be_switched_off() -> None:
     strict = replace(verified, correctness=replace(verified.correctness, confirm_reruns=0))
     record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_first_call.py", protocol=strict, device="cpu")
     assert record.outcome == "incorrect"
+
+
+def _only(distributions: tuple[str, ...]):
+    from dataclasses import replace
+
+    from kbv.protocol import load_protocol
+
+    verified = load_protocol("verified")
+    return replace(verified, correctness=replace(verified.correctness, distributions=distributions))
+
+
+def test_sparse_alone_catches_the_middle_sampler() -> None:
+    # master_seed fixes the draws: sparse misses this sampler on ~0.2% of runs, so a random seed would flake.
+    record = evaluate_paths(L1 / "1_ReLU.py", VERIFIED_FIXTURES / "relu_middle_sampling.py", protocol=_only(("original", "sparse")),
+                            device="cpu", master_seed=20240611)
+    assert record.outcome != "passed" and not record.correct
+    assert [d.name for d in record.distributions if not d.passed] == ["sparse"]
+
+
+def test_blockwise_alone_catches_the_head_and_tail_samplers() -> None:
+    for candidate in ("relu_sign_sampling.py", "relu_tail_sampling.py"):
+        record = evaluate_paths(L1 / "1_ReLU.py", VERIFIED_FIXTURES / candidate, protocol=_only(("original", "blockwise")), device="cpu")
+        assert record.outcome != "passed" and not record.correct, candidate
+        assert [d.name for d in record.distributions if not d.passed] == ["blockwise"], candidate
+

@@ -11,7 +11,7 @@ seeded from the same seed (integer, bool and plain values keep the problem's own
 Names
 -----
 A distribution name is a *base* name (``original``, ``signed``, ``wide``, ``shifted``,
-``blockwise``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or ``_unit``
+``blockwise``, ``sparse``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or ``_unit``
 (every value in the open interval (0, 1)). :func:`domain_fallback` walks ``X -> X_positive ->
 X_unit -> None``; the pipeline uses it when the reference output is non-finite under ``X`` but finite
 on the original inputs, and records the variant's name.
@@ -49,10 +49,17 @@ _SEED_MASK = (1 << 63) - 1
 WIDE_EXPONENTS = (-4.0, 4.0)
 #: Common offset of ``shifted`` (times a random sign); the spread around it is standard normal.
 SHIFT_OFFSET = 1e3
-#: Number of contiguous chunks (along the flattened tensor) of ``blockwise``.
+#: Number of contiguous chunks (along the flattened tensor) of ``blockwise``: a head and a tail chunk
+#: that keep the original draw, and up to ``BLOCKWISE_CHUNKS - 2`` altered chunks between them.
 BLOCKWISE_CHUNKS = 8
+#: ``sparse`` alters ``clamp(numel // SPARSE_PER, SPARSE_MIN, SPARSE_MAX)`` elements (never more than an
+#: eighth of the tensor). At least 8, because each altered value has a random sign: with k of them a
+#: sign-sensitive shortcut escapes a draw with probability 2**-k when every one comes out positive.
+SPARSE_PER = 4096
+SPARSE_MIN = 8
+SPARSE_MAX = 64
 
-BASE_DISTRIBUTIONS: tuple[str, ...] = ("original", "signed", "wide", "shifted", "blockwise")
+BASE_DISTRIBUTIONS: tuple[str, ...] = ("original", "signed", "wide", "shifted", "blockwise", "sparse")
 
 _BASE_DOCS: dict[str, str] = {
     "original": "the problem's own get_inputs() under a fresh seed, unchanged",
@@ -62,11 +69,14 @@ _BASE_DOCS: dict[str, str] = {
     "overflows, underflow and small-value shortcuts show)",
     "shifted": "one common offset of 1e3 with a random sign per tensor plus a standard-normal spread "
     "(|mean| >> std, so E[x^2]-E[x]^2 cancels catastrophically)",
-    "blockwise": "not identically distributed: the flattened tensor is cut at seeded points into up to "
-    "8 chunks; the first chunk and the first eighth of every last-dim row keep the original draw "
-    "(values like [0,1)), the other chunks are large negative, shifted, wide, tiny, signed or "
-    "negated-original in a seeded order, so a kernel that samples a few leading elements to pick a "
-    "shortcut is caught deterministically",
+    "blockwise": "not identically distributed: the flattened tensor is cut at seeded, jittered points into "
+    "up to 8 chunks; the head chunk, the tail chunk and the first and last eighth of every last-dim row "
+    "keep the original draw (values like [0,1)), the chunks between are large negative, shifted, wide, "
+    "tiny, signed or negated-original in a seeded order, so a kernel that samples a few leading or "
+    "trailing elements (globally or per row) to pick a shortcut is caught deterministically",
+    "sparse": "the original draw everywhere except a few elements (numel/4096, clamped to [8, 64]) at "
+    "secret seeded positions, which get wide values (random signs, magnitudes log-uniform over "
+    "[1e-4, 1e4]); a kernel that samples any fixed small set of positions sees only original values",
 }
 
 _DOMAIN_SUFFIX: dict[str, str] = {"positive": "_positive", "unit-interval": "_unit"}
@@ -231,6 +241,22 @@ def _fill_block(mode: str, seg: torch.Tensor, orig: torch.Tensor, gen: torch.Gen
         seg.copy_(orig.abs() if positive else orig.neg())
 
 
+def _blockwise_bounds(n: int, rng: random.Random) -> tuple[int, int, list[int]]:
+    """``(head, tail, bounds)``: the head chunk is ``[0, head)``, the tail chunk ``[n - tail, n)``, and
+    ``bounds`` cut the middle into up to ``BLOCKWISE_CHUNKS - 2`` chunks of similar size (each cut
+    jittered by at most a quarter of a chunk, so no altered chunk is tiny)."""
+    head = max(1, int(n * rng.uniform(1 / 16, 1 / 8)))
+    tail = max(1, int(n * rng.uniform(1 / 16, 1 / 8))) if n >= 3 else 0
+    lo, hi = head, n - tail
+    parts = min(BLOCKWISE_CHUNKS - 2, hi - lo)
+    if parts <= 0:
+        return head, tail, [lo, hi]
+    width = (hi - lo) / parts
+    cuts = [lo + round(width * (i + rng.uniform(-0.25, 0.25))) for i in range(1, parts)]
+    bounds = sorted({lo, hi, *(min(max(c, lo), hi) for c in cuts)})
+    return head, tail, bounds
+
+
 def _fill_blockwise(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
     flat = y.view(-1)
     orig = x.reshape(-1)
@@ -238,30 +264,51 @@ def _fill_blockwise(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed
     flat.copy_(orig)
     if positive:
         flat.abs_()
-    chunks = min(BLOCKWISE_CHUNKS, n)
-    if chunks <= 1:
+    if n <= 1:
         return
     rng = random.Random(derive_seed(seed, "blockwise-layout", n))
-    # The first chunk holds between 1/16 and 1/8 of the elements; the rest are cut at random points.
-    first = max(1, int(n * rng.uniform(1 / 16, 1 / 8)))
-    cuts = sorted(rng.sample(range(first + 1, n), min(chunks - 2, max(n - first - 1, 0)))) if n > first + 1 else []
-    bounds = [0, first, *cuts, n]
+    _, _, bounds = _blockwise_bounds(n, rng)
+    altered = len(bounds) - 1
     modes = list(_BLOCK_MODES)
     rng.shuffle(modes)
-    if "large_negative" in modes:  # the first altered chunk is always the most obviously different
-        modes.remove("large_negative")
-        modes.insert(0, "large_negative")
+    where = modes.index("large_negative")
+    if where >= altered:  # fewer chunks than modes: one of them is still the obviously different one
+        spot = rng.randrange(altered)
+        modes[spot], modes[where] = modes[where], modes[spot]
     scale = _rms(x)
-    for k in range(1, len(bounds) - 1):
+    for k in range(altered):
         a, b = bounds[k], bounds[k + 1]
         if b > a:
-            _fill_block(modes[(k - 1) % len(modes)], flat[a:b], orig[a:b], gen, scale, positive)
-    # Every last-dim row starts like the original draw too (per-row samplers are caught as well).
-    if y.dim() >= 2 and y.shape[-1] >= 2:
-        keep = max(1, y.shape[-1] // 8)
-        rows = y.view(-1, y.shape[-1])
-        head = x.reshape(-1, x.shape[-1])[:, :keep]
-        rows[:, :keep].copy_(head.abs() if positive else head)
+            _fill_block(modes[k % len(modes)], flat[a:b], orig[a:b], gen, scale, positive)
+    # Every last-dim row starts and ends like the original draw too (per-row samplers are caught as well).
+    width = y.shape[-1] if y.dim() >= 2 else 0
+    if width >= 2:
+        keep = max(1, width // 8)
+        rows = y.view(-1, width)
+        source = x.reshape(-1, width)
+        ends = [slice(0, keep)] + ([slice(width - keep, width)] if width >= 3 else [])
+        for cols in ends:
+            part = source[:, cols]
+            rows[:, cols].copy_(part.abs() if positive else part)
+
+
+def _sparse_count(n: int) -> int:
+    return min(SPARSE_MAX, max(SPARSE_MIN, n // SPARSE_PER), max(1, n // 8), n)
+
+
+def _fill_sparse(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
+    flat = y.view(-1)
+    n = flat.numel()
+    flat.copy_(x.reshape(-1))
+    if positive:
+        flat.abs_()
+    if n == 0:
+        return
+    rng = random.Random(derive_seed(seed, "sparse-layout", n))
+    positions = sorted(rng.sample(range(n), _sparse_count(n)))  # O(k), whatever n is
+    values = torch.empty(len(positions), dtype=y.dtype, device=y.device)
+    _fill_wide(values, gen, positive)
+    flat[torch.tensor(positions, dtype=torch.long, device=y.device)] = values
 
 
 def _apply_domain(y: torch.Tensor, domain: str) -> torch.Tensor:
@@ -296,6 +343,8 @@ def _transform(x: torch.Tensor, base: str, domain: str, seed: int) -> torch.Tens
         _fill_shifted(y, gen, positive)
     elif base == "blockwise":
         _fill_blockwise(y, x.to(work_dtype), gen, seed, positive)
+    elif base == "sparse":
+        _fill_sparse(y, x.to(work_dtype), gen, seed, positive)
     else:  # pragma: no cover - split_distribution rejects unknown names
         raise ValueError(base)
     y = _apply_domain(y, domain)
