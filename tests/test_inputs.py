@@ -386,4 +386,3 @@ def test_sparse_catches_a_sampler_of_any_fixed_positions_on_most_draws():
         for i, window in enumerate(windows):
             caught[i] += _relu_sampler_caught(x, window)
     assert all(c >= 190 for c in caught), caught
-

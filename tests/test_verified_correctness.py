@@ -179,4 +179,3 @@ def test_blockwise_alone_catches_the_head_and_tail_samplers() -> None:
         record = evaluate_paths(L1 / "1_ReLU.py", VERIFIED_FIXTURES / candidate, protocol=_only(("original", "blockwise")), device="cpu")
         assert record.outcome != "passed" and not record.correct, candidate
         assert [d.name for d in record.distributions if not d.passed] == ["blockwise"], candidate
-
