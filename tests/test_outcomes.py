@@ -35,6 +35,39 @@ def test_honest_cpp_candidate_passes_verified() -> None:
     assert not [f for f in record.findings if f.severity == "fail"]
 
 
+@pytest.mark.slow
+def test_a_build_killed_midway_does_not_hang_later_evaluations() -> None:
+    """torch leaves its build ``lock`` file behind when a build is killed; the next import would wait
+    on it forever. kbv clears it under its own build lock, so the evaluation passes."""
+    from kbv.candidates import load_candidate
+    from kbv.execute._compile import build_dir
+
+    sha = load_candidate(FOUNDATION / "relu_cpp.py").source_sha256
+    stale = build_dir(sha) / "torch_extensions" / "kbv_fixture_relu_cpp" / "lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.touch()
+    record = _eval("relu_cpp.py", timeout_s=300)
+    assert record.outcome == "passed", record.error
+    assert not stale.exists()
+
+
+def test_build_lock_clears_stale_torch_locks_and_excludes_other_holders(tmp_path, monkeypatch) -> None:
+    import fcntl
+
+    from kbv.execute._compile import build_dir, build_lock
+
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path))
+    stale = build_dir("ab" * 32) / "torch_extensions" / "ext" / "lock"
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    with build_lock("ab" * 32):
+        assert not stale.exists()
+        with open(build_dir("ab" * 32) / ".lock", "a") as other, pytest.raises(BlockingIOError):  # another holder
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(build_dir("ab" * 32) / ".lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again once released
+
+
 def test_wrong_candidate_is_incorrect() -> None:
     record = _eval("relu_wrong.py")
     assert record.outcome == "incorrect" and not record.correct

@@ -112,6 +112,7 @@ def evaluate(
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
             else:
                 ctx.findings.extend(_transient_findings(ctx))
+                ctx.findings.extend(_timed_call_findings(ctx, timing))
         except WorkerFailed as failure:
             return _failure_record(ctx, ref_hello, failure)
     outcome = decide_outcome(correct, ctx.findings)
@@ -164,6 +165,14 @@ def _transient_findings(ctx: _Context) -> list[Finding]:
     from kbv.integrity import dynamic
 
     return integrity.apply_severity(dynamic.transient_findings(ctx.transients), ctx.protocol.integrity)
+
+
+def _timed_call_findings(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
+    """Without the dynamic checks, wrong outputs of the real timed calls still count (protocol severity)."""
+    from kbv import integrity
+    from kbv.integrity import dynamic
+
+    return integrity.apply_severity(dynamic.timed_call_findings(timing), ctx.protocol.integrity)
 
 
 def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct: bool, timing: dict[str, Any], speedup: dict[str, Any]) -> None:
@@ -222,13 +231,14 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
 
 
 def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
-    from kbv.execute._compile import known_build_failure
+    from kbv.execute._compile import build_lock, known_build_failure
 
     message = known_build_failure(ctx.candidate.source_sha256)
     if message is not None:  # built (and failed) ahead of time by the compile stage
         raise WorkerFailed("compile_error", message)
     subject.wait_ready()
-    reply = subject.request("load", **_load_fields(ctx, "candidate"))
+    with build_lock(ctx.candidate.source_sha256):  # importing the candidate may build its extensions
+        reply = subject.request("load", **_load_fields(ctx, "candidate"))
     # Importing the candidate builds its extensions: the worker's own time for it is the compile phase.
     ctx.phases["compile"] = float(reply.get("worker_seconds", 0.0))
     ref_params = reference.hello.get("parameters") or {}
@@ -401,6 +411,9 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
         device_info=_device_info(ctx, hello),
         torch_version=str(hello.get("torch", "")),
         load_fields=_load_fields(ctx, "reference"),
+        keep_seed=inputs.derive_seed(ctx.seeds.master, "timed-keep"),
+        reference_outputs=lambda distribution, seed: _reference_outputs(ctx, reference, distribution, seed),
+        judge=lambda got, expected: _judge_draw(ctx, got, expected),
     )
     timing, speedup = measure.measure_pair(mctx, reference, subject)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -102,16 +103,35 @@ def compile_candidate(candidate: Candidate, *, arch_list: str | None = None, tim
     tools = toolchain(arch_list)
     marker = directory / f".kbv-built-{_digest(tools)}.json"
     started = time.monotonic()
+    with build_lock(sha):
+        if marker.exists():
+            return CompileResult(sha, "cached", time.monotonic() - started)
+        ok, message = _run_build_child(candidate, extensions, triton_dir, arch_list, timeout_s)
+        result = CompileResult(sha, "built" if ok else "failed", time.monotonic() - started, message)
+        # A failed build is remembered too: the evaluation worker will retry it and report it.
+        marker.write_text(json.dumps({"toolchain": tools, **result.to_dict()}))
+        return result
+
+
+@contextlib.contextmanager
+def build_lock(source_sha256: str) -> Iterator[None]:
+    """Hold the source's build directory exclusively (``flock`` on ``<build dir>/.lock``), across
+    threads, processes and ``kbv`` commands on one host, and clear stale torch build locks in it.
+
+    ``torch.utils.cpp_extension`` guards a build with an empty ``lock`` file that it deletes when
+    done; a build killed midway (a timeout kills the worker's process group) leaves it behind, and
+    every later import of that source then waits on it forever. Builds of one source happen under
+    this lock (the compile stage, and the evaluation worker's import), so while we hold it any such
+    file is stale. Released when the file closes, also if we die."""
+    directory = build_dir(source_sha256)
+    directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if marker.exists():
-                return CompileResult(sha, "cached", time.monotonic() - started)
-            ok, message = _run_build_child(candidate, extensions, triton_dir, arch_list, timeout_s)
-            result = CompileResult(sha, "built" if ok else "failed", time.monotonic() - started, message)
-            # A failed build is remembered too: the evaluation worker will retry it and report it.
-            marker.write_text(json.dumps({"toolchain": tools, **result.to_dict()}))
-            return result
+            for stale in (directory / "torch_extensions").glob("*/lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
