@@ -2,8 +2,9 @@
 
 Each fixture declares ``KBV_FIXTURE = {"problem": ..., "expect_outcome": [...], "expect_checks": [...]}``
 (honest ones only ``problem``). A hack passes this test when its outcome is one of the allowed
-ones, never "passed", and at least one expected check fired with severity ``fail`` -- unless the
-outcome itself (incorrect, crashed) already rejects it and no check is required.
+ones, never "passed", and at least one expected check fired with severity ``fail`` (also when the
+outcome itself, incorrect or crashed, already rejects it); a fixture that names no check is one the
+outcome alone rejects (a crash, or a shortcut the error model itself finds wrong).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def test_hack_is_caught(path: Path) -> None:
     assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
     expected = set(spec.get("expect_checks", []))
-    if expected and record.outcome == "hack_detected":
+    if expected:  # the named pattern's check fires, whatever else already rejected the candidate
         assert fails & expected, f"none of {sorted(expected)} failed; {summary}"
     for check in spec.get("expect_warn", []):
         assert check in {f.check for f in record.findings}, f"{check} did not fire; {summary}"

@@ -161,7 +161,9 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.spec("poison")
             path = self.session.subject.new_path("probe-poison")
-            self.request(self.session.subject, "probe_poison", inputs=spec, out_path=path)
+            # Blocks of exactly the outputs' sizes are what the CPU heap hands back to ``torch.empty``.
+            sizes = [int(t.numel() * t.element_size()) for t in self.expected(spec)["truth"]["outputs"] if isinstance(t, torch.Tensor)]
+            self.request(self.session.subject, "probe_poison", inputs=spec, out_path=path, output_nbytes=sizes)
             return {"spec": spec, "runs": self.load(path)}
 
         return self.once("poison", compute)
@@ -356,6 +358,9 @@ def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
     labels = ["fresh buffers (control)", "same buffers, new contents", "new buffers, same contents", "same sampled values, other data"]
+    repeated = _repeated_output(ctx, probe["outputs"], probe["specs"], labels)
+    if repeated:  # evidence of a cache even when the candidate is wrong everywhere
+        return [_finding("caching_probe", repeated)]
     verdicts = [ctx.judge(out, spec) for out, spec in zip(probe["outputs"], probe["specs"])]
     if not verdicts or not verdicts[0]["passed"]:
         note = (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}") if verdicts else "no outputs"
@@ -364,6 +369,30 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
         return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
     bad = [f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip() for i, v in enumerate(verdicts) if i and not v["passed"]]
     return [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))] if bad else []
+
+
+def _repeated_output(ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]) -> str | None:
+    """A call that returned, bit for bit, an earlier call's output for other input values, where the
+    reference's answers to the two differ: the answer came from a cache, not from the inputs."""
+    for i in range(1, len(outputs)):
+        for j in range(i):
+            if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
+                continue  # a uniform output (all zeros, say) is a constant, which correctness judges
+            if _bitwise_equal(ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]):
+                continue  # the reference cannot tell these inputs apart either
+            return f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) for different input values"
+    return None
+
+
+def _uniform(outputs: list[Any]) -> bool:
+    return all(isinstance(x, torch.Tensor) and (x.numel() <= 1 or bool((x == x.reshape(-1)[0]).all())) for x in outputs)
+
+
+def _bitwise_equal(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        for x, y in zip(a, b)
+    )
 
 
 def _nan_where_finite(got: list[Any], truth: list[Any]) -> int:

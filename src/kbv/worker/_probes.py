@@ -306,15 +306,19 @@ def probe_cache(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     return {"calls": len(results)}
 
 
-def _poison(device: torch.device) -> None:
+def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
     """Fill blocks of freed allocator memory with NaN, so ``torch.empty`` hands back NaN, not stale data.
 
     On CUDA the blocks stay in the caching allocator (no ``empty_cache``); on the CPU the allocator
-    returns small blocks to the heap, where the next allocation of that size class finds them.
+    returns small blocks to the heap, where the next allocation of that size class finds them, so
+    blocks of exactly the expected outputs' sizes (in the float64 truth's bytes: at least the fp32
+    output's) are poisoned too, at both sizes.
     """
-    blocks = [torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES]
+    sizes = [n for n in output_nbytes if 0 < n <= (256 << 20)]
+    exact = [m for n in sizes for m in (n, n // 2)]
+    blocks = [torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES]
     for _ in range(4):
-        blocks.extend(torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES[:1])
+        blocks.extend(torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in (*POISON_BYTES[:1], *exact))
     del blocks
 
 
@@ -327,7 +331,7 @@ def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     runs = []
     for _ in range(2):
         args = _probe_inputs(state, request["inputs"])
-        _poison(state.device)
+        _poison(state.device, request.get("output_nbytes") or ())
         _sync(state)
         runs.append([_snapshot(o) for o in _forward(state, args)])
         del args
