@@ -167,3 +167,15 @@ def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyP
     monkeypatch.undo()
     monkeypatch.setattr(measure, "_triton_version", lambda: "0.0.1-test")
     assert measure.cache_key(ctx, "eager_fp32") != key
+
+
+def test_a_throttled_round_is_named_in_the_timing_warnings() -> None:
+    from kbv.measure import _entry
+    from kbv.protocol import TimingSettings
+
+    settings = TimingSettings(bootstrap_resamples=50)
+    calm = {"device_ms": [1.0] * 10, "wall_ms": [1.1] * 10, "throttled": []}
+    hot = {**calm, "throttled": ["hw_thermal_slowdown"]}
+    assert "throttled" not in _entry([calm, calm], settings, "measured")["summary"]["warnings"]
+    entry = _entry([calm, hot], settings, "measured")
+    assert "throttled" in entry["summary"]["warnings"] and entry["throttled_rounds"] == 1

@@ -214,12 +214,16 @@ def _settings_dict(settings: TimingSettings) -> dict[str, Any]:
 def _entry(rounds: list[dict[str, Any]], settings: TimingSettings, source: str) -> dict[str, Any]:
     device = [s for r in rounds for s in r["device_ms"]]
     wall = [s for r in rounds for s in r["wall_ms"]]
+    summary = kbv_timing.summarize(device, resamples=settings.bootstrap_resamples)
+    throttled = sum(1 for r in rounds if r.get("throttled"))
+    if throttled:  # NVML named a throttle reason during a round: its samples are not at full clocks
+        summary["warnings"] = [*summary.get("warnings", []), "throttled"]
     return {
         "source": source,
         "rounds": rounds,
-        "summary": kbv_timing.summarize(device, resamples=settings.bootstrap_resamples),
+        "summary": summary,
         "wall_summary": kbv_timing.summarize(wall, resamples=settings.bootstrap_resamples),
-        "throttled_rounds": sum(1 for r in rounds if r.get("throttled")),
+        "throttled_rounds": throttled,
     }
 
 
