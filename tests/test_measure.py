@@ -179,3 +179,25 @@ def test_a_throttled_round_is_named_in_the_timing_warnings() -> None:
     assert "throttled" not in _entry([calm, calm], settings, "measured")["summary"]["warnings"]
     entry = _entry([calm, hot], settings, "measured")
     assert "throttled" in entry["summary"]["warnings"] and entry["throttled_rounds"] == 1
+
+
+def test_a_cached_baseline_that_a_fresh_batch_contradicts_is_measured_again(fresh_cache: Path) -> None:
+    """A baseline cached while the machine was busy (or edited on disk by a candidate) must not
+    inflate later speedups: here every cached sample is made 100x slower."""
+    import json
+
+    evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    for path in (fresh_cache / "baselines").glob("*.json"):
+        entry = json.loads(path.read_text())
+        for r in entry["rounds"]:
+            r["device_ms"] = [x * 100 for x in r["device_ms"]]
+        entry["summary"]["median"] *= 100
+        path.write_text(json.dumps(entry))
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert _sources(record) == {"eager_fp32": "measured", "eager_tf32": "measured"}
+    check = record.timing["baselines"]["eager_fp32"]["cache_check"]
+    assert check["accepted"] is False and check["fresh_median_ms"] < check["accepted_range_ms"][0]
+    assert record.speedup["best"] < 10
+    again = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")  # rewritten: usable again
+    assert _sources(again) == {"eager_fp32": "cache", "eager_tf32": "cache"}
+    assert again.timing["baselines"]["eager_fp32"]["cache_check"]["accepted"] is True

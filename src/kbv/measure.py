@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -73,6 +74,7 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
     reference.request("build", init_seed=ctx.init_seed)
     subject.request("build", init_seed=ctx.init_seed)
     cached = {name: _cache_read(ctx, name) for name in settings.baselines if name in BASELINE_PRECISION}
+    cache_checks = _check_cached(ctx, reference, cached)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
@@ -103,6 +105,8 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
             _cache_write(ctx, name, baselines[name])
         else:
             baselines[name] = {**hit, "source": "cache"}
+        if name in cache_checks:
+            baselines[name]["cache_check"] = cache_checks[name]
     timing = {
         "baseline_seconds": baseline_seconds,
         "recipe": kbv_timing.recipe_name(settings),
@@ -117,6 +121,33 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
             timing["speedup_intervals"] = {}
             timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     return timing, speedup
+
+
+#: A cached baseline is used only while a fresh batch measured now has its median inside the cached
+#: samples' range widened by this factor: a baseline measured on a busy machine (or before a clock
+#: change, or edited on disk) must not inflate every later candidate's speedup. The range adapts
+#: the check to the measurement's own noise; the factor catches gross staleness (a busy machine
+#: made one CPU baseline 200x slow) without false alarms on a shared CI machine. Smaller drift is
+#: what switching the cache off (interleaved rounds every time) is for.
+CACHE_CHECK_FACTOR = 2.0
+
+
+def _check_cached(ctx: MeasureContext, reference: Worker, cached: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """One fresh batch per cached eager baseline; a cache entry that disagrees is dropped (set to
+    None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten)."""
+    checks: dict[str, Any] = {}
+    for name, hit in list(cached.items()):
+        if hit is None or name == "compile":  # the compiled baseline needs its own worker: trusted as cached
+            continue
+        fresh = _timed_batch(reference, ctx, BASELINE_PRECISION[name])
+        fresh_median = statistics.median(fresh["device_ms"]) if fresh["device_ms"] else None
+        samples = [float(x) for r in hit.get("rounds") or [] for x in r.get("device_ms") or []]
+        low, high = (min(samples) / CACHE_CHECK_FACTOR, max(samples) * CACHE_CHECK_FACTOR) if samples else (None, None)
+        agrees = fresh_median is not None and low is not None and high is not None and low <= fresh_median <= high
+        checks[name] = {"fresh_median_ms": fresh_median, "accepted_range_ms": [low, high], "accepted": agrees}
+        if not agrees:
+            cached[name] = None
+    return checks
 
 
 def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None) -> dict[str, Any]:
