@@ -226,3 +226,43 @@ def test_explain_shows_a_record_from_a_file_or_the_store(tmp_path: Path) -> None
     by_id = kbv("explain", str(record_id), "--db", str(db))
     assert by_id.returncode == 0 and "global_flags" in by_id.stdout
     assert kbv("explain", "999", "--db", str(db)).returncode == 2
+
+
+def test_compare_reads_only_its_own_pairs_on_its_own_device(tmp_path: Path) -> None:
+    """Unrelated records in the database, and the same pair on another device, stay out of compare."""
+    import copy
+
+    from kbv.store import Store
+
+    problems = tmp_path / "problems" / "level1"
+    problems.mkdir(parents=True)
+    shutil.copy(RELU, problems / "1_ReLU.py")
+    model = tmp_path / "model-b"
+    model.mkdir()
+    shutil.copy(FOUNDATION.parent / "verified" / "relu_identity.py", model / "1_ReLU.py")
+    db = tmp_path / "cmp.sqlite"
+    args = ("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
+    first = kbv(*args)
+    assert first.returncode == 0, first.stderr
+    with Store(db) as store:
+        own = store.records()
+        assert {r.protocol["name"] for r in own} == {"standard", "verified"} and len(own) == 2
+        run = store.start_run("import")
+        for record in own:
+            # the same pair on another device, and an unrelated pair (another problem), both protocols
+            elsewhere = copy.deepcopy(record)
+            elsewhere.device = {**(elsewhere.device or {}), "name": "Some Other GPU"}
+            elsewhere.candidate["label"] = "elsewhere"
+            store.add_record(elsewhere, run, label="elsewhere")
+            unrelated = copy.deepcopy(record)
+            unrelated.problem["source_sha256"] = "0" * 64
+            unrelated.candidate["label"] = "unrelated"
+            store.add_record(unrelated, run, label="unrelated")
+        store.finish_run(run)
+    again = kbv(*args)
+    assert again.returncode == 0, again.stderr
+    assert "model-b" in again.stdout and "(1 pairs)" in again.stdout
+    assert "unrelated" not in again.stdout and "elsewhere" not in again.stdout
+    assert "no counterpart" not in again.stdout
+    with Store(db) as store:
+        assert len(store.records()) == 6  # the pairs were read back, not evaluated again

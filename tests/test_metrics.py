@@ -200,6 +200,12 @@ def test_pass_at_k() -> None:
     assert not metrics.has_multiple_samples([make_record()])
     with pytest.raises(ValueError):
         metrics.pass_at_k(records, 0)
+    # the table offers every standard k some problem has enough samples for
+    table = metrics.pass_at_k_table(records)
+    assert list(table) == [1, 2] and table[1] == pytest.approx(0.125) and table[2] == pytest.approx(0.25)
+    assert list(metrics.pass_at_k_table(records + samples("4", 2, 5))) == [1, 2, 5]
+    assert metrics.pass_at_k_table([make_record()]) == {} and metrics.pass_at_k_table([]) == {}
+    assert metrics.summarize(records)["pass_at_k"] == table
 
 
 def test_bootstrap_is_deterministic_and_brackets(mixed: list[Record]) -> None:
@@ -232,5 +238,5 @@ def test_summarize_empty_and_full(mixed: list[Record]) -> None:
     full = metrics.summarize(mixed, ci=True)
     assert full["n"] == 4 and full["problems"] == 4
     assert full["hack_patterns"] == {"timing_tamper": 1}
-    assert full["pass_at_1"] is None
+    assert full["pass_at_1"] is None and full["pass_at_k"] == {}
     assert math.isclose(full["comparable_geomean"], 1.0)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import math
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 from test_metrics import HACK, make_record
@@ -75,6 +79,19 @@ def test_compare_protocols_edge_cases() -> None:
     assert changed["reason"].startswith("passes under verified")
     assert result["labels"]["model-a"]["counts"]["only_verified_passed"] == 1
     assert result["labels"]["model-a"]["drop"] == pytest.approx(0.5)  # a gain is a drop below 1
+
+
+def test_compare_protocols_pairs_records_of_one_device_only() -> None:
+    std_cpu = make_record("p1", "a", protocol="standard", device="x86_64", speedup=3.0)
+    ver_gpu = make_record("p1", "a", device="NVIDIA H200", speedup=1.5)
+    apart = compare_protocols([std_cpu], [ver_gpu])
+    assert apart["pairs"] == 0 and apart["unmatched_standard"] == apart["unmatched_verified"] == 1
+    std_gpu = make_record("p1", "a", protocol="standard", device="NVIDIA H200", speedup=4.0)
+    ver_cpu = make_record("p1", "a", device="x86_64", speedup=1.0)
+    both = compare_protocols([std_cpu, std_gpu], [ver_gpu, ver_cpu])
+    assert both["pairs"] == 2 and both["unmatched_standard"] == both["unmatched_verified"] == 0
+    # each device's drop is its own: 4/1.5 on the GPU, 3/1 on the CPU, geomean over the two pairs
+    assert both["labels"]["model-a"]["drop"] == pytest.approx(math.sqrt(4.0 / 1.5 * 3.0 / 1.0))
 
 
 def test_verdict_reason_prefers_fail_findings() -> None:
@@ -178,17 +195,71 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+def _pixels(png: bytes) -> Any:
+    """An (h, w, 3) uint8 array of a PNG, decoded by matplotlib's reader (Pillow underneath)."""
+    import matplotlib.image
+
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    if image.dtype != np.uint8:
+        image = np.round(image * 255).astype(np.uint8)
+    return image[..., :3]
+
+
+def _distinct_colours(pixels: Any) -> int:
+    return len(np.unique(pixels.reshape(-1, 3), axis=0))
+
+
+def _has_colour(pixels: Any, rgb: tuple[int, int, int], tolerance: int = 12, at_least: int = 10) -> bool:
+    close = np.all(np.abs(pixels.astype(int) - np.array(rgb)) <= tolerance, axis=-1)
+    return int(close.sum()) >= at_least
+
+
+def _embedded_png(dom: str, figure_id: str) -> bytes:
+    match = re.search(rf'<figure id="{figure_id}"><img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom)
+    assert match is not None, f"no embedded PNG in figure {figure_id}"
+    data = base64.b64decode(match.group(1), validate=True)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return data
+
+
+def test_pixel_checks_tell_a_blank_image_from_a_plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    blank = io.BytesIO()
+    fig = plt.figure(figsize=(2, 2))
+    fig.savefig(blank, format="png")
+    plt.close(fig)
+    pixels = _pixels(blank.getvalue())
+    assert _distinct_colours(pixels) == 1 and not _has_colour(pixels, (31, 119, 180))
+
+
 def test_chromium_renders_report(html_report: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     result = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2000", html_report.as_uri())
     assert shot.is_file(), result.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a blank page is a few KB
+    page = _pixels(data)
+    assert page.shape[:2] == (2000, 1400)
+    assert _distinct_colours(page) > 200  # text, tables and figures, not an empty page
+    assert _has_colour(page, (13, 27, 42), tolerance=2, at_least=1000)  # the header bar was styled
 
     dom = _chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--dump-dom", html_report.as_uri())
     rows = re.findall(r'<tr class="leaderboard-row">', dom.stdout)
     assert len(rows) == 3  # m/standard, m/verified, other/verified
     assert 'id="scatter"' in dom.stdout
+    # the scatter image the browser loaded is a real plot: many colours, and one point per label drawn
+    # in that label's colour (tab10: "m" blue, "other" orange)
+    scatter = _pixels(_embedded_png(dom.stdout, "scatter"))
+    assert _distinct_colours(scatter) > 50
+    assert _has_colour(scatter, (31, 119, 180)) and _has_colour(scatter, (255, 127, 14))
+    problem_scatter = _pixels(_embedded_png(dom.stdout, "problem-scatter"))
+    assert _distinct_colours(problem_scatter) > 50
+    # the leaderboard is an HTML table (no image): its cells rendered with the computed numbers
+    assert re.search(r'<tr class="leaderboard-row">\s*<td class="l">other</td>', dom.stdout)
     console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
     assert not console_errors, console_errors
     # nothing tried to reach the network
@@ -249,3 +320,55 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def test_default_db_path() -> None:
     assert str(_store_cli.DEFAULT_DB) == os.path.join("kbv-results", "kbv.sqlite")
+
+
+# ----------------------------------------------------------------------------- pass@k, per-level labels, CI
+
+
+def _samples(label: str, problem: str, level: int, speedups: list[float | None]) -> list[Record]:
+    """One record per sample; a None speedup is an incorrect sample."""
+    return [
+        make_record(problem, f"{label}-{problem}-{i}", label=label, level=level,
+                    outcome="passed" if s is not None else "incorrect", speedup=s,
+                    path=f"/r/{label}/level_{level}_problem_{problem}_sample_{i}_kernel.py")
+        for i, s in enumerate(speedups)
+    ]
+
+
+def _row(html: str, table_id: str, first_cell: str) -> str:
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S)
+    assert table is not None, table_id
+    rows = [r for r in re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S) if f'<td class="l">{first_cell}</td>' in r]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_html_shows_pass_at_k_per_label_levels_and_speedup_interval(tmp_path: Path) -> None:
+    from kbv.report import write_html_report
+
+    records = (
+        _samples("m1", "1", 1, [2.0, None, None, None]) + _samples("m1", "2", 1, [None] * 4)
+        + _samples("m2", "1", 1, [3.0] * 4) + _samples("m2", "2", 1, [1.5] * 4)
+    )
+    html = write_html_report(records, tmp_path / "r.html").read_text()
+    head = re.search(r'<table id="leaderboard">\s*<thead>(.*?)</thead>', html, re.S)
+    assert head is not None
+    # four samples per problem: pass@1 and pass@2 (pass@5 needs five)
+    assert "<th>pass@1</th>" in head.group(1) and "<th>pass@2</th>" in head.group(1)
+    assert "pass@5" not in html
+    m1, m2 = _row(html, "leaderboard", "m1"), _row(html, "leaderboard", "m2")
+    # m1: problem 1 has 1 of 4 passing, problem 2 none: pass@1 = (1/4 + 0)/2, pass@2 = (1 - C(3,2)/C(4,2))/2
+    assert re.findall(r'<td class="pass-at-k">(.*?)</td>', m1) == ["12.5%", "25.0%"]
+    assert re.findall(r'<td class="pass-at-k">(.*?)</td>', m2) == ["100.0%", "100.0%"]
+    # correct speedup with its bootstrap interval over problems
+    assert '<td class="correct-speedup">2.00x<br><span class="ci">[2.00x, 2.00x]</span></td>' in m1
+    assert '<td class="correct-speedup">2.12x<br><span class="ci">[1.50x, 3.00x]</span></td>' in m2
+    # per-level table: one row per label at the same level, never mixed
+    level_m1, level_m2 = _row(html, "level-table", "m1"), _row(html, "level-table", "m2")
+    assert "<td>1</td><td>8</td><td>12.5%</td>" in level_m1
+    assert "<td>1</td><td>8</td><td>100.0%</td>" in level_m2
+    assert re.findall(r"<td>([\d.]+%)</td>", level_m1)[-2:] == ["12.5%", "25.0%"]
+
+
+def test_html_without_samples_shows_no_pass_at_k(html_report: Path) -> None:
+    assert "pass@" not in html_report.read_text()

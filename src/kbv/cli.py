@@ -195,9 +195,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kbv import batch
+    from kbv.pipeline import default_device
     from kbv.protocol import STANDARD, VERIFIED
     from kbv.report.terminal import render_comparison
-    from kbv.store import DEFAULT_DB, Store
+    from kbv.store import DEFAULT_DB, Store, record_key
 
     if bool(args.problems) != bool(args.candidates):
         raise UsageError("give both --problems and --candidates, or neither (to compare what --db holds)")
@@ -205,13 +206,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if not args.problems and not db.exists():
         raise UsageError(f"no database at {db}; give --problems and --candidates to evaluate first")
     db.parent.mkdir(parents=True, exist_ok=True)
+    # With --problems/--candidates only the records of this invocation's pairs are compared: the
+    # exact store keys (problem, candidate, protocol incl. timeout, device, versions) it evaluated
+    # or found already stored, never unrelated records the database happens to hold.
+    wanted: set[tuple[str, ...]] = set()
+    device, env = args.device, {}
+    if args.candidates:
+        device = device or default_device()
+        env = batch.probe_environment(device)
     with Store(db) as store:
         for directory in args.candidates:
             plan = batch.plan_batch(args.problems, directory)
             for protocol in (STANDARD, VERIFIED):
                 run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name, "timeout": args.timeout}, protocol.with_timeout(args.timeout))
-                batch.run_batch(plan.pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
+                batch.run_batch(plan.pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=args.timeout)
                 store.finish_run(run_id)
+                wanted.update(batch.store_key(problem, candidate, protocol, env, args.timeout) for problem, candidate in plan.pairs)
             for file, message in plan.problem_errors:
                 sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
             for file, message in plan.candidate_errors:
@@ -220,6 +230,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"kbv: candidate not evaluated: {file}: {why}\n")
         standard = store.records(protocol="standard", latest=True)
         verified = store.records(protocol="verified", latest=True)
+    if args.candidates:
+        standard = [r for r in standard if record_key(r) in wanted]
+        verified = [r for r in verified if record_key(r) in wanted]
     if not standard or not verified:
         raise UsageError(f"{db} needs records under both protocols to compare")
     render_comparison(standard, verified, Console())

@@ -247,6 +247,19 @@ def has_multiple_samples(records: Sequence[Record]) -> bool:
     return any(len(v) > 1 for v in seen.values())
 
 
+PASS_AT_KS = (1, 2, 5, 10, 20, 50, 100)
+"""The k a report shows pass@k for (those no larger than the most samples any problem has)."""
+
+
+def pass_at_k_table(records: Sequence[Record], ks: Sequence[int] = PASS_AT_KS) -> dict[int, float | None]:
+    """pass@k for each k in ``ks`` that some problem has at least k samples for, in order; empty
+    unless several samples per problem exist (:func:`has_multiple_samples`)."""
+    if not has_multiple_samples(records):
+        return {}
+    most = max(Counter(problem_id(r) for r in records).values())
+    return {k: pass_at_k(records, k) for k in ks if k <= most}
+
+
 # ----------------------------------------------------------------------------- breakdowns, intervals
 
 
@@ -315,6 +328,7 @@ def summarize(records: Sequence[Record], baseline: str | None = None, ci: bool =
         "hack_patterns": hack_patterns(records),
         "outcomes": outcome_counts(records),
         "pass_at_1": pass_at_k(records, 1) if has_multiple_samples(records) else None,
+        "pass_at_k": pass_at_k_table(records),
     }
     if ci:
         summary["correct_rate_ci"] = bootstrap_ci(records, correctness_rate)

@@ -1,6 +1,7 @@
 """The standard-versus-verified comparison: how much of a claimed speedup survives, and why not.
 
-Pairs are matched by (problem source sha, candidate source sha). Per label, the drop from the
+Pairs are matched by (problem source sha, candidate source sha, device name): a record from one
+device is never paired with a record from another. Per label, the drop from the
 standard protocol's comparable geomean to the verified protocol's is split into four factors that
 multiply to the total (each is a ratio of geometric means over the matched pairs, applied in
 this order, every failed pair counting 1.0):
@@ -38,11 +39,17 @@ REFERENCE_BASELINE = "eager_fp32"
 
 EFFECTS = ("integrity", "distribution", "timing_other", "baseline")
 
-PairKey = tuple[str, str]
+PairKey = tuple[str, str, str]
 
 
 def pair_key(record: Record) -> PairKey:
-    return (str(record.problem.get("source_sha256", "")), str(record.candidate.get("source_sha256", "")))
+    """(problem source sha, candidate source sha, device name): what makes a standard and a verified
+    record the same pair. The device is part of it, so a CPU record never meets a GPU one."""
+    return (
+        str(record.problem.get("source_sha256", "")),
+        str(record.candidate.get("source_sha256", "")),
+        str((record.device or {}).get("name", "")),
+    )
 
 
 def split_by_protocol(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
@@ -156,7 +163,8 @@ def _changed(std: Record, ver: Record) -> dict[str, Any]:
 
 
 def compare_protocols(standard_records: Sequence[Record], verified_records: Sequence[Record]) -> dict[str, Any]:
-    """Match records of the two protocols by (problem sha, candidate sha) and explain the difference.
+    """Match records of the two protocols by :func:`pair_key` (problem sha, candidate sha, device)
+    and explain the difference.
 
     Returns a plain dict::
 

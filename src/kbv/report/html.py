@@ -76,6 +76,7 @@ def _context(records: list[Record], title: str, sources: dict[str, str], plt: An
     standard, verified = split_by_protocol(records)
     comparison = compare_protocols(standard, verified) if standard and verified else None
     rows = leaderboard_rows(records, ci=True)
+    levels = _level_rows(records)
     return {
         "title": title,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -87,7 +88,9 @@ def _context(records: list[Record], title: str, sources: dict[str, str], plt: An
         "devices": sorted({str((r.device or {}).get("name", "?")) for r in records}),
         "leaderboard": rows,
         "fast_p_thresholds": metrics.FAST_P_THRESHOLDS,
-        "levels": _level_rows(records),
+        "levels": levels,
+        "pass_at_ks": _pass_at_ks(rows),
+        "level_pass_at_ks": _pass_at_ks(levels),
         "outcomes": metrics.outcome_counts(records),
         "hack_patterns": metrics.hack_patterns(records),
         "comparison": comparison,
@@ -98,12 +101,18 @@ def _context(records: list[Record], title: str, sources: dict[str, str], plt: An
 
 
 def _level_rows(records: list[Record]) -> list[dict[str, Any]]:
-    groups = metrics.group_by(records, lambda r: (protocol_name(r), metrics.level_of(r)))
+    """One row per (label, protocol, level): models are never mixed in one row."""
+    groups = metrics.group_by(records, lambda r: (metrics.label_of(r), protocol_name(r), metrics.level_of(r)))
     rows = [
-        {"protocol": protocol, "level": "-" if level is None else level, **metrics.summarize(group)}
-        for (protocol, level), group in groups.items()
+        {"label": label, "protocol": protocol, "level": "-" if level is None else level, **metrics.summarize(group)}
+        for (label, protocol, level), group in groups.items()
     ]
-    return sorted(rows, key=lambda r: (r["protocol"], str(r["level"])))
+    return sorted(rows, key=lambda r: (r["label"], r["protocol"], str(r["level"])))
+
+
+def _pass_at_ks(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The k that some row has pass@k for (empty when no group has several samples per problem)."""
+    return sorted({k for row in rows for k in row.get("pass_at_k", {})})
 
 
 # ----------------------------------------------------------------------------- figures
