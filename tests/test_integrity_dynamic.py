@@ -100,6 +100,17 @@ def test_timing_disagreement_corrects_the_speedup() -> None:
     assert speedup["best"] < 13.0  # corrected in place: 1 ms / ((400 - 5) ms / 5030 calls)
 
 
+def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -> None:
+    """Scheduling delays widen every bracket a little: the speedup is corrected (1 ms claimed, about
+    1.8 ms trusted), but a claim within LIE_FACTOR of the trusted figure is not called a hack."""
+    base = [_round(0.085, 1.0)] * 3
+    busy = [_round(0.110, 1.0)] * 3  # 30 ms of samples + 50 ms warm-up, bracketed at 110 ms
+    speedup = {"eager_fp32": 1.0, "best": 1.0}
+    findings = dynamic.check_timing_disagreement(_ctx(timing=_timing(busy, base), speedup=speedup))
+    assert [f.severity for f in findings] == ["warn"]
+    assert 0.4 < speedup["best"] < 1.0
+
+
 def test_timing_agreement_and_one_noisy_round_do_not_fire() -> None:
     base = [_round(0.085, 1.0)] * 3
     honest = [_round(0.086, 1.0), _round(0.200, 1.0), _round(0.084, 1.0)]  # one noise spike

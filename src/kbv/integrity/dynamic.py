@@ -41,6 +41,9 @@ PEAKS: dict[str, tuple[float, float]] = {
 }
 #: Unknown GPUs: more than any current part, so the floor is never too high.
 DEFAULT_GPU_PEAK = (2500e12, 10e12)
+#: timing_disagreement fails when the claimed speedup is more than this multiple of the one the
+#: parent's bracket supports; below it the speedup is corrected and the finding is a warning.
+LIE_FACTOR = 2.0
 #: Worker failures that end the evaluation (the pipeline records them as outcomes).
 _REFUSE = ("crashed", "timeout", "cuda_error")
 
@@ -559,7 +562,8 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     the baselines' own gap. When they disagree the speedup is corrected in place to the slow,
     trusted per-call figure. It fires only when every candidate round disagrees, with the largest
     baseline gap as the expected overhead, so it sees large lies only (about 2 ms + 10 % of a batch
-    beyond the baselines' own noise).""",
+    beyond the baselines' own noise); it fails when the claimed speedup was more than LIE_FACTOR (2)
+    times the trusted one, and warns otherwise (the speedup is corrected either way).""",
 )
 def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     session = ctx.session
@@ -585,8 +589,14 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     if not all(r["disagrees"] for r in results):
         return []
     worst = min(results, key=lambda r: r["gap_ms"])
+    claimed = (session.speedup or {}).get("best")
     corrected = _correct_speedup(session, worst["trusted_per_call_ms"])
-    return [_finding("timing_disagreement", f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected}")]
+    # The correction already takes any lie out of the speedup; the finding fails only when the claim
+    # was grossly inflated, so a busy machine's scheduling delays (which also widen the bracket)
+    # cost an honest candidate some speedup, not its verdict.
+    inflation = claimed / corrected["best"] if claimed and corrected.get("best") else None
+    severity = "fail" if inflation is None or inflation > LIE_FACTOR else "warn"
+    return [_finding("timing_disagreement", f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} (claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)", severity)]
 
 
 def _correct_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
