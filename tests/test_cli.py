@@ -266,3 +266,30 @@ def test_compare_reads_only_its_own_pairs_on_its_own_device(tmp_path: Path) -> N
     assert "no counterpart" not in again.stdout
     with Store(db) as store:
         assert len(store.records()) == 6  # the pairs were read back, not evaluated again
+
+
+def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`kbv demo` on one small pair: both protocols evaluated, the database and the HTML report
+    written and their paths printed; a record the reused database already held is left out."""
+    from conftest import FOUNDATION, RELU, ROOT
+
+    from kbv import demo
+    from kbv.api import evaluate_paths
+    from kbv.candidates import load_candidate
+    from kbv.cli import main
+    from kbv.problems import load_problem
+    from kbv.store import Store
+
+    db, html = tmp_path / "demo.sqlite", tmp_path / "demo.html"
+    fixtures = ROOT / "tests" / "fixtures"
+    unrelated = evaluate_paths(fixtures / "problems" / "tiny_matmul.py", fixtures / "candidates" / "honest" / "matmul_blocked.py", protocol="standard", device="cpu")
+    with Store(db) as store:
+        store.add_record(unrelated, label="elsewhere")
+    monkeypatch.setattr(demo, "demo_pairs", lambda device: [(load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py"))])
+    assert main(["demo", "--db", str(db), "--html", str(html), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert str(db.resolve()) in out and str(html.resolve()) in out
+    assert html.is_file() and "1_ReLU" in html.read_text() and "tiny_matmul" not in html.read_text()
+    assert "tiny_matmul" not in out
+    with Store(db) as store:
+        assert {r.protocol["name"] for r in store.records() if r.problem["name"] == "1_ReLU"} == {"standard", "verified"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kbv.batch import collect_pairs, run_batch
+from kbv.batch import collect_pairs, probe_environment, run_batch, store_key
 from kbv.pipeline import default_device
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 from kbv.protocol import STANDARD, VERIFIED
@@ -67,7 +67,7 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
 def run_demo(device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None) -> int:
     from kbv.report import write_html_report
     from kbv.report.terminal import render_comparison, render_summary
-    from kbv.store import Store
+    from kbv.store import Store, record_key
 
     device = device or default_device()
     db_path = Path(db or "kbv-results/demo.sqlite")
@@ -85,8 +85,11 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
             store.finish_run(run_id)
             for what, message in result.errors:
                 console.print(f"[red]harness error[/red] {what}: {message}")
-        standard = store.records(protocol="standard", latest=True)
-        verified = store.records(protocol="verified", latest=True)
+        # Only this demo's pairs, on this device and these versions: a reused database may hold more.
+        env = probe_environment(device)
+        wanted = {store_key(problem, candidate, protocol, env, timeout) for problem, candidate in pairs for protocol in (STANDARD, VERIFIED)}
+        standard = [r for r in store.records(protocol="standard", latest=True) if record_key(r) in wanted]
+        verified = [r for r in store.records(protocol="verified", latest=True) if record_key(r) in wanted]
         render_summary(verified, console)
         render_comparison(standard, verified, console)
         write_html_report(standard + verified, html_path, title="kbv demo: standard versus verified")
