@@ -261,6 +261,8 @@ def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(tmp_path: Path, mo
         again = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)
         assert (len(first.records), first.skipped) == (3, 0)
         assert (len(again.records), again.skipped) == (0, 3)
+        forced = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate, force=True)
+        assert (len(forced.records), forced.skipped) == (3, 0)  # --force evaluates stored pairs again
         # The executor path uses the same keys: it resumes what the sequential path stored, and a
         # pair whose evaluation died twice (crashed) counts as finished work too.
         monkeypatch.setenv("KBV_TEST_KILL_TANH", "1")
