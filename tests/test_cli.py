@@ -133,14 +133,19 @@ def test_resume_picks_the_interrupted_run_its_flags_name(tmp_path: Path) -> None
         assert _run_to_resume(store, {"candidates": str(tmp_path / "e")}) is None  # finished: nothing to resume
 
 
-def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
+def _compare_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A one-problem tree (problems/level1/1_ReLU.py), a model directory with a ReLU shortcut, a db path."""
     problems = tmp_path / "problems" / "level1"
     problems.mkdir(parents=True)
     shutil.copy(RELU, problems / "1_ReLU.py")
     model = tmp_path / "model-b"
     model.mkdir()
     shutil.copy(FOUNDATION.parent / "verified" / "relu_identity.py", model / "1_ReLU.py")
-    db = tmp_path / "cmp.sqlite"
+    return problems, model, tmp_path / "cmp.sqlite"
+
+
+def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
+    problems, model, db = _compare_tree(tmp_path)
     done = kbv("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
     assert done.returncode == 0, done.stderr
     assert "model-b" in done.stdout and "passed" in done.stdout and "incorrect" in done.stdout
@@ -234,13 +239,7 @@ def test_compare_reads_only_its_own_pairs_on_its_own_device(tmp_path: Path) -> N
 
     from kbv.store import Store
 
-    problems = tmp_path / "problems" / "level1"
-    problems.mkdir(parents=True)
-    shutil.copy(RELU, problems / "1_ReLU.py")
-    model = tmp_path / "model-b"
-    model.mkdir()
-    shutil.copy(FOUNDATION.parent / "verified" / "relu_identity.py", model / "1_ReLU.py")
-    db = tmp_path / "cmp.sqlite"
+    problems, model, db = _compare_tree(tmp_path)
     args = ("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
     first = kbv(*args)
     assert first.returncode == 0, first.stderr
