@@ -33,6 +33,8 @@ class BatchResult:
     records: list[Record] = field(default_factory=list)
     skipped: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
+    # What the workers reported (device name, torch): the environment half of every store key.
+    env: dict[str, Any] = field(default_factory=dict)
 
     def keep(self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None) -> None:
         """Store a finished record at once (a later crash of the batch cannot lose it)."""
@@ -84,7 +86,7 @@ def run_batch(
     protocol = protocol.with_timeout(timeout_s)  # what the records will carry, so what the keys hash
     pairs = list(pairs)
     env = probe_environment(device) if store is not None else {}
-    result = BatchResult()
+    result = BatchResult(env=env)
     with progress_bar(console) as progress:
         task = progress.add_task("evaluating", total=len(pairs))
         for problem, candidate in pairs:
@@ -230,10 +232,6 @@ class RunArgumentsError(ValueError):
     """``kbv run`` cannot start: nothing to resume, no pair to evaluate (the CLI exits 2 with the message)."""
 
 
-def _usage_error(message: str) -> Exception:
-    return RunArgumentsError(message)
-
-
 def _print_left_out(plan: BatchPlan, result: BatchResult, console: Console, limit: int = 10) -> None:
     for file, message in plan.problem_errors:
         console.print(f"[red]problem not usable[/red] {escape(file)}: {escape(message)}", highlight=False, soft_wrap=True)
@@ -260,29 +258,29 @@ def run_command(args: argparse.Namespace) -> int:
     explicit = _explicit(args)
     if args.resume and not db.exists():
         if "problems" not in explicit or "candidates" not in explicit:
-            raise _usage_error(f"no database at {db} to resume from; pass the interrupted run's --db")
+            raise RunArgumentsError(f"no database at {db} to resume from; pass the interrupted run's --db")
     elif not args.resume and ("problems" not in explicit or "candidates" not in explicit):
-        raise _usage_error("kbv run needs --problems and --candidates (or --resume to continue an interrupted run)")
+        raise RunArgumentsError("kbv run needs --problems and --candidates (or --resume to continue an interrupted run)")
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
         previous = _run_to_resume(store, explicit) if args.resume else None
         if args.resume and previous is None:
             if "problems" not in explicit or "candidates" not in explicit:
                 given = " ".join(f"{_FLAG[name]} {value}" for name, value in explicit.items())
-                raise _usage_error(f"no interrupted kbv run in {db}" + (f" matches {given}" if given else "") + "; nothing to resume (give --problems and --candidates to start a run)")
+                raise RunArgumentsError(f"no interrupted kbv run in {db}" + (f" matches {given}" if given else "") + "; nothing to resume (give --problems and --candidates to start a run)")
             console.print(f"no interrupted run with these arguments in {escape(str(db))}; starting a new run (pairs already stored are skipped)", highlight=False, soft_wrap=True)
         saved = _saved(previous) if previous else {}
         settings = {name: explicit.get(name, saved.get(name)) for name in RUN_IDENTITY}
         problems_path, candidates_dir = settings["problems"], settings["candidates"]
         if not problems_path or not candidates_dir:
-            raise _usage_error(f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them")
+            raise RunArgumentsError(f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them")
         protocol_name = settings["protocol"] or "verified"
         timeout = settings["timeout"]
         label = settings["label"] or ""
         protocol = load_protocol(protocol_name)
         plan = plan_batch(problems_path, candidates_dir, label=label)
         if not plan.pairs:
-            raise _usage_error(plan.empty_reason(problems_path, candidates_dir))
+            raise RunArgumentsError(plan.empty_reason(problems_path, candidates_dir))
         device = args.device or (previous["args"].get("device") if previous else None)
         if previous:
             console.print(f"resuming run {previous['id']} (started {previous['started_at']}): {escape(problems_path)} x {escape(candidates_dir)}, protocol {escape(protocol_name)}, timeout {timeout or 'default'}", highlight=False, soft_wrap=True)

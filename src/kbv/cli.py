@@ -195,7 +195,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kbv import batch
-    from kbv.pipeline import default_device
     from kbv.protocol import STANDARD, VERIFIED
     from kbv.report.terminal import render_comparison
     from kbv.store import DEFAULT_DB, Store, record_key
@@ -210,18 +209,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     # exact store keys (problem, candidate, protocol incl. timeout, device, versions) it evaluated
     # or found already stored, never unrelated records the database happens to hold.
     wanted: set[tuple[str, ...]] = set()
-    device, env = args.device, {}
-    if args.candidates:
-        device = device or default_device()
-        env = batch.probe_environment(device)
     with Store(db) as store:
         for directory in args.candidates:
             plan = batch.plan_batch(args.problems, directory)
             for protocol in (STANDARD, VERIFIED):
                 run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name, "timeout": args.timeout}, protocol.with_timeout(args.timeout))
-                batch.run_batch(plan.pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=args.timeout)
+                result = batch.run_batch(plan.pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
                 store.finish_run(run_id)
-                wanted.update(batch.store_key(problem, candidate, protocol, env, args.timeout) for problem, candidate in plan.pairs)
+                wanted.update(batch.store_key(problem, candidate, protocol, result.env, args.timeout) for problem, candidate in plan.pairs)
             for file, message in plan.problem_errors:
                 sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
             for file, message in plan.candidate_errors:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kbv.batch import collect_pairs, probe_environment, run_batch, store_key
+from kbv.batch import collect_pairs, run_batch, store_key
 from kbv.pipeline import default_device
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 from kbv.protocol import STANDARD, VERIFIED
@@ -78,6 +78,7 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
     timeout = timeout_s or (None if device.startswith("cuda") else CPU_TIMEOUT_S)
     console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
     _prebuild([candidate for _, candidate in pairs], device, console)
+    wanted: set[tuple[str, ...]] = set()
     with Store(db_path) as store:
         for protocol in (STANDARD, VERIFIED):
             run_id = store.start_run("demo", {"device": device, "protocol": protocol.name, "timeout": timeout}, protocol.with_timeout(timeout))
@@ -85,9 +86,8 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
             store.finish_run(run_id)
             for what, message in result.errors:
                 console.print(f"[red]harness error[/red] {what}: {message}")
-        # Only this demo's pairs, on this device and these versions: a reused database may hold more.
-        env = probe_environment(device)
-        wanted = {store_key(problem, candidate, protocol, env, timeout) for problem, candidate in pairs for protocol in (STANDARD, VERIFIED)}
+            # Only this demo's pairs, on this device and these versions: a reused database may hold more.
+            wanted.update(store_key(problem, candidate, protocol, result.env, timeout) for problem, candidate in pairs)
         standard = [r for r in store.records(protocol="standard", latest=True) if record_key(r) in wanted]
         verified = [r for r in store.records(protocol="verified", latest=True) if record_key(r) in wanted]
         render_summary(verified, console)

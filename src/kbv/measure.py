@@ -214,11 +214,7 @@ def _judge_kept(ctx: MeasureContext, kept: list[dict[str, Any]]) -> dict[str, An
 
 def _kept_types(reply: Any) -> dict[int, list[str]]:
     """The output type names per kept call from the worker's reply, ``[[call index, [names]], ...]``."""
-    found: dict[int, list[str]] = {}
-    for item in reply if isinstance(reply, list) else []:
-        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], list):
-            found.setdefault(item[0], [str(t) for t in item[1]])
-    return found
+    return {i: [str(t) for t in names] for i, names in _by_call(reply).items()}
 
 
 def _load_kept(path: str, device: str) -> dict[int, list[Any]]:
@@ -229,10 +225,13 @@ def _load_kept(path: str, device: str) -> dict[int, list[Any]]:
         return {}
     finally:
         discard(path)
-    if not isinstance(loaded, list):
-        return {}
+    return _by_call(loaded)
+
+
+def _by_call(items: Any) -> dict[int, list[Any]]:
+    """``[[call index, [values]], ...]`` from a worker, as {index: values}; malformed entries are dropped."""
     found: dict[int, list[Any]] = {}
-    for item in loaded:
+    for item in items if isinstance(items, list) else []:
         if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], list):
             found.setdefault(int(item[0]), item[1])
     return found

@@ -111,8 +111,7 @@ def evaluate(
             if ctx.protocol.integrity.dynamic:
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
             else:
-                ctx.findings.extend(_transient_findings(ctx))
-                ctx.findings.extend(_timed_call_findings(ctx, timing))
+                ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
             return _failure_record(ctx, ref_hello, failure)
     outcome = decide_outcome(correct, ctx.findings)
@@ -159,20 +158,14 @@ class Session:
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
 
 
-def _transient_findings(ctx: _Context) -> list[Finding]:
-    """Without the dynamic checks, the re-run draws are still reported (at the protocol's severity)."""
+def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
+    """Without the dynamic checks, what needs no probe still counts (at the protocol's severity):
+    draws whose failure did not repeat, and wrong outputs of the real timed calls."""
     from kbv import integrity
     from kbv.integrity import dynamic
 
-    return integrity.apply_severity(dynamic.transient_findings(ctx.transients), ctx.protocol.integrity)
-
-
-def _timed_call_findings(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
-    """Without the dynamic checks, wrong outputs of the real timed calls still count (protocol severity)."""
-    from kbv import integrity
-    from kbv.integrity import dynamic
-
-    return integrity.apply_severity(dynamic.timed_call_findings(timing), ctx.protocol.integrity)
+    found = dynamic.transient_findings(ctx.transients) + dynamic.timed_call_findings(timing)
+    return integrity.apply_severity(found, ctx.protocol.integrity)
 
 
 def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct: bool, timing: dict[str, Any], speedup: dict[str, Any]) -> None:

@@ -201,7 +201,7 @@ def run_pairs(
     pairs = list(pairs)
     env = executor.probe() if store is not None else {}
     executor.device_name = env.get("device_name", executor.device_name)
-    result = BatchResult()
+    result = BatchResult(env=env)
 
     def key(problem: Problem, candidate: Candidate) -> tuple[str, ...]:
         return store_key(problem, candidate, protocol, env)  # the same key as run_batch: either resumes the other
