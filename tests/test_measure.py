@@ -97,9 +97,16 @@ class _FakeWorker:
         if op == "time":
             return {"measurement": {"recipe": "r", "device_ms": self.device_ms, "wall_ms": list(self.device_ms), "warmup_calls": 3}}
         if op == "timed_outputs":
-            torch.save([[i, outs] for i, outs in self.kept.items()], fields["out_path"])
-            return {"kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()]}
+            flat = [o for outs in self.kept.values() for o in outs]
+            torch.save(flat, fields["out_path"])
+            return {"kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()],
+                    "outputs": {"transport": "file", "path": fields["out_path"], "count": len(flat)}}
         return {}
+
+    def receive_outputs(self, description):
+        from kbv.worker._handoff import receive
+
+        return receive(description, "cpu")
 
 
 def _mctx(**extra) -> measure.MeasureContext:
@@ -122,7 +129,7 @@ def test_an_impossible_baseline_sample_is_a_harness_error(tmp_path: Path) -> Non
 
 
 def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Path) -> None:
-    """Calls 1 and 3 (the last) are kept; call 1 used input set 1, call 3 input set 1 as well."""
+    """The secret picks and the last call (3) are kept; call i used input set i % 2."""
     right, wrong = torch.ones(2), torch.zeros(2)
     asked: list[tuple[str, int]] = []
 
@@ -135,28 +142,50 @@ def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Pat
         return {"passed": ok, "max_abs_err": 0.0 if ok else 1.0, "note": ""}
 
     ctx = _mctx(keep_seed=7, reference_outputs=reference_outputs, judge=judge)
-    worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept={1: [right], 3: [wrong]})
-    batch = measure._timed_batch(worker, ctx, "native", keep_calls=[1])
-    kept = measure._fetch_kept(worker, [1], batch)
-    assert kept["expected"] == [1, 3]
-    result = measure._judge_kept(ctx, [kept])
-    assert result["checked"] == 2 and [w["call"] for w in result["wrong"]] == [3]
-    assert asked == [("original", 22)]  # one reference run per timing input set
-    assert worker.requests[0] == ("time", {**worker.requests[0][1], "keep_calls": [1]})  # the secret picks travel with the batch
+    plan = measure._KeepPlan(ctx)
+    calls = plan.calls(0)
+    assert calls is not None and len(calls) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 4 for i in calls)
+    kept = {i: [right] for i in calls if i != 3}
+    kept[3] = [wrong]
+    worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept=kept)
+    batch = measure._timed_batch(worker, ctx, "native", keep_calls=calls)
+    assert worker.requests[0] == ("time", {**worker.requests[0][1], "keep_calls": calls})  # the secret picks travel with the batch
+    plan.judge(0, worker, batch)
+    result = plan.sampled_summary()
+    assert result["checked"] == len(set(calls) | {3}) and [w["call"] for w in result["wrong"]] == [3]
+    assert sorted(set(asked)) == sorted({("original", [11, 22][i % 2]) for i in set(calls) | {3}})
+    assert len(asked) == len(set(asked))  # one reference run per timing input set
+    missing_plan = measure._KeepPlan(ctx)
+    calls = missing_plan.calls(0)
     missing = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept={3: [right]})
-    batch = measure._timed_batch(missing, ctx, "native", keep_calls=[1])
-    result = measure._judge_kept(ctx, [measure._fetch_kept(missing, [1], batch)])
-    assert [(w["call"], w["note"]) for w in result["wrong"]] == [(1, "the worker did not hand over this call's outputs")]
+    missing_plan.judge(0, missing, measure._timed_batch(missing, ctx, "native", keep_calls=calls))
+    notes = {(w["call"], w["note"]) for w in missing_plan.sampled_summary()["wrong"]}
+    assert notes == {(i, "the worker did not hand over this call's outputs") for i in calls if i != 3}
 
 
-def test_secret_call_picks_differ_between_batches_and_stay_in_range() -> None:
-    import random
+def test_secret_call_picks_differ_between_batches_and_one_secret_round_is_kept_whole() -> None:
+    right = torch.ones(2)
+    ctx = _mctx(keep_seed=123, reference_outputs=lambda d, s: {"reference": {"outputs": [right]}},
+                judge=lambda got, exp: {"passed": True}, check_round=True)
+    ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=3)
+    plan = measure._KeepPlan(ctx)
+    picks = [plan.calls(r) for r in range(3)]
+    assert plan.full_round in (0, 1, 2) and picks[plan.full_round] == list(range(30))  # a 2-element output fits
+    sampled = [plan.sampled[r] for r in range(3)]
+    assert all(len(p) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 30 for i in p) for p in sampled)
+    assert len({tuple(p) for p in sampled}) > 1
+    other = measure._KeepPlan(_mctx(keep_seed=124, reference_outputs=ctx.reference_outputs, judge=ctx.judge, check_round=True))
+    assert other.calls(0) is not None
 
-    picker = random.Random(123)
-    picks = [measure._pick_calls(picker, 30) for _ in range(3)]
-    assert all(len(p) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 30 for i in p) for p in picks)
-    assert len({tuple(p) for p in picks}) > 1
-    assert measure._pick_calls(random.Random(1), 1) == [0]
+
+def test_a_round_of_large_outputs_keeps_only_what_fits_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "ROUND_KEEP_BYTES", 3 * 8)  # three outputs of two float32 values
+    ctx = _mctx(keep_seed=5, reference_outputs=lambda d, s: {"reference": {"outputs": [torch.ones(2)]}},
+                judge=lambda got, exp: {"passed": True}, check_round=True)
+    ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=1)
+    plan = measure._KeepPlan(ctx)
+    plan.calls(0)
+    assert plan.full_round == 0 and len(plan.round_calls) == 3
 
 
 def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyPatch) -> None:

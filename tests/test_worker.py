@@ -44,10 +44,10 @@ def test_worker_runs_a_model_and_returns_outputs_through_files() -> None:
         out = worker.new_path("out")
         reply = worker.request("run", distribution="original", seed=3, precision="native", out_path=out)
         assert reply["types"] == ["torch.Tensor"]
-        import torch
-
-        (y,) = torch.load(out, weights_only=True)
+        assert reply["outputs"] == {"transport": "file", "path": out, "count": 1}
+        (y,) = worker.receive_outputs(reply["outputs"])
         assert y.shape == (2, 8) and bool((y >= 0).all())
+        assert not Path(out).exists()  # read once, then deleted
 
 
 def test_secrets_in_parent_environment_never_reach_the_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +134,7 @@ def test_reference_worker_refuses_to_redraw_for_candidates() -> None:
 def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:
     import pickle
 
-    from kbv.pipeline import _load_tensors
+    from kbv.worker._handoff import HandoffError, receive
 
     class Evil:
         def __reduce__(self):
@@ -142,9 +142,10 @@ def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> 
 
     path = tmp_path / "out.pt"
     path.write_bytes(pickle.dumps([Evil()]))
-    with pytest.raises(WorkerFailed):
-        _load_tensors(str(path))
+    with pytest.raises(HandoffError):
+        receive({"transport": "file", "path": str(path), "count": 1}, "cpu")
     assert not (tmp_path / "pwned").exists()
+    assert not path.exists()  # read once, then deleted
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux-only")

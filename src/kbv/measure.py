@@ -32,7 +32,7 @@ from kbv import telemetry
 from kbv import timing as kbv_timing
 from kbv._version import __version__
 from kbv.protocol import TimingSettings
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, discard, visible_devices
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
 BASELINE_TIMEOUT_S = 1800.0
@@ -40,6 +40,9 @@ BASELINE_TIMEOUT_S = 1800.0
 EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
 #: Secret call indices per candidate batch whose outputs are kept and judged (plus the batch's last call).
 KEPT_CALLS_PER_BATCH = 2
+#: Bytes of one round's timed-call outputs kept on the device for ``timed_output_check`` (a round of
+#: larger outputs keeps fewer calls, chosen in secret).
+ROUND_KEEP_BYTES = 2 << 30
 
 
 class MeasureContext:
@@ -47,10 +50,13 @@ class MeasureContext:
 
     def __init__(self, *, problem: Any, device: str, settings: TimingSettings, seeds: list[int], init_seed: int, device_info: dict[str, Any], torch_version: str, load_fields: dict[str, Any],
                  keep_seed: int | None = None, reference_outputs: Callable[[str, int], dict[str, Any]] | None = None,
-                 judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
+                 build: Callable[[], None] | None = None, check_round: bool = False) -> None:
         """``keep_seed`` (secret, derived from the evaluation's master seed) picks the timed calls whose
         outputs are judged with ``judge(got, reference_outputs(distribution, seed))``, the pipeline's
-        own operations; without all three the timed outputs are not checked."""
+        own operations; without all three the timed outputs are not checked. ``build`` builds both
+        models with the timing parameters; ``check_round`` also keeps every call of one secret round
+        (as many as fit in :data:`ROUND_KEEP_BYTES`) for ``timed_output_check``."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -62,6 +68,8 @@ class MeasureContext:
         self.keep_seed = keep_seed
         self.reference_outputs = reference_outputs
         self.judge = judge
+        self.build = build
+        self.check_round = check_round
 
     @property
     def checks_timed_outputs(self) -> bool:
@@ -71,28 +79,32 @@ class MeasureContext:
 def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (timing, speedup). Baselines come from the cache when their key matches."""
     settings = ctx.settings
-    reference.request("build", init_seed=ctx.init_seed)
-    subject.request("build", init_seed=ctx.init_seed)
+    if ctx.build is not None:
+        ctx.build()
+    else:
+        reference.request("build", init_seed=ctx.init_seed)
+        subject.request("build", init_seed=ctx.init_seed)
     cached = {name: _cache_read(ctx, name) for name in settings.baselines if name in BASELINE_PRECISION}
     cache_checks = _check_cached(ctx, reference, cached)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
-    picker = random.Random(ctx.keep_seed) if ctx.checks_timed_outputs else None
-    kept: list[dict[str, Any]] = []
+    plan = _KeepPlan(ctx)
     baseline_started = time.monotonic()
     baseline_seconds = 0.0
     try:
-        for _ in range(max(1, settings.rounds)):
+        for r in range(max(1, settings.rounds)):
+            keep_calls = plan.calls(r)
             for name in to_measure:
                 worker = compile_worker if name == "compile" else reference
                 assert worker is not None
-                rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name]))
+                # A baseline copies as many outputs as the candidate will (and drops them), so the
+                # copies cost both sides alike in the parent's bracket.
+                rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name], keep_calls=keep_calls, discard=True))
                 baseline_seconds += rounds[name][-1]["parent_bracket_s"]
-            keep_calls = _pick_calls(picker, settings.repeats) if picker is not None else None
             rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
             if keep_calls is not None:
-                kept.append(_fetch_kept(subject, keep_calls, rounds["candidate"][-1]))
+                plan.judge(r, subject, rounds["candidate"][-1])
     finally:
         if compile_worker is not None:
             compile_worker.close()
@@ -115,12 +127,93 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
     }
     speedup, timing["speedup_intervals"] = speedups(timing, settings)
     if ctx.checks_timed_outputs:
-        timing["timed_outputs"] = checked = _judge_kept(ctx, kept)
+        timing["timed_outputs"] = checked = plan.sampled_summary()
+        if ctx.check_round:
+            timing["timed_round"] = plan.round_summary()
         if checked["wrong"]:  # a speedup measured on wrong outputs is no speedup
             speedup = {name: None for name in speedup}
             timing["speedup_intervals"] = {}
             timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     return timing, speedup
+
+
+class _KeepPlan:
+    """Which timed calls' outputs are kept and judged, and the verdicts.
+
+    Every candidate batch keeps a few secret call indices and its last call (``timed_call_outputs``);
+    with ``check_round`` one secret round keeps every call, or as many as fit in
+    :data:`ROUND_KEEP_BYTES`, chosen in secret (``timed_output_check``). The outputs are handed over
+    once the parent's bracket of the batch closed and judged at once, batch by batch, so the parent
+    never holds more than one batch of them."""
+
+    def __init__(self, ctx: MeasureContext) -> None:
+        self.ctx = ctx
+        self.picker = random.Random(ctx.keep_seed) if ctx.checks_timed_outputs else None
+        rounds = max(1, ctx.settings.rounds)
+        self.full_round = self.picker.randrange(rounds) if self.picker is not None and ctx.check_round else None
+        self.sampled: dict[int, list[int]] = {}
+        self.round_calls: list[int] = []
+        self.expected: dict[int, dict[str, Any]] = {}
+        self.checked, self.wrong = 0, list[dict[str, Any]]()  # sampled calls and the last call of each batch
+        self.round_checked, self.round_wrong = 0, list[dict[str, Any]]()  # every kept call of the full round
+
+    def calls(self, r: int) -> list[int] | None:
+        if self.picker is None:
+            return None
+        repeats = self.ctx.settings.repeats
+        sampled = sorted(self.picker.sample(range(repeats), min(KEPT_CALLS_PER_BATCH, repeats)))
+        self.sampled[r] = sampled
+        if r != self.full_round:
+            return sampled
+        room = max(1, ROUND_KEEP_BYTES // max(1, self._output_bytes()))
+        self.round_calls = sorted(self.picker.sample(range(repeats), min(repeats, room)))
+        return sorted(set(sampled) | set(self.round_calls))
+
+    def _output_bytes(self) -> int:
+        outputs = self._expected(0)["reference"]["outputs"]
+        return sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
+
+    def _expected(self, input_set: int) -> dict[str, Any]:
+        assert self.ctx.reference_outputs is not None
+        input_set %= len(self.ctx.seeds)
+        if input_set not in self.expected:
+            self.expected[input_set] = self.ctx.reference_outputs("original", self.ctx.seeds[input_set])
+        return self.expected[input_set]
+
+    def judge(self, r: int, worker: Worker, measurement: dict[str, Any]) -> None:
+        """Fetch the batch's kept outputs (after the bracket closed) and judge each one."""
+        assert self.ctx.judge is not None
+        n = len(measurement["device_ms"])
+        outputs, types = _fetch_kept(worker)
+        for i in sorted(set(self.sampled[r]) | (set(self.round_calls) if r == self.full_round else set()) | {n - 1}):
+            if i >= n:
+                continue
+            verdict = self._verdict(i, outputs, types)
+            entry = None if verdict.get("passed") else {"round": r, "call": i, "input_set": i % len(self.ctx.seeds),
+                                                        "max_abs_err": verdict.get("max_abs_err"), "note": verdict.get("note") or ""}
+            if i in self.sampled[r] or i == n - 1:
+                self.checked += 1
+                if entry:
+                    self.wrong.append(entry)
+            if r == self.full_round and i in self.round_calls:
+                self.round_checked += 1
+                if entry:
+                    self.round_wrong.append(entry)
+
+    def _verdict(self, i: int, outputs: dict[int, list[Any]], types: dict[int, list[str]]) -> dict[str, Any]:
+        assert self.ctx.judge is not None
+        if i not in outputs or i not in types:
+            return {"passed": False, "note": "the worker did not hand over this call's outputs"}
+        return self.ctx.judge({"outputs": outputs[i], "types": types[i]}, self._expected(i))
+
+    def sampled_summary(self) -> dict[str, Any]:
+        return {"checked": self.checked, "wrong": self.wrong, "per_batch": KEPT_CALLS_PER_BATCH,
+                "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw"}
+
+    def round_summary(self) -> dict[str, Any]:
+        return {"round": self.full_round, "checked": self.round_checked, "wrong": self.round_wrong,
+                "of": self.ctx.settings.repeats, "budget_bytes": ROUND_KEEP_BYTES,
+                "method": "every call of one secret timing round (as many as fit the budget, chosen in secret), judged like a correctness draw"}
 
 
 #: A cached baseline is used only while a fresh batch measured now has its median inside the cached
@@ -150,12 +243,12 @@ def _check_cached(ctx: MeasureContext, reference: Worker, cached: dict[str, dict
     return checks
 
 
-def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None) -> dict[str, Any]:
+def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None, discard: bool = False) -> dict[str, Any]:
     """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
     checked before anything uses them: impossible ones are the worker's failure (for the candidate,
     a ``runtime_error`` outcome), never an exception inside the statistics."""
     before = telemetry.gpu_state(ctx.device)
-    extra = {"keep_calls": keep_calls} if keep_calls is not None else {}
+    extra: dict[str, Any] = {"keep_calls": keep_calls, "discard_kept": discard} if keep_calls is not None else {}
     started = time.monotonic()
     reply = worker.request("time", distribution="original", seeds=ctx.seeds, precision=precision, settings=_settings_dict(ctx.settings), **extra)
     bracket_s = time.monotonic() - started
@@ -176,56 +269,20 @@ def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls
     return measurement
 
 
-def _pick_calls(picker: random.Random, repeats: int) -> list[int]:
-    """Secret timed-call indices for one batch; the worker adds the batch's last call itself."""
-    return sorted(picker.sample(range(repeats), min(KEPT_CALLS_PER_BATCH, repeats)))
-
-
-def _fetch_kept(worker: Worker, keep_calls: list[int], measurement: dict[str, Any]) -> dict[str, Any]:
-    """Ask the worker (after the bracket closed) to write the outputs it kept; note what must be there."""
-    n = len(measurement["device_ms"])
-    path = worker.new_path("timed-kept")
-    reply = worker.request("timed_outputs", out_path=path)
-    expected = sorted({i for i in keep_calls if i < n} | {n - 1})
-    return {"path": path, "types": reply.get("kept") or [], "expected": expected}
-
-
-def _judge_kept(ctx: MeasureContext, kept: list[dict[str, Any]]) -> dict[str, Any]:
-    """Judge every kept timed output against the reference on the same timing input set."""
-    assert ctx.reference_outputs is not None and ctx.judge is not None
-    expected_by_seed: dict[int, dict[str, Any]] = {}
-    checked, wrong = 0, []
-    for r, batch in enumerate(kept):
-        outputs = _load_kept(batch["path"], ctx.device)
-        types = _kept_types(batch["types"])
-        for i in batch["expected"]:
-            checked += 1
-            seed = ctx.seeds[i % len(ctx.seeds)]
-            if i not in outputs or i not in types:
-                wrong.append({"round": r, "call": i, "input_set": i % len(ctx.seeds), "note": "the worker did not hand over this call's outputs"})
-                continue
-            if seed not in expected_by_seed:
-                expected_by_seed[seed] = ctx.reference_outputs("original", seed)
-            verdict = ctx.judge({"outputs": outputs[i], "types": types[i]}, expected_by_seed[seed])
-            if not verdict.get("passed"):
-                wrong.append({"round": r, "call": i, "input_set": i % len(ctx.seeds), "max_abs_err": verdict.get("max_abs_err"), "note": verdict.get("note") or ""})
-    return {"checked": checked, "wrong": wrong, "per_batch": KEPT_CALLS_PER_BATCH, "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw"}
-
-
-def _kept_types(reply: Any) -> dict[int, list[str]]:
-    """The output type names per kept call from the worker's reply, ``[[call index, [names]], ...]``."""
-    return {i: [str(t) for t in names] for i, names in _by_call(reply).items()}
-
-
-def _load_kept(path: str, device: str) -> dict[int, list[Any]]:
-    """The worker's file of kept outputs, ``[[call index, [outputs]], ...]``; anything else is empty."""
-    try:
-        loaded = torch.load(path, map_location=device, weights_only=True)
-    except Exception:  # written by a hostile worker: whatever is unreadable counts as not handed over
-        return {}
-    finally:
-        discard(path)
-    return _by_call(loaded)
+def _fetch_kept(worker: Worker) -> tuple[dict[int, list[Any]], dict[int, list[str]]]:
+    """The outputs the worker kept in its last batch, as the parent's own copies, by call index,
+    and their type names. Malformed entries are dropped (they count as not handed over)."""
+    reply = worker.request("timed_outputs", out_path=worker.new_path("timed-kept"))
+    kept = _by_call(reply.get("kept"))
+    flat = worker.receive_outputs(reply.get("outputs"))
+    outputs: dict[int, list[Any]] = {}
+    position = 0
+    for index, names in kept.items():
+        outputs[index] = flat[position : position + len(names)]
+        position += len(names)
+    if position != len(flat):
+        return {}, {}
+    return outputs, {i: [str(t) for t in names] for i, names in kept.items()}
 
 
 def _by_call(items: Any) -> dict[int, list[Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, discard, visible_devices, worker_device
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -64,6 +65,53 @@ class _Seeds:
         return STANDARD_SEED + 1000 + k if self.fixed else inputs.derive_seed(self.master, "timing", k)
 
 
+class ExpectedCache:
+    """Reference outputs per (parameters, distribution, seed): the inputs, the realistic baseline's
+    outputs and the float64 truth of a draw are computed once per evaluation and reused by every
+    check that needs them. Bounded in bytes (least recently used out first); never shared between
+    evaluations, since they depend on the evaluation's secret seeds."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry[0]
+
+    def put(self, key: tuple[Any, ...], value: dict[str, Any]) -> None:
+        size = _nbytes(value)
+        if size > self.budget_bytes:
+            return
+        old = self._entries.pop(key, None)
+        self._bytes += size - (old[1] if old else 0)
+        self._entries[key] = (value, size)
+        while self._bytes > self.budget_bytes and self._entries:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+
+def _nbytes(expected: dict[str, Any]) -> int:
+    seen: dict[int, int] = {}
+    for part in expected.values():
+        for t in part.get("outputs") or []:
+            if isinstance(t, torch.Tensor):
+                seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+#: Bytes of reference outputs an evaluation keeps for reuse (on the evaluation's device).
+EXPECTED_CACHE_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
+
+
 @dataclass
 class _Context:
     problem: Problem
@@ -76,6 +124,12 @@ class _Context:
     parameters_mode: str = "matched_seed"
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
     transients: list[dict[str, Any]] = field(default_factory=list)
+    # The models' parameters right now (which build/redraw), so reference outputs are reused only
+    # for the parameters they were computed with.
+    state_key: tuple[Any, ...] = ()
+    expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
+    # The input distribution each protocol distribution really ran (a domain fallback, or itself).
+    variants: dict[str, str] = field(default_factory=dict)
 
 
 def evaluate(
@@ -92,7 +146,8 @@ def evaluate(
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
     seeds = _Seeds(master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()), fixed=fixed)
-    ctx = _Context(problem, candidate, protocol, device, seeds, )
+    ctx = _Context(problem, candidate, protocol, device, seeds)
+    ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     ctx.findings.extend(_static_findings(ctx))
     reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S))
     subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s))
@@ -141,7 +196,11 @@ def _static_findings(ctx: _Context) -> list[Finding]:
 
 @dataclass
 class Session:
-    """What dynamic integrity checks get: both workers and the parent's trusted operations."""
+    """What dynamic integrity checks get: both workers and the parent's trusted operations.
+
+    Probes that need "some hidden inputs" use the correctness draws of ``probe_distribution``
+    (``draw_spec(k)``), whose parameters ``rebuild`` restores, so their reference outputs (the
+    baseline's and the float64 truth) are the ones correctness already computed."""
 
     reference: Worker
     subject: Worker
@@ -151,11 +210,14 @@ class Session:
     timing: dict[str, Any]
     speedup: dict[str, Any]
     fresh_seed: Any  # (purpose: str) -> int, a new secret seed for probes
-    reference_outputs: Any  # (distribution, seed) -> {"reference", "truth", "baseline"}
-    candidate_outputs: Any  # (distribution, seed) -> {"outputs", "types", ...}
+    probe_distribution: str
+    draw_spec: Any  # (k: int) -> {"distribution", "seed"}: correctness draw k of the probe distribution
+    reference_outputs: Any  # (spec) -> {"reference", "truth", "baseline"}, computed once per spec
+    reference_runs: Any  # (spec, precision, repeats) -> [outputs, ...], fresh runs
     judge: Any  # (candidate_outputs, reference_outputs) -> {"passed", "max_abs_err", ..., "note"}
-    rebuild: Any  # () -> None: rebuild both models with the timing init seed
+    rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
@@ -173,11 +235,14 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
     from kbv.integrity import dynamic
 
     counter = iter(range(1 << 30))
-    init_seed = ctx.seeds.init("original")
+    base = _probe_base(ctx)
+    variant = ctx.variants.get(base, base)
 
-    def rebuild() -> None:
-        reference.request("build", init_seed=init_seed)
-        subject.request("build", init_seed=init_seed)
+    def spec_outputs(spec: dict[str, Any]) -> dict[str, Any]:
+        return _reference_outputs(ctx, reference, spec["distribution"], int(spec["seed"]), mix_seed=spec.get("mix_seed"))
+
+    def runs(spec: dict[str, Any], precision: str, repeats: int) -> list[list[Any]]:
+        return [_run(reference, spec["distribution"], int(spec["seed"]), precision, mix_seed=spec.get("mix_seed"))["outputs"] for _ in range(repeats)]
 
     session = Session(
         reference=reference,
@@ -188,13 +253,25 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
         timing=timing,
         speedup=speedup,
         fresh_seed=lambda purpose: inputs.derive_seed(ctx.seeds.master, "probe", purpose, next(counter)),
-        reference_outputs=lambda distribution, seed: _reference_outputs(ctx, reference, distribution, seed),
-        candidate_outputs=lambda distribution, seed: _run(subject, distribution, seed, "native"),
+        probe_distribution=variant,
+        draw_spec=lambda k: {"distribution": variant, "seed": ctx.seeds.draw(base, k)},
+        reference_outputs=spec_outputs,
+        reference_runs=runs,
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
-        rebuild=rebuild,
+        rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.transients,
     )
-    ctx.findings.extend(integrity.apply_severity(dynamic.run_dynamic_checks(session), ctx.protocol.integrity))
+    try:
+        ctx.findings.extend(integrity.apply_severity(dynamic.run_dynamic_checks(session), ctx.protocol.integrity))
+    finally:
+        ctx.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
+
+
+def _probe_base(ctx: _Context) -> str:
+    """The correctness distribution whose draws the probes reuse: ``signed`` where it ran (signs
+    matter: identity-on-ReLU must not pass a probe), else the protocol's first distribution."""
+    distributions = ctx.protocol.correctness.distributions
+    return "signed" if "signed" in ctx.variants else distributions[0]
 
 
 def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
@@ -249,6 +326,8 @@ def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> lis
 
 
 def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> None:
+    """Both models with the parameters of ``distribution`` (the same seed gives the same values,
+    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws)."""
     init_seed = ctx.seeds.init(distribution)
     reference.request("build", init_seed=init_seed)
     state_path = None
@@ -256,6 +335,15 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
         state_path = reference.new_path("params")
         reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
     subject.request("build", init_seed=init_seed, state_path=state_path)
+    ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
+
+
+def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None:
+    """Both models with the timing (and dynamic-check) parameters: the ``original`` init seed."""
+    init_seed = ctx.seeds.init("original")
+    reference.request("build", init_seed=init_seed)
+    subject.request("build", init_seed=init_seed)
+    ctx.state_key = ("init", init_seed)
 
 
 def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> DistributionResult:
@@ -276,6 +364,7 @@ def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distr
         if not draws[-1]["passed"]:
             break
     result = correctness.judge_distribution(distribution, draws, settings)
+    ctx.variants[distribution] = variant
     if variant != distribution:
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
@@ -297,7 +386,7 @@ def _confirm_failure(
         return first
     judged = first
     for _ in range(reruns):
-        expected = _reference_outputs(ctx, reference, variant, seed)
+        expected = _reference_outputs(ctx, reference, variant, seed, fresh=True)
         judged = _judge_draw(ctx, _run(subject, variant, seed, "native"), expected)
         if not judged["passed"]:
             note = f"failed again on a re-run of the same inputs ({label})"
@@ -329,39 +418,38 @@ def _finite_reference(ctx: _Context, expected: dict[str, Any]) -> bool:
     return bool(correctness.baseline_error(expected["baseline"]["outputs"], expected["truth"]["outputs"]).get("finite_match", True))
 
 
-def _reference_outputs(ctx: _Context, reference: Worker, distribution: str, seed: int) -> dict[str, Any]:
+def _reference_outputs(
+    ctx: _Context, reference: Worker, distribution: str, seed: int, *, mix_seed: int | None = None, fresh: bool = False
+) -> dict[str, Any]:
     """The reference's outputs: in fp32 for ``allclose``; under the error model the realistic baseline
     (TF32 on the GPU, fp32 on the CPU, which also gives the shapes and dtypes to expect) and the
-    float64 truth. Large outputs travel through files, so no run is made twice."""
+    float64 truth. Computed once per (parameters, inputs) and reused (``fresh`` runs them again:
+    confirming a failure must not lean on the first run)."""
+    key = (ctx.state_key, distribution, int(seed), mix_seed)
+    cached = None if fresh else ctx.expected.get(key)
+    if cached is not None:
+        return cached
     if ctx.protocol.correctness.mode != "error_model":
-        return {"reference": _run(reference, distribution, seed, "fp32")}
-    baseline = _run(reference, distribution, seed, "tf32" if ctx.device.startswith("cuda") else "fp32")
-    return {"reference": baseline, "baseline": baseline, "truth": _run(reference, distribution, seed, "fp64")}
+        expected = {"reference": _run(reference, distribution, seed, "fp32", mix_seed=mix_seed)}
+    else:
+        baseline = _run(reference, distribution, seed, "tf32" if ctx.device.startswith("cuda") else "fp32", mix_seed=mix_seed)
+        expected = {"reference": baseline, "baseline": baseline, "truth": _run(reference, distribution, seed, "fp64", mix_seed=mix_seed)}
+    ctx.expected.put(key, expected)
+    return expected
 
 
 def _all_finite(outputs: list[Any]) -> bool:
     return all(not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all()) for o in outputs)
 
 
-def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_memory: bool = False) -> dict[str, Any]:
-    path = worker.new_path("out")
-    reply = worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=path, measure_memory=measure_memory)
-    return {"outputs": _load_tensors(path, worker.spec.device), "types": reply["types"], "memory": reply.get("memory")}
-
-
-def _load_tensors(path: str, device: str = "cpu") -> list[Any]:
-    """Outputs written by a worker, placed on the evaluation's device so that comparisons of large
-    outputs run there. ``weights_only`` loading cannot execute code from the file, and the file is
-    deleted once read: the reference's answers must not lie around for the candidate to find."""
-    try:
-        loaded = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:  # a hostile or broken worker wrote something unreadable
-        raise WorkerFailed("runtime_error", f"the worker's outputs could not be read ({exc})") from exc
-    finally:
-        discard(path)
-    if not isinstance(loaded, list):
-        raise WorkerFailed("runtime_error", "the worker's outputs are not a list of tensors")
-    return loaded
+def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_memory: bool = False, mix_seed: int | None = None) -> dict[str, Any]:
+    """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
+    GPU through CUDA IPC, on the CPU through a file read once and deleted)."""
+    reply = worker.request(
+        "run", distribution=distribution, seed=seed, mix_seed=mix_seed, precision=precision,
+        out_path=worker.new_path("out"), measure_memory=measure_memory,
+    )
+    return {"outputs": worker.receive_outputs(reply.get("outputs")), "types": reply["types"], "memory": reply.get("memory")}
 
 
 def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
@@ -407,6 +495,8 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
         keep_seed=inputs.derive_seed(ctx.seeds.master, "timed-keep"),
         reference_outputs=lambda distribution, seed: _reference_outputs(ctx, reference, distribution, seed),
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
+        build=lambda: _build_for_timing(ctx, reference, subject),
+        check_round=ctx.protocol.integrity.dynamic,  # timed_output_check reads that round
     )
     timing, speedup = measure.measure_pair(mctx, reference, subject)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)

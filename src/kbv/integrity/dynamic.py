@@ -14,16 +14,16 @@ each probe runs at most once per evaluation.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kbv import inputs as kbv_inputs
 from kbv import timing as kbv_timing
 from kbv.integrity._registry import get_check, register_check
 from kbv.records import Finding
-from kbv.worker import WorkerFailed, discard
+from kbv.worker import WorkerFailed
 
 #: Seconds the observe probe waits before looking at the outputs and the thread count again.
 OBSERVE_DELAY_S = 0.2
@@ -58,7 +58,11 @@ class _ReferenceProbeFailed(Exception):
 
 @dataclass
 class DynamicContext:
-    """The session plus probe results computed once and shared between checks."""
+    """The session plus probe results computed once and shared between checks.
+
+    Probes run on the correctness draws of the session's probe distribution (``draw(k)``), so the
+    reference outputs they are judged against were already computed; each probe's seconds go to
+    ``session.phases`` (the first check that needs a shared probe pays for it)."""
 
     session: Any
     _cache: dict[str, Any] = field(default_factory=dict)
@@ -66,7 +70,13 @@ class DynamicContext:
     # -- plumbing -------------------------------------------------------------------------------
     def once(self, key: str, compute: Any) -> Any:
         if key not in self._cache:
-            self._cache[key] = compute()
+            started = time.monotonic()
+            try:
+                self._cache[key] = compute()
+            finally:
+                phases = getattr(self.session, "phases", None)
+                if phases is not None:
+                    phases[key] = phases.get(key, 0.0) + time.monotonic() - started
         return self._cache[key]
 
     def request(self, worker: Any, op: str, **fields: Any) -> dict[str, Any]:
@@ -79,13 +89,20 @@ class DynamicContext:
                 raise
             raise _ProbeFailed(f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}") from exc
 
-    def load(self, path: str) -> Any:
+    def handed(self, worker: Any, reply: dict[str, Any]) -> list[list[Any]]:
+        """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
         try:
-            return torch.load(path, map_location=self.session.device, weights_only=True)
-        except Exception as exc:  # written by a hostile worker
-            raise _ProbeFailed(f"the worker's probe outputs could not be read ({exc})") from exc
-        finally:
-            discard(path)  # reference outputs must not stay where the candidate could read them
+            flat = worker.receive_outputs((reply.get("outputs") or {}).get("outputs"))
+        except WorkerFailed as exc:
+            raise _ProbeFailed(exc.message) from exc
+        sizes = (reply.get("outputs") or {}).get("sizes")
+        if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != len(flat):
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+        groups, position = [], 0
+        for n in sizes:
+            groups.append(flat[position : position + n])
+            position += n
+        return groups
 
     @property
     def on_cuda(self) -> bool:
@@ -93,81 +110,69 @@ class DynamicContext:
 
     # -- reference side ---------------------------------------------------------------------------
     def reference_runs(self, spec: dict[str, Any], precision: str, repeats: int = 1) -> list[list[Any]]:
-        ref = self.session.reference
-        path = ref.new_path("probe-ref")
-        self.request(ref, "probe_reference", inputs=spec, precision=precision, repeats=repeats, out_path=path)
-        return self.load(path)
+        """Fresh reference runs (not the shared ones): for its own run-to-run spread."""
+        try:
+            return list(self.session.reference_runs(spec, precision, repeats))
+        except WorkerFailed as exc:
+            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
 
     def expected(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """What the pipeline's judge needs: the reference (its shapes and dtypes, and its values under
-        allclose), the float64 truth and the realistic baseline (TF32 on the GPU, fp32 on the CPU)."""
-        key = f"expected:{sorted(spec.items())}"
-
-        def compute() -> dict[str, Any]:
-            baseline = self.reference_runs(spec, "tf32" if self.on_cuda else "fp32")[0]
-            truth = self.reference_runs(spec, "fp64")[0]
-            return {"reference": _wrap(baseline), "truth": _wrap(truth), "baseline": _wrap(baseline)}
-
-        return self.once(key, compute)
+        """What the pipeline's judge needs for one input spec (computed once per evaluation): the
+        reference (its shapes and dtypes, and its values under allclose), the float64 truth and the
+        realistic baseline (TF32 on the GPU, fp32 on the CPU)."""
+        try:
+            return dict(self.session.reference_outputs(spec))
+        except WorkerFailed as exc:
+            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
 
     def judge(self, outputs: list[Any], spec: dict[str, Any]) -> dict[str, Any]:
         return self.session.judge(_wrap(outputs), self.expected(spec))
 
     def distribution(self) -> str:
-        """A probe distribution with signs (identity-on-ReLU must not pass), finite for the reference."""
+        """The probe distribution: signed inputs where correctness ran them (identity-on-ReLU must
+        not pass), else the protocol's first distribution."""
+        return str(self.session.probe_distribution)
 
-        def compute() -> str:
-            for name in ("signed", kbv_inputs.domain_fallback("signed"), "original"):
-                if not name:
-                    continue
-                spec = {"distribution": name, "seed": self.session.fresh_seed("probe-distribution")}
-                if _all_finite(self.expected(spec)["truth"]["outputs"]):
-                    return name
-            return "original"
-
-        return self.once("distribution", compute)
-
-    def spec(self, purpose: str, distribution: str | None = None) -> dict[str, Any]:
-        return {"distribution": distribution or self.distribution(), "seed": self.session.fresh_seed(purpose)}
+    def draw(self, k: int) -> dict[str, Any]:
+        """Correctness draw ``k`` of the probe distribution (its reference outputs are known)."""
+        return dict(self.session.draw_spec(k))
 
     # -- probes -----------------------------------------------------------------------------------
     def observe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
-            spec = self.spec("observe")
+            spec = self.draw(0)
             sub, ref = self.session.subject, self.session.reference
-            cand_path, ref_path = sub.new_path("probe-observe"), ref.new_path("probe-observe")
-            cand = self.request(sub, "probe_observe", inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=cand_path)
-            refr = self.request(ref, "probe_observe", inputs=spec, delay_s=0.0, out_path=ref_path)
-            first, late = self.load(cand_path)
+            cand = self.request(sub, "probe_observe", inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe"))
+            refr = self.request(ref, "probe_observe", inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe"))
+            first, late = self.handed(sub, cand)
             return {"spec": spec, "candidate": cand, "reference": refr, "first": first, "late": late}
 
         return self.once("observe", compute)
 
     def cache_probe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
-            dist = self.distribution()
-            seed_a, seed_b = self.session.fresh_seed("cache-a"), self.session.fresh_seed("cache-b")
-            path = self.session.subject.new_path("probe-cache")
-            self.request(self.session.subject, "probe_cache", distribution=dist, seed_a=seed_a, seed_b=seed_b, out_path=path)
-            outputs = self.load(path)
+            a, b = self.draw(0), self.draw(1)
+            dist, seed_a, seed_b = a["distribution"], int(a["seed"]), int(b["seed"])
+            sub = self.session.subject
+            reply = self.request(sub, "probe_cache", distribution=dist, seed_a=seed_a, seed_b=seed_b, out_path=sub.new_path("probe-cache"))
             specs = [
                 {"distribution": dist, "seed": seed_a},
                 {"distribution": dist, "seed": seed_b},
                 {"distribution": dist, "seed": seed_b},
                 {"distribution": dist, "seed": seed_a, "mix_seed": seed_b},
             ]
-            return {"outputs": outputs, "specs": specs}
+            return {"outputs": self.handed(sub, reply), "specs": specs}
 
         return self.once("cache", compute)
 
     def poison_probe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
-            spec = self.spec("poison")
-            path = self.session.subject.new_path("probe-poison")
+            spec = self.draw(1)
+            sub = self.session.subject
             # Blocks of exactly the outputs' sizes are what the CPU heap hands back to ``torch.empty``.
             sizes = [int(t.numel() * t.element_size()) for t in self.expected(spec)["truth"]["outputs"] if isinstance(t, torch.Tensor)]
-            self.request(self.session.subject, "probe_poison", inputs=spec, out_path=path, output_nbytes=sizes)
-            return {"spec": spec, "runs": self.load(path)}
+            reply = self.request(sub, "probe_poison", inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes)
+            return {"spec": spec, "runs": self.handed(sub, reply)}
 
         return self.once("poison", compute)
 
@@ -482,32 +487,26 @@ def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
     name="timed_output_check",
     kind="dynamic",
     default_severity="fail",
-    doc="""The timing recipe re-run exactly (same settings, warm-up, flushes and timers) on fresh
-    inputs, keeping every timed call's outputs, each judged against the reference. Catches call
-    counters, phase detection and work deferred to later calls (cross-call batching). Runs only
+    doc="""Every timed call of one secret timing round (as many as fit a memory budget, picked in
+    secret), its outputs copied right after each call returned (outside the timed region), handed
+    over after the round and each judged against the reference on the same timing inputs. It shares
+    the timing phase's calls instead of repeating the recipe, so what is judged is what was timed.
+    Catches call counters, phase detection and work deferred to later calls (cross-call batching)
+    within a round, where ``timed_call_outputs`` samples a few calls of every round. Runs only
     when the candidate was correct (otherwise nothing was timed).""",
 )
 def check_timed_output(ctx: DynamicContext) -> list[Finding]:
     session = ctx.session
     if not session.correct:
         return []
-    from dataclasses import asdict
-
-    settings = session.protocol.timing
-    seeds = [session.fresh_seed(f"timed-{k}") for k in range(max(1, settings.input_sets))]
-    path = session.subject.new_path("probe-timed")
-    raw = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()}
-    ctx.request(session.subject, "probe_timed_outputs", distribution="original", seeds=seeds, settings=raw, out_path=path)
-    outputs = ctx.load(path)
-    wrong = []
-    for i, out in enumerate(outputs):
-        verdict = ctx.judge(out, {"distribution": "original", "seed": seeds[i % len(seeds)]})
-        if not verdict["passed"]:
-            wrong.append((i, verdict))
+    checked = (session.timing or {}).get("timed_round")
+    if not checked:
+        return []
+    wrong = checked.get("wrong") or []
     if not wrong:
         return []
-    i, first = wrong[0]
-    return [_finding("timed_output_check", f"{len(wrong)} of {len(outputs)} timed calls returned wrong outputs (first: call {i}, max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''})".strip())]
+    first = wrong[0]
+    return [_finding("timed_output_check", f"{len(wrong)} of {checked.get('checked')} calls of timing round {int(checked.get('round') or 0) + 1} returned wrong outputs (first: call {first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''})".strip())]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -655,7 +654,7 @@ def _measurement(raw: dict[str, Any]) -> kbv_timing.Measurement:
 
 
 def _kernels(ctx: DynamicContext) -> dict[str, Any]:
-    return ctx.once("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.spec("kernels")))
+    return ctx.once("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
 
 
 @register_check(
@@ -725,7 +724,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         findings.append(_finding("plausibility", f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)", "warn"))
     if not ctx.on_cuda:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
-    facts = ctx.request(session.reference, "probe_flops", inputs={"distribution": "original", "seed": session.fresh_seed("flops")})
+    facts = ctx.once("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
     flops_peak, bw_peak, where = _peaks(ctx)
     nbytes = facts["input_bytes"] + facts["output_bytes"]
     floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3

@@ -17,7 +17,7 @@ import torch
 
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
 from kbv.problems._loader import Problem
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, discard, visible_devices, worker_device
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 ZEROS_ATOL = ZEROS_RTOL = 1e-4
 #: Two outputs closer than this fraction of their scale (in float64) count as the same constant.
@@ -78,12 +78,8 @@ def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> Aud
 
 
 def _run(worker: Worker, distribution: str, seed: int, precision: str = "fp32") -> list[Any]:
-    path = worker.new_path("audit")
-    worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=path)
-    try:
-        return list(torch.load(path, map_location="cpu", weights_only=True))
-    finally:
-        discard(path)
+    reply = worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit"))
+    return list(worker.receive_outputs(reply.get("outputs")))
 
 
 def _probe(worker: Worker, result: AuditResult, master: int) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbv.worker import _channel
+from kbv.worker import _channel, _handoff
 from kbv.worker._env import scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -176,6 +176,14 @@ class Worker:
                 self.kill()
             raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()})
         return reply
+
+    def receive_outputs(self, description: Any) -> list[Any]:
+        """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
+        the evaluation's device. Something unreadable is the worker's failure."""
+        try:
+            return _handoff.receive(description, self.spec.device)
+        except _handoff.HandoffError as exc:
+            raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
 
     def new_path(self, stem: str) -> str:
         """A fresh file name in this worker's scratch directory, for tensors it writes."""

@@ -30,7 +30,7 @@ from kbv import telemetry
 from kbv import timing as kbv_timing
 from kbv.problems._loader import load_module
 from kbv.protocol import timing_settings_from_dict
-from kbv.worker import _channel
+from kbv.worker import _channel, _handoff
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
 
@@ -51,6 +51,9 @@ class _State:
         self.identities: dict[str, int] = {}
         # Outputs of timed calls the parent asked to keep: [call index, type names, copies].
         self.kept_timed: list[list[Any]] = []
+        # Tensors handed to the parent by CUDA IPC, alive until the parent's next request.
+        self.handed: list[Any] = []
+        self.invariants: Any = None
 
 
 def main(fd: int) -> None:
@@ -64,6 +67,7 @@ def main(fd: int) -> None:
             _channel.send(sock, {"ok": True})
             break
         started = time.perf_counter()
+        state.handed.clear()  # the parent copied what it was handed before sending this request
         try:
             reply = _HANDLERS[str(op)](state, request)
             reply["ok"] = True
@@ -83,6 +87,7 @@ def _environment_facts() -> dict[str, Any]:
         "cuda_available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")  # the CUDA context is made now, while the worker boots
         props = torch.cuda.get_device_properties(0)
         facts["device"] = {
             "type": "cuda",
@@ -192,44 +197,40 @@ def _set_precision_flags(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _make_inputs(state: _State, distribution: str, seed: int, precision: str) -> list[Any]:
-    return kbv_inputs.make_inputs(
-        state.problem,
-        distribution,
-        seed,
-        state.device,
-        precision="fp64" if precision == "fp64" else "fp32",
-        domain=state.domain,
-    )
+def _make_inputs(state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None) -> list[Any]:
+    prec = "fp64" if precision == "fp64" else "fp32"
+    args = kbv_inputs.make_inputs(state.problem, distribution, seed, state.device, precision=prec, domain=state.domain)
+    if mix_seed is None:
+        return args
+    other = kbv_inputs.make_inputs(state.problem, distribution, int(mix_seed), state.device, precision=prec, domain=state.domain)
+    return [kbv_inputs.mix_values(a, b) for a, b in zip(args, other)]
 
 
 def _as_outputs(result: Any) -> list[Any]:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
+def _type_names(outputs: list[Any]) -> list[str]:
+    return [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
+
+
 def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
-    args = _make_inputs(state, request["distribution"], int(request["seed"]), precision)
+    mix = request.get("mix_seed")
+    args = _make_inputs(state, request["distribution"], int(request["seed"]), precision, None if mix is None else int(mix))
     model = _model_for(state, precision)
     memory = _memory_before(state) if request.get("measure_memory") else None
     with torch.no_grad():
         outputs = _as_outputs(model(*args))
+    if state.device.type == "cuda":
+        torch.cuda.synchronize()
     if memory is not None:
         memory = _memory_after(state, memory)
-    types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
-    plain = [_to_cpu_tensor(o) for o in outputs]
-    torch.save(plain, request["out_path"])
-    return {"types": types, "memory": memory}
-
-
-def _to_cpu_tensor(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        if type(tensor) is not torch.Tensor:
-            tensor = tensor.as_subclass(torch.Tensor)
-        return tensor.cpu() if tensor.is_cuda else tensor.clone()
-    return torch.tensor(value) if isinstance(value, (int, float, bool)) else None
+    types = _type_names(outputs)
+    copies = [_handoff.plain_copy(o, state.device) for o in outputs]
+    del args, outputs
+    return {"types": types, "memory": memory, "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed)}
 
 
 def _memory_before(state: _State) -> dict[str, Any]:
@@ -262,6 +263,9 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
 
 
 def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """One timed batch. ``keep_calls``: indices whose outputs are copied (on the device, right after
+    the call returned, outside the timed region) for ``timed_outputs``, plus the batch's last call;
+    with ``discard_kept`` the copies are made and dropped, so a baseline pays what the candidate pays."""
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
     settings = timing_settings_from_dict(request["settings"])
@@ -279,7 +283,7 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
         # Runs after call i returned and was synchronised and timed: outside the timed region.
         if i in keep:
-            state.kept_timed.append(_kept_copy(i, last[i % len(input_sets)]))
+            state.kept_timed.append(_kept_copy(state, i, last[i % len(input_sets)]))
 
     flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
     with torch.no_grad():
@@ -289,32 +293,28 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         )
         n = len(measurement.device_ms)
         if keeping and n and (n - 1) not in keep:  # the batch's last call is always kept
-            state.kept_timed.append(_kept_copy(n - 1, last[(n - 1) % len(input_sets)]))
-    if request.get("out_path"):
-        torch.save([[_to_cpu_tensor(o) for o in _as_outputs(r)] for r in last], request["out_path"])
+            state.kept_timed.append(_kept_copy(state, n - 1, last[(n - 1) % len(input_sets)]))
+    if request.get("discard_kept"):
+        state.kept_timed = []
     return {"measurement": measurement.to_dict()}
 
 
-def _kept_copy(index: int, result: Any) -> list[Any]:
+def _kept_copy(state: _State, index: int, result: Any) -> list[Any]:
     """[index, type names, copies] of one timed call's outputs. Copies stay on the device (a clone
-    is cheap there), so the parent's bracket of the batch barely grows; ``timed_outputs`` writes them."""
+    is cheap there), so the parent's bracket of the batch barely grows; ``timed_outputs`` hands them over."""
     outputs = _as_outputs(result)
-    types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
-    copies = []
-    for o in outputs:
-        if isinstance(o, torch.Tensor):
-            tensor = o.detach()
-            copies.append((tensor if type(tensor) is torch.Tensor else tensor.as_subclass(torch.Tensor)).clone())
-        else:
-            copies.append(_to_cpu_tensor(o))
-    return [index, types, copies]
+    return [index, _type_names(outputs), [_handoff.plain_copy(o, state.device) for o in outputs]]
 
 
 def _timed_outputs(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Write the outputs kept by the last ``time`` request to ``out_path`` as [[index, outputs], ...]."""
+    """Hand over the outputs kept by the last ``time`` request: ``kept`` is [[index, type names], ...]
+    and ``outputs`` describes their copies, call after call, ``len(type names)`` each."""
     kept, state.kept_timed = state.kept_timed, []
-    torch.save([[i, [_to_cpu_tensor(o) for o in copies]] for i, _, copies in kept], request["out_path"])
-    return {"kept": [[i, types] for i, types, _ in kept]}
+    flat = [copy for _, _, copies in kept for copy in copies]
+    return {
+        "kept": [[i, types] for i, types, _ in kept],
+        "outputs": _handoff.hand_over(flat, state.device, request["out_path"], state.handed),
+    }
 
 
 def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 ``kbv.worker._child`` merges :data:`HANDLERS` into its request table at start-up, before any
 candidate code is imported. Each probe runs the loaded model in a controlled way and reports what it
-saw (checksums, storage ranges, thread and process counts, numeric flags, outputs written to files).
+saw (checksums, storage ranges, thread and process counts, numeric flags, outputs handed over).
 The trusted parent (``kbv.integrity.dynamic``) compares those observations with the reference
 worker's and decides. A hostile candidate shares this process and could falsify any of it; that is
 why every verdict that matters re-checks outputs against the reference in the parent, and why the
@@ -11,7 +11,6 @@ functions this module depends on are bound here, at import time, before the cand
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -23,7 +22,7 @@ import torch
 
 from kbv import inputs as kbv_inputs
 from kbv import timing as kbv_timing
-from kbv.protocol import timing_settings_from_dict
+from kbv.worker import _handoff
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
 _active_count = threading.active_count
@@ -31,13 +30,13 @@ _settrace_threads = threading.setprofile
 _listdir = os.listdir
 _getpid = os.getpid
 _sleep = time.sleep
-_save = torch.save
-_clone = torch.Tensor.clone
-_sha256 = hashlib.sha256
 _make_inputs = kbv_inputs.make_inputs
+_mix = kbv_inputs.mix_values
 _verify_identities = kbv_timing.verify_identities
-_measure = kbv_timing.measure
-_make_l2_flush = kbv_timing.make_l2_flush
+_plain_copy = _handoff.plain_copy
+_hand_over = _handoff.hand_over
+#: Elements per chunk of the on-device input digest (bounds its temporary memory).
+_DIGEST_CHUNK = 1 << 25
 
 #: Bytes of NaN written into freed allocator memory before a poisoned call (per block size).
 POISON_BYTES = (64 * 1024, 1 << 20, 16 << 20)
@@ -106,19 +105,6 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
     return [_mix(a, b) for a, b in zip(args, other)]
 
 
-def _mix(a: Any, b: Any) -> Any:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()):
-        return a
-    out = b.clone().reshape(-1)
-    flat = a.reshape(-1)
-    keep = min(64, flat.numel())
-    out[:keep] = flat[:keep]
-    out[-keep:] = flat[-keep:]
-    mid = flat.numel() // 2
-    out[mid] = flat[mid]
-    return out.reshape(a.shape)
-
-
 def _as_outputs(result: Any) -> list[Any]:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
@@ -127,14 +113,15 @@ def _type_name(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
-def _snapshot(value: Any) -> Any:
-    """A plain CPU copy of an output, safe to hand to the parent (a subclass is stripped)."""
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        if type(tensor) is not torch.Tensor:
-            tensor = tensor.as_subclass(torch.Tensor)
-        return _clone(tensor.cpu())
-    return torch.tensor(value) if isinstance(value, (int, float, bool)) else None
+def _snapshot(state: Any, value: Any) -> Any:
+    """A plain copy of an output on the worker's device, safe to hand to the parent (a subclass is stripped)."""
+    return _plain_copy(value, state.device)
+
+
+def _hand(state: Any, request: dict[str, Any], groups: list[list[Any]]) -> dict[str, Any]:
+    """Hand several output lists to the parent at once: ``sizes`` says how to split them again."""
+    flat = [value for group in groups for value in group]
+    return {"sizes": [len(g) for g in groups], "outputs": _hand_over(flat, state.device, request["out_path"], state.handed)}
 
 
 def _sync(state: Any) -> None:
@@ -150,15 +137,29 @@ def _forward(state: Any, args: list[Any]) -> list[Any]:
 
 
 def _checksum(value: Any) -> dict[str, Any] | None:
+    """Sum (float64) and a digest of every bit of an input, computed where the input lives (no host
+    copy of a multi-gigabyte input): 32-bit words weighted by position and summed in int64, which
+    wraps; any change of a word changes the digest unless it cancels another exactly."""
     if not isinstance(value, torch.Tensor):
         return None
     data = value.detach()
     if type(data) is not torch.Tensor:
         data = data.as_subclass(torch.Tensor)
-    data = data.cpu().contiguous()
-    total = float(data.double().sum()) if data.numel() and data.dtype != torch.bool else float(data.sum()) if data.numel() else 0.0
-    digest = _sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
-    return {"sum": total, "sha": digest}
+    data = data.contiguous().reshape(-1)
+    if not data.numel():
+        return {"sum": 0.0, "sha": "0"}
+    total = float(data.double().sum()) if data.dtype != torch.bool else float(data.sum())
+    raw = data.view(torch.uint8)
+    try:
+        words = raw.view(torch.int32)
+    except RuntimeError:  # a size or offset that is not a whole number of words
+        words = raw
+    digest = torch.zeros((), dtype=torch.int64, device=data.device)
+    for start in range(0, words.numel(), _DIGEST_CHUNK):
+        chunk = words[start : start + _DIGEST_CHUNK].to(torch.int64)
+        position = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=data.device)
+        digest += ((chunk + 0x9E3779B1) * (position * 2654435761 + 1)).sum()
+    return {"sum": total, "sha": f"{int(digest) & ((1 << 64) - 1):016x}"}
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int] | None:
@@ -247,7 +248,8 @@ class _ThreadStarts:
 def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """One forward on a fresh draw, watched: checksums, aliasing, threads, processes, flags.
 
-    Outputs are written to ``out_path`` as ``[immediately, after delay_s]``.
+    Outputs are handed over as two lists: ``[immediately, after delay_s]`` (unless ``hand_outputs`` is
+    false: the reference's observation needs none).
     """
     spec = request["inputs"]
     args = _probe_inputs(state, spec, request.get("precision", "fp32"))
@@ -261,15 +263,15 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
             outputs = _as_outputs(state.model(*args))
         right_after = _activity()
         _sync(state)
-        first = [_snapshot(o) for o in outputs]
+        first = [_snapshot(state, o) for o in outputs]
     sums_after = [_checksum(a) for a in args]
     aliasing = _aliasing(outputs, args)
     _sleep(float(request.get("delay_s", 0.2)))
     _sync(state)
     later = _activity()
-    late = [_snapshot(o) for o in outputs]
-    _save([first, late], request["out_path"])
+    late = [_snapshot(state, o) for o in outputs]
     return {
+        "outputs": _hand(state, request, [first, late]) if request.get("hand_outputs", True) else None,
         "types": [_type_name(o) for o in outputs],
         "input_checksums_before": sums_before,
         "input_checksums_after": sums_after,
@@ -287,23 +289,22 @@ def probe_cache(state: Any, request: dict[str, Any]) -> dict[str, Any]:
 
     1. draw A on fresh buffers; 2. draw B's values copied into A's buffers (same pointers and
     objects, new contents); 3. B's values in new buffers; 4. the A/B mix on fresh buffers (the same
-    sampled values as A, different data). Outputs go to ``out_path`` as a list of four lists.
+    sampled values as A, different data). The four calls' outputs are handed over as four lists.
     """
     dist, seed_a, seed_b = request["distribution"], int(request["seed_a"]), int(request["seed_b"])
     args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
-    results = [[_snapshot(o) for o in _forward(state, args)]]
+    results = [[_snapshot(state, o) for o in _forward(state, args)]]
     new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
     with torch.no_grad():
         for a, b in zip(args, new_values):
             if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                 a.copy_(b)
-    results.append([_snapshot(o) for o in _forward(state, args)])
+    results.append([_snapshot(state, o) for o in _forward(state, args)])
     fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in new_values]
-    results.append([_snapshot(o) for o in _forward(state, fresh)])
+    results.append([_snapshot(state, o) for o in _forward(state, fresh)])
     mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
-    results.append([_snapshot(o) for o in _forward(state, mixed)])
-    _save(results, request["out_path"])
-    return {"calls": len(results)}
+    results.append([_snapshot(state, o) for o in _forward(state, mixed)])
+    return {"calls": len(results), "outputs": _hand(state, request, results)}
 
 
 def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
@@ -325,7 +326,7 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
 def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """The same draw twice, each on fresh input buffers after freed memory was poisoned with NaN.
 
-    ``out_path`` gets ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
+    The outputs are handed over as ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
     finite are for the parent to judge.
     """
     runs = []
@@ -333,65 +334,9 @@ def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         args = _probe_inputs(state, request["inputs"])
         _poison(state.device, request.get("output_nbytes") or ())
         _sync(state)
-        runs.append([_snapshot(o) for o in _forward(state, args)])
+        runs.append([_snapshot(state, o) for o in _forward(state, args)])
         del args
-    _save(runs, request["out_path"])
-    return {"runs": len(runs)}
-
-
-def probe_reference(state: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """Reference side: outputs for a probe input spec at a precision, ``repeats`` times (fresh inputs)."""
-    if state.role != "reference":
-        raise PermissionError("probe_reference runs in a reference worker only")
-    precision = request.get("precision", "fp32")
-    tf32 = precision == "tf32"
-    if precision in ("fp32", "tf32"):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-    model = state.model
-    if precision == "fp64":
-        if getattr(state, "model_fp64", None) is None:
-            import copy
-
-            state.model_fp64 = copy.deepcopy(state.model).double()
-        model = state.model_fp64
-    runs = []
-    for _ in range(int(request.get("repeats", 1))):
-        args = _probe_inputs(state, request["inputs"], precision)
-        with torch.no_grad():
-            outputs = _as_outputs(model(*args))
-        _sync(state)
-        runs.append([_snapshot(o) for o in outputs])
-    _save(runs, request["out_path"])
-    return {"runs": len(runs)}
-
-
-def probe_timed_outputs(state: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """The timing recipe exactly as ``time`` runs it, keeping each timed call's outputs.
-
-    A candidate that counts calls, watches call spacing or defers work to later calls behaves here
-    as it does while being timed, and the parent checks what it returned. ``out_path`` gets one list
-    of outputs per timed call; call i used input set ``i % len(seeds)``.
-    """
-    settings = timing_settings_from_dict(request["settings"])
-    seeds = [int(s) for s in request["seeds"]]
-    input_sets = [_probe_inputs(state, {"distribution": request["distribution"], "seed": s}) for s in seeds]
-    last: list[Any] = [None]
-    kept: list[list[Any]] = []
-
-    def call(k: int) -> None:
-        last[0] = state.model(*input_sets[k])
-
-    def keep(i: int, device_ms: float, wall_ms: float) -> None:
-        kept.append([_snapshot(o) for o in _as_outputs(last[0])])
-
-    flush = _make_l2_flush(state.device) if settings.l2_flush else None
-    with torch.no_grad():
-        measurement = _measure(
-            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush, on_sample=keep
-        )
-    _save(kept, request["out_path"])
-    return {"timed_calls": len(kept), "warmup_calls": measurement.warmup_calls}
+    return {"runs": len(runs), "outputs": _hand(state, request, runs)}
 
 
 def probe_flops(state: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -466,8 +411,6 @@ HANDLERS = _frozen({
     "probe_observe": probe_observe,
     "probe_cache": probe_cache,
     "probe_poison": probe_poison,
-    "probe_reference": probe_reference,
-    "probe_timed_outputs": probe_timed_outputs,
     "probe_flops": probe_flops,
     "probe_kernels": probe_kernels,
 })
