@@ -2,6 +2,17 @@
 
     python benchmarks/verified_cost.py                              # on the GPU: bundled CUDA/Triton sets
     python benchmarks/verified_cost.py --device cpu --sets honest_cpu --limit 3   # smoke test
+    python benchmarks/verified_cost.py --kernelbench DIR --results rows.jsonl [--part 1/2]
+
+KernelBench mode: the reference itself submitted as the candidate (``Model`` renamed ``ModelNew``)
+on the fixed sample :data:`KERNELBENCH_SAMPLE` (20 level-1, 8 level-2, 4 level-3 problems without
+helper classes) of a KernelBench tree (``DIR/level1`` ...), evaluated under ``standard`` and then
+``verified`` as two kbv batches (workers prespawned as in ``kbv run``). Every finished evaluation is
+appended to ``--results`` at once; a second command with the same file skips what is there, so the
+sample can be split over several commands (``--part K/N``) and resumed. ``--report`` reads the file
+and writes the summary: per protocol and phase the median and p95 per candidate, the batch's wall
+time per candidate, and the peak resident memory of all kbv processes (sampled every 100 ms)
+against the largest problem's input plus output bytes.
 
 Evaluates the bundled candidates under `verified` twice with one fresh cache directory: the first
 pass compiles every extension and measures every baseline, the second finds both cached. Reports
@@ -31,6 +42,192 @@ from kbv.protocol import load_protocol
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PHASES = ("compile", "load", "correctness", "integrity", "timing", "baseline")
+
+
+#: The fixed KernelBench sample (level, file stem): no helper classes, so renaming Model is enough.
+KERNELBENCH_SAMPLE: tuple[tuple[int, str], ...] = (
+    (1, "1_Square_matrix_multiplication_"), (1, "4_Matrix_vector_multiplication_"),
+    (1, "9_Tall_skinny_matrix_multiplication_"), (1, "15_Matmul_for_lower_triangular_matrices"),
+    (1, "19_ReLU"), (1, "21_Sigmoid"), (1, "23_Softmax"), (1, "26_GELU_"), (1, "33_BatchNorm"),
+    (1, "36_RMSNorm_"), (1, "40_LayerNorm"), (1, "42_Max_Pooling_2D"), (1, "47_Sum_reduction_over_a_dimension"),
+    (1, "51_Argmax_over_a_dimension"), (1, "63_conv_standard_2D__square_input__square_kernel"), (1, "89_cumsum"),
+    (1, "94_MSELoss"), (1, "95_CrossEntropyLoss"), (1, "97_ScaledDotProductAttention"), (1, "100_HingeLoss"),
+    (2, "12_Gemm_Multiply_LeakyReLU"), (2, "14_Gemm_Divide_Sum_Scaling"), (2, "1_Conv2D_ReLU_BiasAdd"),
+    (2, "17_Conv2d_InstanceNorm_Divide"), (2, "29_Matmul_Mish_Mish"), (2, "33_Gemm_Scale_BatchNorm"),
+    (2, "40_Matmul_Scaling_ResidualAdd"), (2, "45_Gemm_Sigmoid_LogSumExp"),
+    (3, "1_MLP"), (3, "2_ShallowWideMLP"), (3, "3_DeepNarrowMLP"), (3, "31_VisionAttention"),
+)
+PROTOCOLS = ("standard", "verified")
+
+
+def reference_as_candidate(source: str) -> str:
+    """The problem's own ``Model`` as the candidate's ``ModelNew`` (every use of the name)."""
+    import re
+
+    return re.sub(r"\bModel\b", "ModelNew", source)
+
+
+def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int]) -> list[Any]:
+    from kbv.candidates import load_candidate
+    from kbv.problems import load_problem
+
+    k, n = part
+    chosen = [entry for i, entry in enumerate(KERNELBENCH_SAMPLE) if i % n == k - 1]
+    work.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for level, stem in chosen:
+        path = root / f"level{level}" / f"{stem}.py"
+        candidate = work / f"level_{level}_problem_{stem.split('_')[0]}_sample_0_kernel.py"
+        candidate.write_text(reference_as_candidate(path.read_text()))
+        pairs.append((load_problem(path), load_candidate(candidate, label="reference")))
+    return pairs
+
+
+class MemorySampler:
+    """Peak resident memory of this process and all its descendants together, every ``period_s``."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        import threading
+
+        self.period_s, self.peak_bytes, self._stop = period_s, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.peak_bytes = max(self.peak_bytes, tree_rss_bytes(os.getpid()))
+
+
+def tree_rss_bytes(root: int) -> int:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier and pid not in tree}
+        tree |= frontier
+    total = 0
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def problem_bytes(path: Path) -> int | None:
+    """Input plus output bytes of one problem at its own sizes, on the meta device (no memory)."""
+    import torch
+
+    from kbv.problems import load_module
+
+    try:
+        module = load_module(path)
+        with torch.device("meta"):
+            inputs = module.get_inputs()
+            model = module.Model(*module.get_init_inputs())
+            outputs = model(*inputs)
+    except Exception:  # an operator without a meta kernel: the figure is unknown, say so
+        return None
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return sum(t.numel() * t.element_size() for t in [*inputs, *outputs] if isinstance(t, torch.Tensor))
+
+
+def run_kernelbench(args: argparse.Namespace) -> int:
+    from kbv.batch import run_batch
+
+    done = set()
+    if args.results.exists():
+        done = {(r["protocol"], r["problem"]) for r in map(json.loads, args.results.read_text().splitlines()) if r.get("kind") == "row"}
+    pairs = kernelbench_pairs(args.kernelbench, args.work, args.part)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    for name in PROTOCOLS:
+        todo = [(p, c) for p, c in pairs if (name, p.name) not in done]
+        if not todo:
+            continue
+        protocol = load_protocol(name)
+        started = time.monotonic()
+        with MemorySampler() as memory:
+            result = run_batch(todo, protocol, device=args.device, timeout_s=args.timeout,
+                               evaluate_fn=_appending(args.results, name))
+        wall = time.monotonic() - started
+        compile_s = sum(float(r.phases_s.get("compile", 0.0)) for r in result.records)
+        batch = {"kind": "batch", "protocol": name, "part": list(args.part), "candidates": len(todo), "wall_s": wall,
+                 "compile_s": compile_s, "peak_rss_bytes": memory.peak_bytes, "errors": result.errors}
+        with open(args.results, "a") as handle:
+            handle.write(json.dumps(batch) + "\n")
+        print(f"{name}: {len(todo)} candidates in {wall:.1f} s ({(wall - compile_s) / max(1, len(todo)):.2f} s each excl. compile), "
+              f"peak RSS {memory.peak_bytes / 2**30:.2f} GiB", flush=True)
+    return 0
+
+
+def _appending(results: Path, protocol: str) -> Any:
+    """``evaluate`` that appends each finished row to the results file the moment it is done."""
+    import functools
+
+    from kbv.pipeline import evaluate
+
+    @functools.wraps(evaluate)
+    def run(problem: Any, candidate: Any, protocol_obj: Any, device: Any, **kwargs: Any) -> Any:
+        record = evaluate(problem, candidate, protocol_obj, device, **kwargs)
+        row = {"kind": "row", "protocol": protocol, "problem": problem.name, "outcome": record.outcome,
+               "phases_s": record.phases_s, "speedup": record.speedup.get("best"),
+               "failed": [d.name for d in record.distributions if d.applicable and not d.passed],
+               "findings": [f"{f.check}:{f.severity}" for f in record.findings if f.severity != "info"],
+               "bytes": problem_bytes(problem.path)}
+        with open(results, "a") as handle:
+            handle.write(json.dumps(row, default=str) + "\n")
+        print(f"  {protocol} {problem.name}: {record.outcome} {record.phases_s.get('total', 0):.1f} s "
+              + " ".join(f"{k}={v:.1f}" for k, v in record.phases_s.items() if v >= 0.05 and k != "total"), flush=True)
+        return record
+
+    run.uses_spares = True  # type: ignore[attr-defined]
+    return run
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def kernelbench_report(results: Path, out: Path) -> dict[str, Any]:
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    report: dict[str, Any] = {"protocols": {}, "rows": [r for r in rows if r["kind"] == "row"]}
+    largest = max((r.get("bytes") or 0 for r in report["rows"]), default=0)
+    for name in PROTOCOLS:
+        mine = [r for r in report["rows"] if r["protocol"] == name]
+        batches = [b for b in rows if b["kind"] == "batch" and b["protocol"] == name]
+        totals = [float(r["phases_s"].get("total", 0.0)) - float(r["phases_s"].get("compile", 0.0)) for r in mine]
+        phases = sorted({k for r in mine for k in r["phases_s"]})
+        wall = sum(b["wall_s"] - b["compile_s"] for b in batches)
+        report["protocols"][name] = {
+            "candidates": len(mine), "outcomes": {o: sum(r["outcome"] == o for r in mine) for o in sorted({r["outcome"] for r in mine})},
+            "median_s": statistics.median(totals) if totals else None, "p95_s": percentile(totals, 0.95),
+            "batch_wall_per_candidate_s": wall / max(1, sum(b["candidates"] for b in batches)),
+            "phase_median_s": {k: statistics.median(float(r["phases_s"].get(k, 0.0)) for r in mine) for k in phases},
+            "phase_p95_s": {k: percentile([float(r["phases_s"].get(k, 0.0)) for r in mine], 0.95) for k in phases},
+            "peak_rss_bytes": max((b["peak_rss_bytes"] for b in batches), default=0),
+        }
+    report["largest_problem_bytes"] = largest
+    std, ver = report["protocols"]["standard"], report["protocols"]["verified"]
+    report["verified_over_standard"] = ver["median_s"] / std["median_s"] if ver["median_s"] and std["median_s"] else None
+    out.write_text(json.dumps(report, indent=2, default=str))
+    return report
 
 
 def pairs_for(sets: list[str], limit: int | None) -> list[Any]:
@@ -97,7 +294,19 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--kernelbench", type=Path, default=None, help="a KernelBench tree (level1/, level2/, level3/)")
+    parser.add_argument("--results", type=Path, default=None, help="KernelBench mode: the rows file (appended, resumed)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kbv-kb-candidates")
+    parser.add_argument("--part", type=lambda t: tuple(int(x) for x in t.split("/")), default=(1, 1), help="K/N: every N-th problem from the K-th")
+    parser.add_argument("--report", type=Path, default=None, help="KernelBench mode: write the summary of --results here")
     args = parser.parse_args()
+    if args.report:
+        print(json.dumps(kernelbench_report(args.results, args.report)["protocols"], indent=2))
+        return 0
+    if args.kernelbench:
+        if args.results is None:
+            parser.error("--kernelbench needs --results FILE")
+        return run_kernelbench(args)
     pairs = pairs_for(args.sets, args.limit)
     if not pairs:
         parser.error("no problem x candidate pairs found")

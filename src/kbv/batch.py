@@ -7,6 +7,7 @@ skips every pair whose record is already stored under the same protocol, device 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +19,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kbv._version import __version__
 from kbv.candidates import NAMING_HINT, Candidate, scan_candidates
-from kbv.pipeline import HarnessError, default_device, evaluate
+from kbv.pipeline import HarnessError, default_device, evaluate, worker_specs
 from kbv.problems import Problem, ProblemError, load_problems
 from kbv.problems._loader import check_importable
 from kbv.protocol import Protocol, load_protocol
 from kbv.records import Record
-from kbv.worker import Worker, WorkerSpec, visible_devices
+from kbv.worker import Spares, Worker, WorkerSpec, visible_devices
 
 Pair = tuple[Problem, Candidate]
 
@@ -87,21 +88,29 @@ def run_batch(
     pairs = list(pairs)
     env = probe_environment(device) if store is not None else {}
     result = BatchResult(env=env)
-    with progress_bar(console) as progress:
+    todo = [store is None or force or not store.has_record(store_key(p, c, protocol, env)) for p, c in pairs]
+    # Prespawned workers serve kbv's own pipeline (or a wrapper of it that says it takes them).
+    spares = Spares() if evaluate_fn is evaluate or getattr(evaluate_fn, "uses_spares", False) else None
+    with progress_bar(console) as progress, spares or contextlib.nullcontext():
         task = progress.add_task("evaluating", total=len(pairs))
-        for problem, candidate in pairs:
+        for index, (problem, candidate) in enumerate(pairs):
             progress.update(task, description=f"{problem.name} x {candidate.label}/{candidate.path.name}")
-            if store is not None and not force and store.has_record(store_key(problem, candidate, protocol, env)):
+            if not todo[index] or (store is not None and not force and store.has_record(store_key(problem, candidate, protocol, env))):
                 result.skipped += 1
             else:
-                _evaluate_one(problem, candidate, protocol, device, timeout_s, store, run_id, jsonl, result, evaluate_fn)
+                extra: dict[str, Any] = {}
+                if spares is not None:
+                    upcoming = next((pairs[j] for j in range(index + 1, len(pairs)) if todo[j]), None)
+                    spares.expect(list(worker_specs(*upcoming, protocol, device)) if upcoming else [])
+                    extra["spares"] = spares
+                _evaluate_one(problem, candidate, protocol, device, timeout_s, store, run_id, jsonl, result, evaluate_fn, extra)
             progress.advance(task)
     return result
 
 
-def _evaluate_one(problem: Problem, candidate: Candidate, protocol: Protocol, device: str, timeout_s: float | None, store: Any, run_id: int | None, jsonl: str | Path | None, result: BatchResult, evaluate_fn: Callable[..., Record]) -> None:
+def _evaluate_one(problem: Problem, candidate: Candidate, protocol: Protocol, device: str, timeout_s: float | None, store: Any, run_id: int | None, jsonl: str | Path | None, result: BatchResult, evaluate_fn: Callable[..., Record], extra: dict[str, Any] | None = None) -> None:
     try:
-        record = evaluate_fn(problem, candidate, protocol, device, timeout_s=timeout_s)
+        record = evaluate_fn(problem, candidate, protocol, device, timeout_s=timeout_s, **(extra or {}))
     except (HarnessError, ProblemError) as exc:
         result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0]))
         return

@@ -22,7 +22,7 @@ from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
+from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -140,8 +140,13 @@ def evaluate(
     *,
     timeout_s: float | None = None,
     master_seed: int | None = None,
+    spares: Spares | None = None,
 ) -> Record:
-    """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise."""
+    """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise.
+
+    ``spares`` (a batch's) supplies workers launched ahead of time and launches the next pair's
+    while this one checks correctness (never while it times)."""
+    started = time.monotonic()
     device = device or default_device()
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
@@ -149,17 +154,19 @@ def evaluate(
     ctx = _Context(problem, candidate, protocol, device, seeds)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     ctx.findings.extend(_static_findings(ctx))
-    reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S))
-    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s))
+    spares = spares or Spares()
+    reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
     with reference, subject:
         reference.launch()
         subject.launch()
+        spares.launch_expected()  # the next evaluation's workers boot while this one loads and checks correctness
         ref_hello = _start_reference(ctx, reference)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
+            _phase(ctx, "spares", spares.settle)  # no process boots while a batch is timed
             if correct:
                 timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
                 ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
@@ -168,11 +175,21 @@ def evaluate(
             else:
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
+            ctx.phases["total"] = time.monotonic() - started
             return _failure_record(ctx, ref_hello, failure)
+    ctx.phases["total"] = time.monotonic() - started  # closing the workers included
     outcome = decide_outcome(correct, ctx.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
 
 
+
+
+def worker_specs(problem: Problem, candidate: Candidate, protocol: Protocol, device: str) -> tuple[WorkerSpec, WorkerSpec]:
+    """The reference's and the candidate's worker for one evaluation (``protocol`` with its timeout)."""
+    return (
+        WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S),
+        WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s),
+    )
 
 
 def _phase(ctx: _Context, name: str, work: Any) -> Any:

@@ -86,3 +86,15 @@ def driver_version() -> str | None:
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:
         return None
+
+
+def compute_capability(device: str) -> str | None:
+    """``"9.0"`` for an H100/H200: the GPU's compute capability from NVML (no CUDA context made)."""
+    nvml = _nvml()
+    if nvml is None or not device.startswith("cuda"):
+        return None
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(physical_index(device)))
+        return f"{int(major)}.{int(minor)}"
+    except Exception:  # an NVML without the query: the worker's torch decides, as before
+        return None

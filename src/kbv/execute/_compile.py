@@ -37,7 +37,9 @@ from pathlib import Path
 
 from kbv.candidates import Candidate
 from kbv.worker import _kbv_src, cache_root
-from kbv.worker._env import scrubbed_env
+from kbv.worker._env import arch_list_for, scrubbed_env
+
+__all__ = ["CompileResult", "CompileStage", "arch_list_for", "build_dir", "build_lock", "compile_candidate", "known_build_failure", "needs_build"]
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -78,17 +80,6 @@ def toolchain(arch_list: str | None) -> dict[str, str]:
         "cxx": os.environ.get("CXX", ""),
         "cc": os.environ.get("CC", ""),
     }
-
-
-def arch_list_for(capability: str | None) -> str | None:
-    """``TORCH_CUDA_ARCH_LIST`` that reproduces torch's automatic choice for one GPU model.
-
-    With the variable unset and one visible GPU of capability X.Y, torch compiles for ``X.Y+PTX``;
-    the build child sees no GPU, so it is told. A user's own setting wins (the worker inherits it too).
-    """
-    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return os.environ["TORCH_CUDA_ARCH_LIST"]
-    return f"{capability}+PTX" if capability else None
 
 
 def compile_candidate(candidate: Candidate, *, arch_list: str | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> CompileResult:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbv import telemetry
 from kbv.worker import _channel, _handoff
-from kbv.worker._env import scrubbed_env
+from kbv.worker._env import arch_list_for, scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
 
@@ -125,7 +126,9 @@ class Worker:
         return self.wait_ready()
 
     def launch(self) -> None:
-        """Start the process without waiting, so several workers can boot at once."""
+        """Start the process without waiting, so several workers can boot at once (again: no-op)."""
+        if self._proc is not None:
+            return
         builds = cache_root() / "builds" / self.spec.build_key[:32]
         extensions, triton_dir = builds / "torch_extensions", builds / "triton"
         extensions.mkdir(parents=True, exist_ok=True)
@@ -137,6 +140,9 @@ class Worker:
             triton_dir=triton_dir,
             visible_devices=self.spec.visible_devices,
         )
+        arch = arch_list_for(telemetry.compute_capability(self.spec.device)) if self.spec.device.startswith("cuda") else None
+        if arch:  # the flags an ahead-of-time build used (kbv.execute._compile): its build is reused
+            env["TORCH_CUDA_ARCH_LIST"] = arch
         env.update(self.spec.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
@@ -242,6 +248,61 @@ class Worker:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+
+def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
+    return (spec.build_key, spec.device, spec.visible_devices, spec.role, spec.budget_s, tuple(sorted(spec.extra_env.items())))
+
+
+class Spares:
+    """Workers started ahead of the evaluation that will use them, so that start-up (Python, torch,
+    the CUDA context) is off the critical path: a batch names the next pair's workers, the current
+    evaluation launches them once its own are up and waits for them to finish booting before it
+    times anything (a booting process must not share the GPU or the CPU with a timed batch).
+
+    A spare has loaded no problem and no candidate; each evaluation still gets fresh workers."""
+
+    def __init__(self) -> None:
+        self._launched: dict[tuple[Any, ...], Worker] = {}
+        self._next: list[WorkerSpec] = []
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def expect(self, specs: list[WorkerSpec]) -> None:
+        """The workers the next evaluation will ask for (launched by :meth:`launch_expected`)."""
+        self._next = list(specs)
+
+    def take(self, spec: WorkerSpec) -> Worker:
+        """A launched spare matching ``spec``, or a new (not yet launched) worker."""
+        return self._launched.pop(_spec_key(spec), None) or Worker(spec)
+
+    def launch_expected(self) -> None:
+        for spec in self._next:
+            key = _spec_key(spec)
+            if key not in self._launched:
+                worker = Worker(spec)
+                worker.launch()
+                self._launched[key] = worker
+        self._next = []
+
+    def settle(self) -> None:
+        """Wait until every launched spare has booted; one that failed to boot is dropped (the
+        evaluation that wanted it starts its own)."""
+        for key, worker in list(self._launched.items()):
+            try:
+                worker.wait_ready()
+            except WorkerFailed:
+                worker.close()
+                del self._launched[key]
+
+    def close(self) -> None:
+        for worker in self._launched.values():
+            worker.close()
+        self._launched.clear()
 
 
 def _tail(path: Path) -> str:

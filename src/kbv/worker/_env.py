@@ -71,3 +71,15 @@ def scrubbed_env(
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
     env.setdefault("PATH", os.defpath)
     return env
+
+
+def arch_list_for(capability: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` that reproduces torch's automatic choice for one GPU model.
+
+    With the variable unset and one visible GPU of capability X.Y, torch compiles for ``X.Y+PTX``.
+    Ahead-of-time builds see no GPU, so they are told; evaluation workers are told the same, so a
+    build made ahead of time and the worker's import agree on every flag and nothing is rebuilt.
+    A user's own setting wins (both inherit it)."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    return f"{capability}+PTX" if capability else None

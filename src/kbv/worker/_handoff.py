@@ -78,6 +78,8 @@ def hand_over(values: list[Any], device: torch.device, path: str, keep: list[Any
 
 
 def _describe_cuda(tensor: torch.Tensor) -> dict[str, Any]:
+    if tensor.numel() == 0:  # nothing to share (an empty storage has no handle)
+        return {"dtype": str(tensor.dtype), "shape": list(tensor.shape), "empty": True}
     storage = tensor.untyped_storage()
     (device, handle, size, offset_bytes, ref_handle, ref_offset, event_handle, event_sync) = storage._share_cuda_()
     return {
@@ -151,6 +153,11 @@ def _device_index(device: str) -> int:
 
 
 def _from_cuda(item: Any, device_index: int) -> torch.Tensor:
+    if isinstance(item, dict) and item.get("empty") is True:
+        dtype, shape = _DTYPES.get(str(item.get("dtype"))), _ints(item.get("shape"))
+        if dtype is None or shape is None or all(shape):
+            raise HandoffError("malformed empty CUDA descriptor")
+        return torch.empty(shape, dtype=dtype, device=f"cuda:{device_index}")
     dtype, shape, stride, offset, storage = _checked(item)
     try:
         shared = torch.UntypedStorage._new_shared_cuda(
