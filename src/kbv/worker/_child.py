@@ -228,7 +228,8 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     if memory is not None:
         memory = _memory_after(state, memory)
     types = _type_names(outputs)
-    copies = [_handoff.plain_copy(o, state.device) for o in outputs]
+    # A trusted reference's outputs are handed over as they are; a candidate's are copied first.
+    copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
     del args, outputs
     return {"types": types, "memory": memory, "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed)}
 

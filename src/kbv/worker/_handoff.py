@@ -47,16 +47,19 @@ class HandoffError(ValueError):
 # child side
 
 
-def plain_copy(value: Any, device: torch.device) -> Any:
+def plain_copy(value: Any, device: torch.device, *, copy: bool = True) -> Any:
     """A plain ``torch.Tensor`` copy of an output on the worker's device (subclasses stripped), or a
     tensor of a Python number, or None. Taken right after the call returned and synchronised, so
-    what is handed over is the output as the call left it."""
+    what is handed over is the output as the call left it. ``copy=False`` (trusted workers only:
+    the parent copies what it is handed anyway) hands a contiguous output over as it is."""
     if isinstance(value, torch.Tensor):
         tensor = value.detach()
         if type(tensor) is not torch.Tensor:
             tensor = tensor.as_subclass(torch.Tensor)
         if tensor.device != device:
             tensor = tensor.to(device)
+        if not copy and tensor.is_contiguous():
+            return tensor
         return _clone(tensor, memory_format=torch.contiguous_format)
     if isinstance(value, (bool, int, float)):
         return torch.tensor(value, device=device)
