@@ -186,7 +186,8 @@ def _appending(results: Path, protocol: str) -> Any:
         row = {"kind": "row", "protocol": protocol, "problem": problem.name, "outcome": record.outcome,
                "phases_s": record.phases_s, "speedup": record.speedup.get("best"),
                "failed": [d.name for d in record.distributions if d.applicable and not d.passed],
-               "findings": [f"{f.check}:{f.severity}" for f in record.findings if f.severity != "info"],
+               "findings": [f"{f.check}:{f.severity}: {f.detail[:300]}" for f in record.findings if f.severity != "info"],
+               "error": (record.error or {}).get("message", "")[-600:] if record.error else None,
                "bytes": problem_bytes(problem.path)}
         with open(results, "a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")

@@ -87,6 +87,10 @@ class ExpectedCache:
         self.hits += 1
         return entry[0]
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
     def put(self, key: tuple[Any, ...], value: dict[str, Any]) -> None:
         size = _nbytes(value)
         if size > self.budget_bytes:
@@ -154,7 +158,26 @@ def evaluate(
     ctx = _Context(problem, candidate, protocol, device, seeds)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     ctx.findings.extend(_static_findings(ctx))
-    spares = spares or Spares()
+    try:
+        return _evaluate_in_workers(ctx, spares or Spares(), started)
+    finally:
+        _release_device_memory(ctx)
+
+
+def _release_device_memory(ctx: _Context) -> None:
+    """Hand the evaluation's device memory back: the reference outputs it kept, tensors caught in
+    reference cycles (closures, tracebacks), and the parent allocator's cache, which would otherwise
+    keep the next evaluation's workers from the GPU memory they need."""
+    ctx.expected.clear()
+    if ctx.device.startswith("cuda"):
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
+    problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
     with reference, subject:
         reference.launch()

@@ -43,7 +43,25 @@ def print_record(record: Record, console: Console | None = None) -> None:
             f"peak memory: candidate {memory['candidate_peak_bytes'] / 2**20:.1f} MiB, "
             f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
         )
+    phases = phases_line(record.phases_s)
+    if phases:
+        console.print(phases, highlight=False, soft_wrap=True)
     console.print(f"seeds: master {record.seeds.get('master')} (replay with: kbv eval --replay RECORD.json)")
+
+
+#: The pipeline's phases in the order they run (probes, ``probe:NAME``, are listed apart).
+PHASE_ORDER = ("compile", "load", "correctness", "spares", "baseline", "timing", "integrity")
+
+
+def phases_line(phases: dict[str, float]) -> str:
+    """Where an evaluation's time went, from the record's ``phases_s``: the phases, then the
+    seconds of each integrity probe (the first check that needs a shared probe pays for it)."""
+    if not phases:
+        return ""
+    main = [f"{name} {phases[name]:.1f}" for name in PHASE_ORDER if phases.get(name)]
+    probes = [f"{name.split(':', 1)[1]} {seconds:.1f}" for name, seconds in phases.items() if name.startswith("probe:") and seconds >= 0.05]
+    total = f"total {phases['total']:.1f} s: " if "total" in phases else ""
+    return f"time: {total}" + ", ".join(main) + (f" (probes: {', '.join(probes)})" if probes else "")
 
 
 def _distribution_table(record: Record) -> Table:

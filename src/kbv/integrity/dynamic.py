@@ -80,8 +80,11 @@ class DynamicContext:
         return self._cache[key]
 
     def request(self, worker: Any, op: str, **fields: Any) -> dict[str, Any]:
+        return self._answer(worker, lambda: worker.request(op, **fields))
+
+    def _answer(self, worker: Any, receive: Any) -> dict[str, Any]:
         try:
-            return worker.request(op, **fields)
+            return dict(receive())
         except WorkerFailed as exc:
             if worker is self.session.reference:
                 raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
@@ -103,6 +106,31 @@ class DynamicContext:
             groups.append(flat[position : position + n])
             position += n
         return groups
+
+    def concurrently(self, requests: dict[str, tuple[Any, str, dict[str, Any]]]) -> None:
+        """Run independent probes in both workers at once (``{cache key: (worker, op, fields)}``);
+        each result is cached under its key as :meth:`once` would, a failure is raised when read."""
+        started = time.monotonic()
+        sent = []
+        for key, (worker, op, fields) in requests.items():
+            if key not in self._cache:
+                worker.send_request(op, **fields)
+                sent.append((key, worker))
+        for key, worker in sent:
+            try:
+                self._cache[key] = self._answer(worker, worker.receive_reply)
+            except (_ProbeFailed, _ReferenceProbeFailed) as exc:
+                self._cache[key] = exc
+        phases = getattr(self.session, "phases", None)
+        if phases is not None and sent:
+            phases["+".join(k for k, _ in sent)] = time.monotonic() - started
+
+    def cached(self, key: str, compute: Any) -> Any:
+        """:meth:`once`, re-raising a failure that :meth:`concurrently` stored."""
+        value = self.once(key, compute)
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     @property
     def on_cuda(self) -> bool:
@@ -151,8 +179,9 @@ class DynamicContext:
 
     def cache_probe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
-            a, b = self.draw(0), self.draw(1)
-            dist, seed_a, seed_b = a["distribution"], int(a["seed"]), int(b["seed"])
+            # Two draws the candidate has never seen: a cache must not find them from correctness.
+            dist = self.distribution()
+            seed_a, seed_b = self.session.fresh_seed("cache-a"), self.session.fresh_seed("cache-b")
             sub = self.session.subject
             reply = self.request(sub, "probe_cache", distribution=dist, seed_a=seed_a, seed_b=seed_b, out_path=sub.new_path("probe-cache"))
             specs = [
@@ -360,8 +389,11 @@ def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
     default_severity="fail",
     doc="""Memoisation keyed on data_ptr, id(), shape or a value sample. Four calls: draw A on fresh
     buffers; draw B copied into A's buffers (same pointers, new contents); B in new buffers; a mix
-    that keeps A's first/last 64 and middle elements and B's values elsewhere. Each output is
-    judged against the reference for the values actually passed; the first call is the control.""",
+    that keeps A's first/last 64 and middle elements and B's values elsewhere. A and B are fresh
+    secret draws the candidate has not seen (unlike the other probes, which reuse correctness draws).
+    Each output is judged against the reference for the values actually passed; the first call is
+    the control. A call that returns, bit for bit, an earlier call's output for other inputs and is
+    wrong is a cache hit whatever else happened.""",
 )
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
@@ -381,13 +413,17 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
 
 def _repeated_output(ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]) -> str | None:
     """A call that returned, bit for bit, an earlier call's output for other input values, where the
-    reference's answers to the two differ: the answer came from a cache, not from the inputs."""
+    reference's answers to the two differ and the later answer is wrong: it came from a cache, not
+    from the inputs (a right answer that happens to repeat, as discrete outputs such as argmax
+    indices do, is no evidence)."""
     for i in range(1, len(outputs)):
         for j in range(i):
             if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
                 continue  # a uniform output (all zeros, say) is a constant, which correctness judges
             if _bitwise_equal(ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]):
                 continue  # the reference cannot tell these inputs apart either
+            if ctx.judge(outputs[i], specs[i])["passed"]:
+                continue
             return f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) for different input values"
     return None
 
@@ -654,7 +690,7 @@ def _measurement(raw: dict[str, Any]) -> kbv_timing.Measurement:
 
 
 def _kernels(ctx: DynamicContext) -> dict[str, Any]:
-    return ctx.once("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
+    return ctx.cached("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
 
 
 @register_check(
@@ -724,7 +760,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         findings.append(_finding("plausibility", f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)", "warn"))
     if not ctx.on_cuda:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
-    facts = ctx.once("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
+    facts = ctx.cached("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
     flops_peak, bw_peak, where = _peaks(ctx)
     nbytes = facts["input_bytes"] + facts["output_bytes"]
     floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3
@@ -752,6 +788,12 @@ def run_dynamic_checks(session: Any) -> list[Finding]:
     """
     session.rebuild()
     ctx = DynamicContext(session)
+    if ctx.on_cuda:  # the two slow probes (the profiler's start-up, FlopCounterMode) run side by side
+        spec = ctx.draw(0)
+        both = {"kernels": (session.subject, "probe_kernels", {"inputs": spec})}
+        if session.correct:
+            both["flops"] = (session.reference, "probe_flops", {"inputs": spec})
+        ctx.concurrently(both)
     checks = {c.name: c for c in _dynamic_checks()}
     names = [n for n in ORDER if n in checks] + sorted(n for n in checks if n not in ORDER)
     findings: list[Finding] = []

@@ -148,7 +148,7 @@ class Worker:
         parent_end, child_end = socket.socketpair()
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno())],
+                [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role],
                 env=env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
@@ -167,6 +167,11 @@ class Worker:
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply within the worker's remaining budget."""
+        self.send_request(op, **fields)
+        return self.receive_reply()
+
+    def send_request(self, op: str, **fields: Any) -> None:
+        """The first half of :meth:`request`: two workers can then work at once (``receive_reply``)."""
         if self._sock is None:
             raise RuntimeError("worker not started")
         try:
@@ -174,6 +179,8 @@ class Worker:
         except OSError as exc:
             self.kill()
             raise WorkerFailed("crashed", f"the worker is gone ({exc})", self.logs()) from exc
+
+    def receive_reply(self) -> dict[str, Any]:
         reply = self._receive()
         if not reply.get("ok"):
             error = reply.get("error") or {}

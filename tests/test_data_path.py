@@ -1,0 +1,111 @@
+"""What crosses to a candidate worker: seeds, settings and its own file names, never a handle to
+trusted memory, a reference output or the truth (docs/architecture.md, "Outputs stay on the device")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FOUNDATION, RELU
+
+from kbv.api import evaluate_paths
+from kbv.worker import Spares, Worker, WorkerSpec
+
+_TRUSTED_KEYS = {"outputs", "truth", "reference", "baseline", "handle", "ref_handle", "event_handle", "items", "master"}
+
+
+@pytest.fixture()
+def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict, str]]:
+    seen: list[tuple[str, str, dict, str]] = []
+    original = Worker.send_request
+
+    def spy(self: Worker, op: str, **fields):
+        seen.append((self.spec.role, op, fields, str(self.scratch)))
+        return original(self, op, **fields)
+
+    monkeypatch.setattr(Worker, "send_request", spy)
+    return seen
+
+
+def _keys(value) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, (list, tuple)):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests_seen) -> None:
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    to_candidate = [(op, fields, scratch) for role, op, fields, scratch in requests_seen if role == "candidate"]
+    reference_scratch = {scratch for role, _, _, scratch in requests_seen if role == "reference"}
+    assert to_candidate and reference_scratch
+    for op, fields, scratch in to_candidate:
+        json.dumps(fields)  # plain JSON: no tensor, no bytes, nothing pickled
+        assert not _keys(fields) & _TRUSTED_KEYS, (op, fields)
+        for text in _strings(fields):
+            if text.startswith("/"):
+                inside_own = text.startswith(scratch)
+                # The one file of the reference's a candidate reads: redrawn parameters (inputs, not answers).
+                parameters = op == "build" and any(text.startswith(s) for s in reference_scratch) and Path(text).name.startswith("params-")
+                problem_or_candidate = text in (str(RELU), str(FOUNDATION / "relu_plain.py"))
+                assert inside_own or parameters or problem_or_candidate, (op, text)
+    assert str(record.seeds["master"]) not in json.dumps([f for _, f, _ in to_candidate])
+
+
+def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen) -> None:
+    """Every file a reference wrote for the parent is deleted when the parent has read it."""
+    evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
+    written = [fields["out_path"] for role, op, fields, _ in requests_seen if role == "reference" and "out_path" in fields and op == "run"]
+    assert written and not any(Path(p).exists() for p in written)
+
+
+def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it() -> None:
+    spec = WorkerSpec(build_key="test-spare", device="cpu", role="candidate", budget_s=60)
+    with Spares() as spares:
+        spares.expect([spec])
+        spares.launch_expected()
+        spares.settle()  # booted: a timed phase could start now
+        worker = spares.take(spec)
+        assert worker.alive() and worker.hello.get("pid") == worker.pid
+        fresh = spares.take(spec)  # nothing left: a new, unlaunched worker
+        assert fresh.pid is None
+        worker.close()
+        fresh.close()
+
+
+def test_the_parent_judges_its_own_copy(tmp_path) -> None:
+    """What the parent receives is its own tensor: changing the worker's file afterwards changes nothing."""
+    from kbv.worker._handoff import hand_over, receive
+
+    path = tmp_path / "o.pt"
+    description = hand_over([torch.ones(4)], torch.device("cpu"), str(path), [])
+    (copy,) = receive(description, "cpu")
+    torch.save([torch.zeros(4)], path)  # a late write by the worker
+    assert torch.equal(copy, torch.ones(4))
+
+
+def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
+    from kbv.summary import phases_line
+
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    phases = record.phases_s
+    assert {"correctness", "timing", "integrity", "total"} <= set(phases)
+    probes = {k for k in phases if k.startswith("probe:")}
+    assert {"probe:observe", "probe:cache", "probe:poison"} <= probes
+    assert sum(phases[k] for k in probes) <= phases["integrity"] + 1e-6  # probes are part of the integrity phase
+    line = phases_line(phases)
+    assert line.startswith("time: total") and "correctness" in line and "observe" in line
