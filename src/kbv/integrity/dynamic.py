@@ -125,6 +125,11 @@ class DynamicContext:
         if phases is not None and sent:
             phases["+".join(k for k, _ in sent)] = time.monotonic() - started
 
+    def release(self, key: str) -> None:
+        """Drop a probe's results once no later check reads them (their outputs hold device memory)."""
+        if self._cache.pop(key, None) is not None and self.on_cuda:
+            torch.cuda.empty_cache()
+
     def cached(self, key: str, compute: Any) -> Any:
         """:meth:`once`, re-raising a failure that :meth:`concurrently` stored."""
         value = self.once(key, compute)
@@ -173,7 +178,8 @@ class DynamicContext:
             cand = self.request(sub, "probe_observe", inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe"))
             refr = self.request(ref, "probe_observe", inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe"))
             first, late = self.handed(sub, cand)
-            return {"spec": spec, "candidate": cand, "reference": refr, "first": first, "late": late}
+            # Only the difference is kept: the outputs themselves would hold device memory all phase.
+            return {"spec": spec, "candidate": cand, "reference": refr, "late_diff": _max_diff(first, late)}
 
         return self.once("observe", compute)
 
@@ -225,13 +231,16 @@ def _max_diff(a: list[Any], b: list[Any]) -> float:
             return math.inf
         if x.numel() == 0:
             continue
-        xd, yd = x.double(), y.double()
-        nan_mismatch = torch.isnan(xd) != torch.isnan(yd)
-        if bool(nan_mismatch.any()):
-            return math.inf
-        diff = (xd - yd).abs().nan_to_num(nan=0.0, posinf=math.inf)
-        worst = max(worst, float(diff.max()))
+        flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+        for start in range(0, flat_x.numel(), _DIFF_CHUNK):  # bounded float64 temporaries
+            xd, yd = flat_x[start : start + _DIFF_CHUNK].double(), flat_y[start : start + _DIFF_CHUNK].double()
+            if bool((torch.isnan(xd) != torch.isnan(yd)).any()):
+                return math.inf
+            worst = max(worst, float((xd - yd).abs().nan_to_num(nan=0.0, posinf=math.inf).max()))
     return worst if len(a) == len(b) else math.inf
+
+
+_DIFF_CHUNK = 1 << 25
 
 
 def _finding(check: str, detail: str, severity: str | None = None) -> Finding:
@@ -315,7 +324,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
     grew_proc = max(after["processes"], later["processes"]) - before["processes"]
     if grew_proc > 0:
         findings.append(_finding("background_work", f"child processes: {before['processes']} before the call, {after['processes']} right after, {later['processes']} after {OBSERVE_DELAY_S}s"))
-    diff = _max_diff(obs["first"], obs["late"])
+    diff = obs["late_diff"]
     if diff > 0:
         findings.append(_finding("background_work", f"the outputs changed after the call returned: max |late - returned| = {_fmt(diff)} after {OBSERVE_DELAY_S}s"))
     ref_act = ref["activity"]
@@ -798,6 +807,7 @@ def run_dynamic_checks(session: Any) -> list[Finding]:
     names = [n for n in ORDER if n in checks] + sorted(n for n in checks if n not in ORDER)
     findings: list[Finding] = []
     failed_probes: set[str] = set()
+    last_reader = {probe: [n for n in names if n in readers][-1] for probe, readers in _PROBE_READERS.items() if any(n in readers for n in names)}
     for name in names:
         try:
             findings.extend(checks[name].run(ctx))
@@ -809,7 +819,14 @@ def run_dynamic_checks(session: Any) -> list[Finding]:
                 continue
             failed_probes.add(message)
             findings.append(_finding(name, f"the candidate failed inside this check's probe after passing ordinary calls: {message}", "fail"))
+        finally:
+            for probe in [p for p, reader in last_reader.items() if reader == name]:
+                ctx.release(probe)
     return findings
+
+
+#: Checks that read a probe's outputs: the probe is released after the last of them has run.
+_PROBE_READERS = {"cache": ("caching_probe",), "poison": ("unwritten_output", "nondeterminism")}
 
 
 def _dynamic_checks() -> list[Any]:

@@ -191,8 +191,13 @@ def _model_for(state: _State, precision: str) -> Any:
 
 
 def _set_precision_flags(precision: str) -> None:
-    """Baseline configurations. A candidate runs with PyTorch's defaults (``precision='native'``)."""
+    """Baseline configurations. A candidate runs with PyTorch's defaults (``precision='native'``);
+    ``default`` puts PyTorch's default flags back in a trusted worker (TF32 off for matmuls, on for cuDNN)."""
     if precision == "native":
+        return
+    if precision == "default":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True
         return
     tf32 = precision in ("tf32", "compile")  # the compiled baseline runs with TF32, as practitioners do
     torch.backends.cuda.matmul.allow_tf32 = tf32
