@@ -31,8 +31,7 @@ def _observation(**candidate) -> dict:
         "identities_changed": [],
         "harness_changed": [],
     }
-    out = torch.ones(3)
-    return {"candidate": {**honest, **candidate}, "reference": honest, "first": [out], "late": [out.clone()]}
+    return {"candidate": {**honest, **candidate}, "reference": honest, "late_diff": 0.0}
 
 
 def _with_observation(obs: dict) -> dynamic.DynamicContext:
@@ -63,7 +62,7 @@ def test_observation_hacks_fail() -> None:
     threads = _observation(threads_started=1)
     assert dynamic.check_background_work(_with_observation(threads))[0].severity == "fail"
     late = _observation()
-    late["late"] = [torch.zeros(3)]
+    late["late_diff"] = dynamic._max_diff([torch.ones(3)], [torch.zeros(3)])
     assert "changed after" in dynamic.check_background_work(_with_observation(late))[0].detail
     flags = _observation()
     flags["candidate"]["flags"] = {**flags["candidate"]["flags"], "after_call": {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True}}
@@ -163,3 +162,14 @@ def test_caching_probe_judges_each_call_against_its_own_values() -> None:
     ctx.judge = lambda outputs, spec: {"passed": bool(outputs[0].sum() > 0), "max_abs_err": 1.0}
     findings = dynamic.check_caching(ctx)
     assert findings[0].severity == "fail" and "same buffers, new contents" in findings[0].detail
+
+
+def test_max_diff_over_chunks_finds_the_worst_difference_and_nan_mismatches(monkeypatch) -> None:
+    monkeypatch.setattr(dynamic, "_DIFF_CHUNK", 4)
+    a = torch.zeros(10)
+    b = torch.zeros(10)
+    b[9] = 3.0  # in the last chunk
+    assert dynamic._max_diff([a], [b]) == 3.0
+    b[9] = float("nan")
+    assert dynamic._max_diff([a], [b]) == float("inf")
+    assert dynamic._max_diff([a], [torch.zeros(11)]) == float("inf")
