@@ -45,7 +45,7 @@ DEFAULT_GPU_PEAK = (2500e12, 10e12)
 #: parent's bracket supports; below it the speedup is corrected and the finding is a warning.
 LIE_FACTOR = 2.0
 #: Worker failures that end the evaluation (the pipeline records them as outcomes).
-_REFUSE = ("crashed", "timeout", "cuda_error")
+_REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
 
 
 class _ProbeFailed(Exception):
@@ -775,3 +775,32 @@ def _dynamic_checks() -> list[Any]:
     from kbv.integrity._registry import list_checks
 
     return list_checks("dynamic")
+
+
+# ------------------------------------------------------------------------------------------------
+# Containment (kbv.worker._contain): processes the candidate left running
+
+
+@register_check(
+    name="processes_left",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Processes the candidate started that still run when its evaluation ends: members of the
+    worker's cgroup, /proc descendants of the worker (a child subreaper, so orphans stay below it)
+    and processes carrying the worker's marker variable. kbv kills them and names each (pid and
+    command line). One that left the worker's session (setsid, start_new_session) made an effort to
+    outlive its worker and fails; one still in the worker's session (a helper pool the candidate did
+    not shut down) is a warning. Reported under every protocol.""",
+)
+def check_processes_left(ctx: DynamicContext) -> list[Finding]:
+    return left_behind_findings(ctx.session.subject.finish())
+
+
+def left_behind_findings(left: list[dict[str, Any]]) -> list[Finding]:
+    """The ``processes_left`` finding for what ``Worker.finish`` found and killed (none when empty)."""
+    if not left:
+        return []
+    escaped = [p for p in left if p.get("own_session")]
+    shown = "; ".join(f"pid {p['pid']}{' (own session)' if p.get('own_session') else ''}: {p['command'][:120]}" for p in left[:5])
+    detail = f"{len(left)} process(es) the candidate started were still running at the end of its evaluation (killed): {shown}"
+    return [_finding("processes_left", detail, "fail" if escaped else "warn")]
