@@ -339,6 +339,9 @@ def _register_probes() -> None:
     except ImportError:
         return
     _HANDLERS.update(_probes.HANDLERS)
+    from kbv.worker import _calls
+
+    _HANDLERS.update(_calls.HANDLERS)
 
 
 def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:

@@ -313,7 +313,7 @@ def exceeded(usage: Usage, limits: Any) -> dict[str, Any] | None:
 
 def describe_exceeded(over: dict[str, Any]) -> str:
     if over["unit"] == "bytes":
-        return f"{over['limit']} limit exceeded: {over['figure'] / (1 << 30):.2f} GiB used, {over['allowed'] / (1 << 30):.2f} GiB allowed"
+        return f"{over['limit']} limit exceeded: {over['figure'] / (1 << 20):.1f} MiB used, {over['allowed'] / (1 << 20):.1f} MiB allowed"
     return f"{over['limit']} limit exceeded: {over['figure']} {over['unit']}, {over['allowed']} allowed"
 
 
