@@ -799,6 +799,7 @@ ORDER = (
     "timed_call_outputs", "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
     "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
     "nondeterminism", "transient_mismatch", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
+    "processes_left",
 )
 
 

@@ -190,6 +190,10 @@ class Worker:
             kind = str(error.get("kind", "runtime_error"))
             if kind == "cuda_error":
                 self.kill()
+            if self.spec.limits is not None and _contain.is_open_files_error(error):
+                kind, error = "resource_limit", {**error, **_contain.open_files_exceeded(self.spec.limits)}
+                self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
+                self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
             raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()})
         return reply
 
