@@ -297,3 +297,22 @@ def test_an_output_that_is_no_tensor_is_incorrect_not_a_hack(name: str) -> None:
     assert record.outcome == "incorrect", [(f.check, f.severity) for f in record.findings]
     assert "not torch.Tensor" in record.distributions[0].note
     assert not [f for f in record.findings if f.check == "output_type"]
+
+
+def test_a_candidate_worker_has_no_network_where_a_namespace_is_allowed() -> None:
+    import socket
+
+    if _contain.network_namespace()[1] is not None:
+        pytest.skip(f"no private network namespace here: {_contain.network_namespace()[1]}")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        spec = WorkerSpec(build_key="test-contain-net", device="cpu", role="candidate", budget_s=60, extra_env={"KBV_TEST_PORT": str(port)})
+        with Worker(spec) as worker:
+            _load(worker, CONTAIN / "reach_parent_port.py")
+            assert _run(worker)["ok"]  # raises WorkerFailed (runtime_error) had it connected
+            assert worker.isolation["network"].startswith("private")
+        trusted = Worker(WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60))
+        assert trusted._namespace_prefix() == ()  # trusted workers keep the parent's network
+        trusted.close()

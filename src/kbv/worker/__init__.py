@@ -157,7 +157,7 @@ class Worker:
         parent_end, child_end = socket.socketpair()
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno())],
+                [*self._namespace_prefix(), sys.executable, "-m", "kbv.worker._child", str(child_end.fileno())],
                 env=env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
@@ -268,6 +268,8 @@ class Worker:
             "process_tree": "cgroup v2, subreaper, marker sweep" if self._cgroup else "subreaper, marker sweep",
             "user": "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
         }
+        netns, no_netns = _contain.network_namespace()
+        facts["network"] = "private namespace (no network)" if netns and self.spec.role == "candidate" else "shared with the parent"
         limits = self.spec.limits
         if limits is not None:
             facts["limits"] = {f: getattr(limits, f) for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")}
@@ -275,9 +277,12 @@ class Worker:
         if self._cgroup is None:
             not_done.append("no cgroup: this process cannot create one here, so a process that clears its "
                             "environment and leaves the worker's tree is not tracked")
+        if no_netns and self.spec.role == "candidate":
+            not_done.append(f"no private network namespace: {no_netns}")
         if os.geteuid() == 0:
-            not_done.append("workers run as root like the parent: a candidate can read other workers' memory "
-                            "and write kbv's caches (docs/architecture.md, 'What isolation does not cover')")
+            not_done.append("workers run as root like the parent (dropping to an unprivileged user is not "
+                            "implemented yet): a candidate can read other workers' memory and write kbv's "
+                            "caches (docs/architecture.md, 'What isolation does not cover')")
         if limits is not None and limits.device_memory_gb and self.spec.device.startswith("cuda") and self.device_peak_bytes is None:
             not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
         facts["not_enforced"] = not_done
@@ -318,6 +323,10 @@ class Worker:
             _contain.kill_pids(rest)
             time.sleep(0.01)
         return left
+
+    def _namespace_prefix(self) -> tuple[str, ...]:
+        """Candidate workers start in a private network namespace where the machine allows one."""
+        return _contain.network_namespace()[0] if self.spec.role == "candidate" else ()
 
     def _contain_started(self) -> None:
         """Right after the process started, before any candidate code runs (that waits for ``load``)."""

@@ -21,9 +21,12 @@ What cannot be done on a machine (no writable cgroup, no ``/proc`` of other user
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
+import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,6 +330,27 @@ def describe_exceeded(over: dict[str, Any]) -> str:
     if over["unit"] == "bytes":
         return f"{over['limit']} limit exceeded: {over['figure'] / (1 << 20):.1f} MiB used, {over['allowed'] / (1 << 20):.1f} MiB allowed"
     return f"{over['limit']} limit exceeded: {over['figure']} {over['unit']}, {over['allowed']} allowed"
+
+
+@functools.lru_cache(maxsize=1)
+def network_namespace() -> tuple[tuple[str, ...], str | None]:
+    """A command prefix that starts a worker in a private network namespace (only a loopback that is
+    down: no network, not even the parent's localhost), or ``((), reason)`` where that is impossible.
+
+    ``unshare`` execs the worker in place, so the pid the parent holds is the worker's own.
+    ``KBV_WORKER_NETNS=0`` turns it off."""
+    if os.environ.get("KBV_WORKER_NETNS", "1") == "0":
+        return (), "turned off (KBV_WORKER_NETNS=0)"
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return (), "needs root (kbv does not use unprivileged user namespaces)"
+    tool = shutil.which("unshare")
+    if tool is None:
+        return (), "no unshare(1) on this machine"
+    try:
+        ok = subprocess.run([tool, "--net", "--", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return ((tool, "--net", "--"), None) if ok else ((), "the kernel refused a network namespace")
 
 
 def capabilities() -> dict[str, Any]:
