@@ -316,3 +316,92 @@ def test_a_candidate_worker_has_no_network_where_a_namespace_is_allowed() -> Non
         trusted = Worker(WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60))
         assert trusted._namespace_prefix() == ()  # trusted workers keep the parent's network
         trusted.close()
+
+
+# -- privileges -----------------------------------------------------------------------------------
+
+_DROP_SCRIPT = """
+import json, sys
+from kbv.api import evaluate_paths
+out = {}
+for name in sys.argv[2:]:
+    record = evaluate_paths(sys.argv[1], name, protocol="standard", device="cpu", timeout_s=120)
+    out[name] = {"outcome": record.outcome, "user": record.isolation.get("user"), "not_enforced": record.isolation.get("not_enforced"),
+                 "checks": sorted({f.check for f in record.findings if f.severity == "fail"}), "logs": record.logs}
+print(json.dumps(out))
+"""
+
+
+def _python_view(tmp_path: Path) -> tuple[list[str], str, str]:
+    """(command prefix, python, extra PYTHONPATH) that runs this interpreter where other users can
+    reach it: directly when they already can, else through a bind mount in a private mount
+    namespace (the CI machine keeps its interpreter under a /root only root may enter)."""
+    from kbv.worker import _privileges
+
+    if not _privileges.unreachable(_privileges.worker_uid("probe"), _privileges.needed_paths()):
+        return [], sys.executable, ""
+    prefix = Path(sys.prefix).resolve()
+    view = tmp_path / "python-view"
+    view.mkdir()
+    os.chmod(tmp_path, 0o755)
+    python = view / Path(os.path.realpath(sys.executable)).relative_to(prefix)
+    site = view / Path(sysconfig_purelib()).relative_to(prefix)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", f'mount --bind "{prefix}" "{view}" && exec "$@"', "sh"], str(python), str(site)
+
+
+def sysconfig_purelib() -> str:
+    import sysconfig
+
+    return os.path.realpath(sysconfig.get_paths()["purelib"])
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only a root parent drops candidate workers to a uid")
+def test_a_root_parent_runs_the_candidate_as_a_uid_of_its_own() -> None:
+    """As its own uid the candidate cannot read the parent's environment (where keys would be);
+    containment and the honest result are unchanged. (Run as root, the reader gets zeros back and
+    is incorrect: the fixture tells the two apart.)"""
+    import shutil
+    import tempfile
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here to give other users a view of the interpreter")
+    tmp_path = Path(tempfile.mkdtemp(prefix="kbv-test-drop-"))  # pytest's own tmp is closed to others
+    prefix, python, site = _python_view(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "KBV_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), site) if p)}
+    fixtures = [str(CONTAIN / "read_parent_environ.py")]
+    done = subprocess.run([*prefix, python, "-c", _DROP_SCRIPT, str(RELU), *fixtures], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json_loads_last_line(done.stdout)
+    reader = results[fixtures[0]]
+    assert reader["user"].startswith("uid "), reader
+    assert reader["outcome"] == "passed", reader  # zeros (incorrect) had it read the parent's environ
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def json_loads_last_line(text: str) -> dict:
+    import json
+
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_the_record_says_why_a_root_parent_could_not_drop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kbv.worker import _privileges
+
+    monkeypatch.setenv("KBV_WORKER_USER", "off")
+    plan = _privileges.plan("key", (), ())
+    assert plan.uid is None and ("KBV_WORKER_USER=off" in (plan.reason or "") or os.geteuid() != 0)
+    with _worker("no-drop") as worker:
+        _load(worker, FOUNDATION / "relu_plain.py")
+        assert worker.uid is None
+        if os.geteuid() == 0:
+            assert any("runs as root" in gap and "KBV_WORKER_USER=off" in gap for gap in worker.isolation["not_enforced"])
+
+
+def test_uids_are_per_source_and_skip_real_users() -> None:
+    from kbv.worker import _privileges
+
+    assert _privileges.worker_uid("a") == _privileges.worker_uid("a")
+    uids = {_privileges.worker_uid(str(k)) for k in range(50)}
+    assert len(uids) > 40 and all(_privileges.UID_BASE <= u < _privileges.UID_BASE + _privileges.UID_RANGE for u in uids)

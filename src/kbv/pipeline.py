@@ -99,7 +99,7 @@ def evaluate(
     ctx = _Context(problem, candidate, protocol, device, seeds, )
     ctx.findings.extend(_static_findings(ctx))
     reference = Worker(WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S))
-    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s, limits=protocol.limits))
+    subject = Worker(WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s, limits=protocol.limits, readable=(str(problem.path), str(candidate.path))))
     with reference, subject:
         reference.launch()
         subject.launch()
@@ -270,7 +270,7 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
     reference.request("build", init_seed=init_seed)
     state_path = None
     if ctx.parameters_mode == "state_dict":
-        state_path = reference.new_path("params")
+        state_path = subject.new_path("params")  # in the candidate's scratch: its own uid may read it
         reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
     subject.request("build", init_seed=init_seed, state_path=state_path)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv import telemetry
-from kbv.worker import _channel, _contain
+from kbv.worker import _channel, _contain, _privileges
 from kbv.worker._env import scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -99,6 +99,8 @@ class WorkerSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     # A kbv.protocol.LimitSettings polled while the parent waits (None: no limits, trusted workers).
     limits: Any = None
+    # Files a candidate worker must read (problem, candidate): checked before it drops to its own uid.
+    readable: tuple[str, ...] = ()
 
 
 class Worker:
@@ -126,6 +128,10 @@ class Worker:
         #: Largest resident memory of the worker's process tree the parent saw, and of the device.
         self.host_peak_bytes = 0
         self.device_peak_bytes: int | None = None
+        #: The uid a candidate worker runs as (None: the parent's), and why not where root could not drop.
+        self.uid: int | None = None
+        self._no_drop: str | None = None
+        self._private_net = False
 
     def __enter__(self) -> Worker:
         return self
@@ -155,9 +161,10 @@ class Worker:
         env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
+        argv, user = self._command([sys.executable, "-m", "kbv.worker._child", str(child_end.fileno())], builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
-                [*self._namespace_prefix(), sys.executable, "-m", "kbv.worker._child", str(child_end.fileno())],
+                argv,
                 env=env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
@@ -165,6 +172,9 @@ class Worker:
                 stderr=err,
                 pass_fds=(child_end.fileno(),),
                 start_new_session=True,  # its own process group, so a timeout kills every child
+                user=user,
+                group=user,
+                extra_groups=[] if user is not None else None,
             )
         child_end.close()
         self._sock = parent_end
@@ -266,10 +276,12 @@ class Worker:
         """How this worker is contained here, and what this machine did not allow (for the record)."""
         facts: dict[str, Any] = {
             "process_tree": "cgroup v2, subreaper, marker sweep" if self._cgroup else "subreaper, marker sweep",
-            "user": "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
+            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)" if self.uid is not None
+            else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
         }
         netns, no_netns = _contain.network_namespace()
-        facts["network"] = "private namespace (no network)" if netns and self.spec.role == "candidate" else "shared with the parent"
+        private_net = self._private_net
+        facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
         limits = self.spec.limits
         if limits is not None:
             facts["limits"] = {f: getattr(limits, f) for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")}
@@ -277,12 +289,12 @@ class Worker:
         if self._cgroup is None:
             not_done.append("no cgroup: this process cannot create one here, so a process that clears its "
                             "environment and leaves the worker's tree is not tracked")
-        if no_netns and self.spec.role == "candidate":
-            not_done.append(f"no private network namespace: {no_netns}")
-        if os.geteuid() == 0:
-            not_done.append("workers run as root like the parent (dropping to an unprivileged user is not "
-                            "implemented yet): a candidate can read other workers' memory and write kbv's "
-                            "caches (docs/architecture.md, 'What isolation does not cover')")
+        if self.spec.role == "candidate" and not private_net:
+            not_done.append(f"no private network namespace: {no_netns or 'setpriv(1) is missing to drop the uid after it'}")
+        if os.geteuid() == 0 and self.uid is None:
+            not_done.append(f"the candidate worker runs as root like the parent ({self._no_drop or 'not a candidate worker'}): "
+                            "it can read other workers' memory and write kbv's caches "
+                            "(docs/architecture.md, 'What isolation does not cover')")
         if limits is not None and limits.device_memory_gb and self.spec.device.startswith("cuda") and self.device_peak_bytes is None:
             not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
         facts["not_enforced"] = not_done
@@ -327,6 +339,27 @@ class Worker:
     def _namespace_prefix(self) -> tuple[str, ...]:
         """Candidate workers start in a private network namespace where the machine allows one."""
         return _contain.network_namespace()[0] if self.spec.role == "candidate" else ()
+
+    def _command(self, command: list[str], builds: Path) -> tuple[list[str], int | None]:
+        """The argv that starts a worker, and the uid ``Popen`` should switch to (None: keep ours).
+
+        A candidate worker of a root parent drops to the uid of its source (``_privileges``), after
+        its network namespace is made (that step needs root): ``unshare`` then ``setpriv``."""
+        prefix = self._namespace_prefix()
+        if self.spec.role != "candidate":
+            return [*prefix, *command], None
+        plan = _privileges.plan(self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent)))
+        self._no_drop = plan.reason
+        self._private_net = bool(prefix)
+        if plan.uid is None:
+            return [*prefix, *command], None
+        _privileges.hand_over(plan.uid, self.scratch, builds)
+        self.uid = plan.uid
+        wrapped = _privileges.start_command(plan.uid, prefix, command)
+        if wrapped is not None:
+            return wrapped, None
+        self._private_net = False  # without setpriv the uid wins over the namespace (isolation says so)
+        return command, plan.uid
 
     def _contain_started(self) -> None:
         """Right after the process started, before any candidate code runs (that waits for ``load``)."""
