@@ -221,6 +221,12 @@ def test_exceeding_a_limit_is_resource_limit(fixture: str, limits: LimitSettings
         assert not worker.alive()
 
 
+def test_the_process_limit_holds_without_a_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a cgroup the parent finds new processes by a full /proc scan (every FULL_SCAN_S)."""
+    monkeypatch.setattr(_contain.Cgroup, "create", staticmethod(lambda tag: None))
+    test_exceeding_a_limit_is_resource_limit("many_processes.py", LimitSettings(processes=4), "processes")
+
+
 _ORPHAN_PARENT = """
 import sys, time
 from pathlib import Path

@@ -123,6 +123,8 @@ class Worker:
         self._tag = uuid.uuid4().hex[:12]
         self._cgroup: _contain.Cgroup | None = None
         self._last_poll = 0.0
+        self._last_scan = 0.0
+        self._known: set[int] = set()
         #: The limit the worker was killed for ({limit, figure, allowed, unit}), if any.
         self.exceeded: dict[str, Any] | None = None
         #: Largest resident memory of the worker's process tree the parent saw, and of the device.
@@ -393,19 +395,33 @@ class Worker:
         """Measure the worker's tree once (peaks are kept); the first limit it is over, or None."""
         assert self._proc is not None
         limits = self.spec.limits
-        if self._cgroup is not None:  # cheap: only the members' own /proc files
-            procs = [_contain.read_proc(p) for p in {self._proc.pid, *self._cgroup.pids()}]
-            table = {p.pid: p for p in procs if p is not None}
-            members = list(table)
-        else:
-            table = _contain.process_table()
-            members = [p for p in (self._proc.pid, *_contain.descendants(self._proc.pid, table)) if p in table]
+        table = self._poll_table()
+        members = list(table)
         usage = _contain.tree_usage(members, table, count_files=bool(limits and limits.open_files))
         usage.device_bytes = self._device_bytes(members)
         self.host_peak_bytes = max(self.host_peak_bytes, usage.rss_bytes)
         if usage.device_bytes is not None:
             self.device_peak_bytes = max(self.device_peak_bytes or 0, usage.device_bytes)
         return _contain.exceeded(usage, limits) if limits is not None else None
+
+    def _poll_table(self) -> dict[int, _contain.Proc]:
+        """The worker's live processes for one poll, read as cheaply as the machine allows: the
+        cgroup's members; else the members found by the last full ``/proc`` scan, which is redone
+        every FULL_SCAN_S; a trusted worker (no limits) only itself."""
+        assert self._proc is not None
+        if self._cgroup is not None:
+            known = {self._proc.pid, *self._cgroup.pids()}
+        elif self.spec.limits is None:
+            known = {self._proc.pid}
+        elif time.monotonic() - self._last_scan >= FULL_SCAN_S:
+            self._last_scan = time.monotonic()
+            table = _contain.process_table()
+            self._known = {self._proc.pid, *_contain.descendants(self._proc.pid, table)}
+            return {p: table[p] for p in self._known if p in table}
+        else:
+            known = self._known
+        procs = [_contain.read_proc(p) for p in known]
+        return {p.pid: p for p in procs if p is not None}
 
     def _device_bytes(self, members: list[int]) -> int | None:
         if not self.spec.device.startswith("cuda") or not (self.spec.limits and self.spec.limits.device_memory_gb):
@@ -441,6 +457,9 @@ class Worker:
 
 #: Seconds between two polls of a limited worker's resources while the parent waits for it.
 POLL_S = 0.1
+#: Seconds between two full ``/proc`` scans for a limited worker without a cgroup (new processes
+#: are found this late; the members already known are measured every POLL_S).
+FULL_SCAN_S = 0.5
 
 
 def _session_of(pid: int) -> int | None:
