@@ -411,3 +411,15 @@ def test_uids_are_per_source_and_skip_real_users() -> None:
     assert _privileges.worker_uid("a") == _privileges.worker_uid("a")
     uids = {_privileges.worker_uid(str(k)) for k in range(50)}
     assert len(uids) > 40 and all(_privileges.UID_BASE <= u < _privileges.UID_BASE + _privileges.UID_RANGE for u in uids)
+
+
+def test_handing_a_build_directory_over_removes_planted_symlinks(tmp_path: Path) -> None:
+    from kbv.worker import _privileges
+
+    build = tmp_path / "build"
+    (build / "torch_extensions").mkdir(parents=True)
+    (build / "torch_extensions" / "lock").symlink_to("/etc/hostname")
+    (build / "module.so").write_bytes(b"")
+    _privileges.hand_over(os.getuid(), build)
+    assert not (build / "torch_extensions" / "lock").exists() and (build / "module.so").exists()
+    assert Path("/etc/hostname").exists()

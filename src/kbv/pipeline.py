@@ -270,8 +270,9 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
     reference.request("build", init_seed=init_seed)
     state_path = None
     if ctx.parameters_mode == "state_dict":
-        state_path = subject.new_path("params")  # in the candidate's scratch: its own uid may read it
+        state_path = reference.new_path("params")
         reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
+        state_path = subject.give(state_path)  # a copy in the candidate's scratch, which its own uid may read
     subject.request("build", init_seed=init_seed, state_path=state_path)
 
 

@@ -214,6 +214,16 @@ class Worker:
         self._counter += 1
         return str(self.scratch / f"{stem}-{self._counter}.pt")
 
+    def give(self, path: str) -> str:
+        """Copy a file the parent or a trusted worker wrote into this worker's scratch, under a fresh
+        name it cannot have prepared (no symlink planted there redirects the write), readable by
+        the worker's own uid; returns the new path."""
+        target = self.scratch / f"given-{uuid.uuid4().hex}.pt"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(source, out)
+        return str(target)
+
     def _receive(self) -> dict[str, Any]:
         assert self._sock is not None
         started = time.monotonic()

@@ -119,13 +119,23 @@ def _why(path: str) -> str:
 
 
 def hand_over(uid: int, *paths: Path) -> None:
-    """Give ``uid`` the directories it works in (recursively: a build left by root is reused)."""
+    """Give ``uid`` the directories it works in (recursively: a build left by root is reused).
+
+    Symlinks are removed first: a candidate of an earlier evaluation of this source may have left
+    one to make root (this parent, or the build lock's clean-up) act on a file elsewhere."""
     for top in paths:
+        if top.is_symlink():
+            top.unlink()
+            top.mkdir(parents=True)
         os.chown(top, uid, uid)
         for root, dirs, files in os.walk(top):
             for name in dirs + files:
+                entry = os.path.join(root, name)
                 try:
-                    os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+                    if os.path.islink(entry):
+                        os.unlink(entry)
+                    else:
+                        os.chown(entry, uid, uid, follow_symlinks=False)
                 except FileNotFoundError:
                     continue
 
