@@ -174,7 +174,9 @@ def test_an_orphan_without_the_marker_stays_in_the_tree(cgroup_mode: str) -> Non
         _load(worker, CONTAIN / "double_fork_no_env.py")
         _run(worker)
         deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(worker.members()) < 2:
+        commands: list[str] = []
+        while time.monotonic() < deadline and "sleep 986" not in commands:  # setsid execs sleep in place
+            commands = [_contain.command_line(p) for p in worker.members() if p != worker.pid]
             time.sleep(0.05)
         left = worker.finish()
         assert [p["command"] for p in left] == ["sleep 986"], left
