@@ -34,6 +34,7 @@ _ERROR_OUTCOME = {
     "cuda_error": Outcome.RUNTIME_ERROR,
     "timeout": Outcome.TIMEOUT,
     "crashed": Outcome.CRASHED,
+    "resource_limit": Outcome.RESOURCE_LIMIT,
 }
 
 
@@ -134,6 +135,9 @@ class _Context:
     expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
     # The input distribution each protocol distribution really ran (a domain fallback, or itself).
     variants: dict[str, str] = field(default_factory=dict)
+    # Filled at the end of the evaluation by _end_containment.
+    isolation: dict[str, Any] = field(default_factory=dict)
+    host_memory: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate(
@@ -199,7 +203,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
             ctx.phases["total"] = time.monotonic() - started
+            _end_containment(ctx, reference, subject)
             return _failure_record(ctx, ref_hello, failure)
+        _end_containment(ctx, reference, subject)
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
     outcome = decide_outcome(correct, ctx.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
@@ -211,8 +217,20 @@ def worker_specs(problem: Problem, candidate: Candidate, protocol: Protocol, dev
     """The reference's and the candidate's worker for one evaluation (``protocol`` with its timeout)."""
     return (
         WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S),
-        WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s),
+        WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s,
+                   limits=protocol.limits, readable=(str(problem.path), str(candidate.path))),
     )
+
+
+def _end_containment(ctx: _Context, reference: Worker, subject: Worker) -> None:
+    """Processes the candidate left running (killed now, reported), host memory peaks, isolation."""
+    from kbv import integrity
+    from kbv.integrity.dynamic import left_behind_findings
+
+    reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
+    ctx.findings.extend(integrity.apply_severity(left_behind_findings(subject.finish()), ctx.protocol.integrity))
+    ctx.isolation = subject.isolation
+    ctx.host_memory = {"candidate_host_peak_bytes": subject.host_peak_bytes or None, "reference_host_peak_bytes": reference.host_peak_bytes or None}
 
 
 def _phase(ctx: _Context, name: str, work: Any) -> Any:
@@ -374,6 +392,7 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
     if ctx.parameters_mode == "state_dict":
         state_path = reference.new_path("params")
         reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
+        state_path = subject.give(state_path)  # a copy in the candidate's scratch, which its own uid may read
     subject.request("build", init_seed=init_seed, state_path=state_path)
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
 
@@ -589,23 +608,26 @@ def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, r
         findings=ctx.findings,
         timing=timing,
         speedup=speedup,
-        memory=memory,
+        memory={**memory, **ctx.host_memory},
         seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)"},
         versions=_versions(hello),
         error=error,
         logs=logs or {},
         phases_s=ctx.phases,
+        isolation=ctx.isolation,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
 
 
 def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
-    error = {
+    error: dict[str, Any] = {
         "kind": failure.kind,
         "message": _trim(failure.message),
         "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
     }
+    if failure.kind == "resource_limit":  # which limit, and the figure that exceeded it
+        error["limit"] = {k: failure.details.get(k) for k in ("limit", "figure", "allowed", "unit")}
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
     timing, speedup, memory = _empty_timing()
     return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)

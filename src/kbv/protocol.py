@@ -98,6 +98,21 @@ class IntegritySettings:
 
 
 @dataclass(frozen=True)
+class LimitSettings:
+    """Resources one candidate worker (with every process it starts) may use; 0 turns a limit off.
+
+    Enforced from outside the candidate (kbv.worker._contain): the parent polls the worker tree's
+    resident memory, process count, open files and NVML's per-process device memory while it waits
+    for a reply, and kills the worker when one is exceeded (outcome ``resource_limit``).
+    """
+
+    host_memory_gb: float = 16.0
+    device_memory_gb: float = 64.0
+    processes: int = 64
+    open_files: int = 4096
+
+
+@dataclass(frozen=True)
 class Protocol:
     name: str
     version: int
@@ -105,6 +120,7 @@ class Protocol:
     timing: TimingSettings = field(default_factory=TimingSettings)
     integrity: IntegritySettings = field(default_factory=IntegritySettings)
     timeout_s: float = 300.0
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))
@@ -192,6 +208,7 @@ def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol
         "correctness": CorrectnessSettings,
         "timing": TimingSettings,
         "integrity": IntegritySettings,
+        "limits": LimitSettings,
     }
     updates: dict[str, Any] = {}
     for key, value in data.items():

@@ -23,6 +23,8 @@ class Outcome(str, Enum):
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
     CRASHED = "crashed"
+    # The candidate exceeded a limit its protocol names (host or device memory, processes, open files).
+    RESOURCE_LIMIT = "resource_limit"
 
 
 class Severity(str, Enum):
@@ -85,6 +87,9 @@ class Record:
     error: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
+    # How the candidate worker was contained on this machine (kbv.worker.Worker.isolation), and
+    # what could not be done here: said once per record instead of running unconfined silently.
+    isolation: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     schema_version: int = SCHEMA_VERSION
 

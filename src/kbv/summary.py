@@ -43,6 +43,10 @@ def print_record(record: Record, console: Console | None = None) -> None:
             f"peak memory: candidate {memory['candidate_peak_bytes'] / 2**20:.1f} MiB, "
             f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
         )
+    if memory.get("candidate_host_peak_bytes") is not None:
+        console.print(f"host memory peak: candidate {memory['candidate_host_peak_bytes'] / 2**20:.1f} MiB")
+    for gap in (record.isolation or {}).get("not_enforced") or []:
+        console.print(f"[yellow]not enforced on this machine[/yellow]: {gap}")
     phases = phases_line(record.phases_s)
     if phases:
         console.print(phases, highlight=False, soft_wrap=True)

@@ -45,7 +45,7 @@ DEFAULT_GPU_PEAK = (2500e12, 10e12)
 #: parent's bracket supports; below it the speedup is corrected and the finding is a warning.
 LIE_FACTOR = 2.0
 #: Worker failures that end the evaluation (the pipeline records them as outcomes).
-_REFUSE = ("crashed", "timeout", "cuda_error")
+_REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
 
 
 class _ProbeFailed(Exception):
@@ -259,13 +259,32 @@ def _fmt(x: float | None) -> str:
     name="output_type",
     kind="dynamic",
     default_severity="fail",
-    doc="""Every output must be a plain torch.Tensor. A Tensor subclass or an object with patched
-    methods can do its work lazily when the checker touches it, outside the timed window.""",
+    doc="""Every tensor output must be a plain torch.Tensor. A Tensor subclass or an object with
+    patched methods can do its work lazily when the checker touches it, outside the timed window.
+    An output that is no tensor at all (a float, None, a list) is not a hack but a wrong answer: the
+    correctness check makes it ``incorrect`` with the reason, and this check stays silent.""",
 )
 def check_output_type(ctx: DynamicContext) -> list[Finding]:
-    types = ctx.observe()["candidate"]["types"]
-    bad = [(i, t) for i, t in enumerate(types) if t != "torch.Tensor"]
-    return [_finding("output_type", f"output {i} is {t}, not torch.Tensor") for i, t in bad]
+    obs = ctx.observe()
+    return [_finding("output_type", f"output {i} is {t}, a tensor that is not a plain torch.Tensor")
+            for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first"])]
+
+
+def tensor_like_outputs(types: list[str], snapshots: list[Any]) -> list[tuple[int, str]]:
+    """(index, type) of outputs that are tensors but not plain ``torch.Tensor``s.
+
+    The worker's snapshot of an output is a tensor only for a ``torch.Tensor`` (subclasses
+    stripped) or a Python number; anything else arrives as None."""
+    found = []
+    for i, name in enumerate(types):
+        snapshot = snapshots[i] if i < len(snapshots) else None
+        if name != "torch.Tensor" and isinstance(snapshot, torch.Tensor) and not _python_scalar(name):
+            found.append((i, name))
+    return found
+
+
+def _python_scalar(type_name: str) -> bool:
+    return type_name in ("builtins.float", "builtins.int", "builtins.bool", "builtins.complex")
 
 
 @register_check(
@@ -725,12 +744,21 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
     name="ghost_kernel",
     kind="dynamic",
     default_severity="fail",
-    doc="""CUDA only: a custom extension or Triton was loaded, yet one forward launched only library
-    kernels: the custom kernel is compiled but never runs, and the speed is PyTorch's.""",
+    doc="""A kernel that never runs is no kernel. On every device, one forward runs under a call
+    recorder (kbv.worker._calls: a profile hook for calls into the candidate's functions, its
+    compiled extensions, custom operators and Triton launches; a trace hook on the candidate's own
+    frames for exceptions raised and caught there). It fails when the candidate built a kernel of
+    its own (an extension, a Triton kernel) and none of them ran, or when its code caught an
+    exception during the call and no kernel of its own ran (a try/except fallback to PyTorch,
+    whether the kernel failed or does not exist); the evidence names the calls that ran. On CUDA
+    it also fails when custom code was loaded yet the device profiler saw only library kernels. A
+    candidate in PyTorch alone (nothing built, nothing caught) is left to ``pytorch_only``.""",
 )
 def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
-    if not ctx.on_cuda:
-        return []
+    calls = ctx.once("calls", lambda: ctx.request(ctx.session.subject, "probe_calls", inputs=ctx.draw(0)))
+    found = unused_kernel_findings(calls)
+    if found or not ctx.on_cuda:
+        return found
     info = _kernels(ctx)
     if not info.get("available") or not info.get("custom_code"):
         return []
@@ -738,6 +766,36 @@ def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
     if names and all(n in library for n in names):
         return [_finding("ghost_kernel", f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library kernels ran: {', '.join(n[:60] for n in names[:4])}")]
     return []
+
+
+def unused_kernel_findings(calls: dict[str, Any]) -> list[Finding]:
+    """``ghost_kernel`` findings from one recorded forward (``probe_calls``'s reply)."""
+    built, ran = calls.get("built") or {}, calls.get("ran") or {}
+    own = [*ran.get("extension_calls", []), *ran.get("custom_ops", []), *ran.get("triton_launches", [])]
+    if own:
+        return []
+    evidence = f"calls of its own that ran: {', '.join(ran.get('functions', [])[:8]) or 'none'}; no extension function, custom operator or Triton launch ran"
+    made = [*built.get("extensions", []), *built.get("triton_kernels", [])]
+    caught = ran.get("caught") or []
+    if caught:
+        # With nothing built, only an exception saying the called thing does not exist is a fallback
+        # from a kernel; another caught error in PyTorch-only code is control flow, and warns.
+        first = next((c for c in caught if _names_missing(c)), caught[0])
+        what = f"{first.get('type')} ({first.get('message', '')[:100]}) at line {first.get('line')} in {first.get('function')}"
+        severity = "fail" if made or _names_missing(first) else "warn"
+        return [_finding("ghost_kernel", f"during one forward the candidate's code raised and caught {what}, and no kernel of its own ran: the result is PyTorch's; {evidence}", severity)]
+    if made:
+        return [_finding("ghost_kernel", f"built {', '.join(made[:4])} but during one forward none of its kernels ran; {evidence}")]
+    return []
+
+
+_MISSING = ("NameError", "UnboundLocalError", "AttributeError", "ImportError", "ModuleNotFoundError")
+
+
+def _names_missing(caught: dict[str, Any]) -> bool:
+    """The caught exception says the thing called does not exist (or is None)."""
+    message = str(caught.get("message", ""))
+    return caught.get("type") in _MISSING or (caught.get("type") == "TypeError" and "NoneType" in message)
 
 
 def _peaks(ctx: DynamicContext) -> tuple[float, float, str]:
@@ -785,6 +843,7 @@ ORDER = (
     "timed_call_outputs", "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
     "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
     "nondeterminism", "transient_mismatch", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
+    "processes_left",
 )
 
 
@@ -833,3 +892,32 @@ def _dynamic_checks() -> list[Any]:
     from kbv.integrity._registry import list_checks
 
     return list_checks("dynamic")
+
+
+# ------------------------------------------------------------------------------------------------
+# Containment (kbv.worker._contain): processes the candidate left running
+
+
+@register_check(
+    name="processes_left",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Processes the candidate started that still run when its evaluation ends: members of the
+    worker's cgroup, /proc descendants of the worker (a child subreaper, so orphans stay below it)
+    and processes carrying the worker's marker variable. kbv kills them and names each (pid and
+    command line). One that left the worker's session (setsid, start_new_session) made an effort to
+    outlive its worker and fails; one still in the worker's session (a helper pool the candidate did
+    not shut down) is a warning. Reported under every protocol.""",
+)
+def check_processes_left(ctx: DynamicContext) -> list[Finding]:
+    return left_behind_findings(ctx.session.subject.finish())
+
+
+def left_behind_findings(left: list[dict[str, Any]]) -> list[Finding]:
+    """The ``processes_left`` finding for what ``Worker.finish`` found and killed (none when empty)."""
+    if not left:
+        return []
+    escaped = [p for p in left if p.get("own_session")]
+    shown = "; ".join(f"pid {p['pid']}{' (own session)' if p.get('own_session') else ''}: {p['command'][:120]}" for p in left[:5])
+    detail = f"{len(left)} process(es) the candidate started were still running at the end of its evaluation (killed): {shown}"
+    return [_finding("processes_left", detail, "fail" if escaped else "warn")]

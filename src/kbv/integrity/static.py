@@ -811,7 +811,8 @@ def _class(a: Analysis | None, name: str) -> ast.ClassDef | None:
     kind="static",
     default_severity="fail",
     doc="""A try/except whose try body launches the custom kernel (a function of a load_inline module,
-    a Triton launch kernel[grid](...), a raw kernel, or a local helper that does one of these) and
+    a Triton launch kernel[grid](...), a raw kernel, a local helper that does one of these, or a
+    name the module defines nowhere, so that the call can only raise NameError) and
     whose except body computes with PyTorch (torch.* / F.* operators, @, a torch.nn module, the
     reference Model, super().forward, tensor methods). When the kernel fails to build or launch, the
     candidate silently reports PyTorch's numbers and time as its own. It does not follow fallbacks
@@ -824,26 +825,71 @@ def check_reference_fallback(ctx: StaticContext) -> list[Finding]:
         return []
     kernels = _kernels(ctx)
     nn_attrs = set(_nn_module_attrs(a, _class(a, "ModelNew")))
+    unbound = _unbound_names(a.tree)
     for node in ast.walk(a.tree):
         if not isinstance(node, ast.Try) or not node.handlers:
             continue
-        launch = next(
-            (c for s in node.body for c in ast.walk(s) if isinstance(c, ast.Call) and _launches(a, kernels, c)), None
-        )
-        if launch is None:
+        calls = [c for s in node.body for c in ast.walk(s) if isinstance(c, ast.Call)]
+        launch = next((c for c in calls if _launches(a, kernels, c)), None)
+        missing = next((c for c in calls if _root_name(c.func) in unbound), None)
+        if launch is None and missing is None:
             continue
+        if launch is not None:
+            what = f"the custom kernel at line {launch.lineno} raises"
+        else:
+            assert missing is not None
+            what = f"{_root_name(missing.func)} (called at line {missing.lineno}, defined nowhere) raises NameError"
         for handler in node.handlers:
             for inner in (n for s in handler.body for n in ast.walk(s)):
                 op = _fallback_op(a, nn_attrs, inner)
                 if op:
                     line, text = a.quote(inner)
-                    rep.py(
-                        handler,
-                        f"when the custom kernel at line {launch.lineno} raises, falls back to {op} "
-                        f"(line {line}: {_short(text, 100)})",
-                    )
+                    rep.py(handler, f"when {what}, falls back to {op} (line {line}: {_short(text, 100)})")
                     break
     return rep.findings
+
+
+def _root_name(func: ast.AST) -> str | None:
+    """``f`` for ``f(...)``, ``f.g(...)`` and ``f[grid](...)``."""
+    while isinstance(func, (ast.Attribute, ast.Subscript)):
+        func = func.value
+    return func.id if isinstance(func, ast.Name) else None
+
+
+#: Names every module can use without binding them.
+_ALWAYS_BOUND = frozenset(dir(__import__("builtins"))) | {"__file__", "__name__", "__doc__", "__spec__", "__builtins__", "__loader__", "__package__"}
+
+
+def _unbound_names(tree: ast.AST) -> set[str]:
+    """Names the module reads but binds nowhere (an assignment, def, class, import, argument, ...).
+
+    Empty when the module can bind names the parser cannot see (``from x import *``, ``globals()``,
+    ``exec``, ``setattr``, a module ``__getattr__``), so an undefined name is never guessed."""
+    bound: set[str] = set(_ALWAYS_BOUND)
+    loaded: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            if node.id in ("globals", "exec", "eval", "setattr", "vars", "locals") and isinstance(node.ctx, ast.Load):
+                return set()
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            if node.name == "__getattr__":
+                return set()
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return set()
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return loaded - bound
 
 
 # ---------------------------------------------------------------------------------------- inheritance

@@ -28,6 +28,7 @@ _OUTCOME_COLOURS = {
     "runtime_error": "#8e24aa",
     "timeout": "#455a64",
     "crashed": "#000000",
+    "resource_limit": "#bf360c",
 }
 
 

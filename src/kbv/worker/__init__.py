@@ -3,7 +3,9 @@
 Each worker is a fresh interpreter (``python -m kbv.worker._child``) started in its own process
 group with a scrubbed environment, a private home and build directory, and one end of a socket pair
 as its only channel back. Its stdout and stderr go to log files that the parent keeps but never
-parses. A timeout kills the whole process group.
+parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup where the kernel
+allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
+candidate worker's resources are polled against its protocol's limits while the parent waits.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kbv import telemetry
-from kbv.worker import _channel, _handoff
+from kbv.worker import _channel, _contain, _handoff, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -32,7 +35,7 @@ class WorkerFailed(Exception):
     """The worker did not answer a request: it timed out, crashed or reported an error.
 
     ``kind`` is one of ``timeout``, ``crashed``, ``compile_error``, ``import_error``,
-    ``runtime_error``, ``cuda_error``. This is an outcome of the code under test, not a harness bug.
+    ``runtime_error``, ``cuda_error``, ``resource_limit`` (``details["limit"]`` says which). This is an outcome of the code under test, not a harness bug.
     """
 
     def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
@@ -94,6 +97,10 @@ class WorkerSpec:
     # runs only while the parent waits on it, so a slow reference does not eat the candidate's time.
     budget_s: float = 300.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    # A kbv.protocol.LimitSettings polled while the parent waits (None: no limits, trusted workers).
+    limits: Any = None
+    # Files a candidate worker must read (problem, candidate): checked before it drops to its own uid.
+    readable: tuple[str, ...] = ()
 
 
 class Worker:
@@ -113,6 +120,20 @@ class Worker:
         self._stderr = self.scratch / "stderr.log"
         self._counter = 0
         self.remaining_s = spec.budget_s
+        self._tag = uuid.uuid4().hex[:12]
+        self._cgroup: _contain.Cgroup | None = None
+        self._last_poll = 0.0
+        self._last_scan = 0.0
+        self._known: set[int] = set()
+        #: The limit the worker was killed for ({limit, figure, allowed, unit}), if any.
+        self.exceeded: dict[str, Any] | None = None
+        #: Largest resident memory of the worker's process tree the parent saw, and of the device.
+        self.host_peak_bytes = 0
+        self.device_peak_bytes: int | None = None
+        #: The uid a candidate worker runs as (None: the parent's), and why not where root could not drop.
+        self.uid: int | None = None
+        self._no_drop: str | None = None
+        self._private_net = False
 
     def __enter__(self) -> Worker:
         return self
@@ -144,11 +165,13 @@ class Worker:
         if arch:  # the flags an ahead-of-time build used (kbv.execute._compile): its build is reused
             env["TORCH_CUDA_ARCH_LIST"] = arch
         env.update(self.spec.extra_env)
+        env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
+        argv, user = self._command([sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role], builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role],
+                argv,
                 env=env,
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
@@ -156,9 +179,13 @@ class Worker:
                 stderr=err,
                 pass_fds=(child_end.fileno(),),
                 start_new_session=True,  # its own process group, so a timeout kills every child
+                user=user,
+                group=user,
+                extra_groups=[] if user is not None else None,
             )
         child_end.close()
         self._sock = parent_end
+        self._contain_started()
 
     def wait_ready(self) -> dict[str, Any]:
         if not self.hello:
@@ -187,6 +214,10 @@ class Worker:
             kind = str(error.get("kind", "runtime_error"))
             if kind == "cuda_error":
                 self.kill()
+            if self.spec.limits is not None and _contain.is_open_files_error(error):
+                kind, error = "resource_limit", {**error, **_contain.open_files_exceeded(self.spec.limits)}
+                self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
+                self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
             raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()})
         return reply
 
@@ -203,16 +234,29 @@ class Worker:
         self._counter += 1
         return str(self.scratch / f"{stem}-{self._counter}.pt")
 
+    def give(self, path: str) -> str:
+        """Copy a file the parent or a trusted worker wrote into this worker's scratch, under a fresh
+        name it cannot have prepared (no symlink planted there redirects the write), readable by
+        the worker's own uid; returns the new path."""
+        target = self.scratch / f"given-{uuid.uuid4().hex}.pt"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(source, out)
+        return str(target)
+
     def _receive(self) -> dict[str, Any]:
         assert self._sock is not None
         started = time.monotonic()
         try:
-            return _channel.receive(self._sock, started + max(self.remaining_s, 0.0), alive=self.alive)
+            reply = _channel.receive(self._sock, started + max(self.remaining_s, 0.0), alive=self._watch, poll_s=POLL_S)
+            self._raise_if_exceeded()  # a reply that raced the kill does not undo the limit
+            return reply
         except _channel.ChannelTimeout as exc:
             self.kill()
             raise WorkerFailed("timeout", "the worker did not finish before the timeout", self.logs()) from exc
         except _channel.ChannelClosed as exc:
             code = self.kill()
+            self._raise_if_exceeded()
             raise WorkerFailed("crashed", f"{exc} (exit status {code})", self.logs()) from exc
         finally:
             self.remaining_s -= time.monotonic() - started
@@ -221,12 +265,10 @@ class Worker:
         return self._proc is not None and self._proc.poll() is None
 
     def kill(self) -> int | None:
-        """Kill the worker's whole process group; returns its exit status."""
+        """Kill the worker and every process it started (see :meth:`_kill_tree`); returns its exit status."""
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+        self._kill_tree()
         try:
             return self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -240,10 +282,9 @@ class Worker:
             except (OSError, _channel.ChannelClosed, _channel.ChannelTimeout):
                 pass
         self.kill()
-        if self._proc is not None:
-            # Grandchildren the candidate left behind share the process group: kill them too.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -256,9 +297,211 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    # -- containment ------------------------------------------------------------------------------
+    @property
+    def marker(self) -> str:
+        """This worker's value of ``KBV_WORKER_TAG``: the owner's pid and a tag of its own."""
+        return f"{os.getpid()}:{self._tag}"
+
+    @property
+    def isolation(self) -> dict[str, Any]:
+        """How this worker is contained here, and what this machine did not allow (for the record)."""
+        facts: dict[str, Any] = {
+            "process_tree": "cgroup v2, subreaper, marker sweep" if self._cgroup else "subreaper, marker sweep",
+            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)" if self.uid is not None
+            else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
+        }
+        netns, no_netns = _contain.network_namespace()
+        private_net = self._private_net
+        facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
+        limits = self.spec.limits
+        if limits is not None:
+            facts["limits"] = {f: getattr(limits, f) for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")}
+        not_done = []
+        if self._cgroup is None:
+            not_done.append("no cgroup: this process cannot create one here, so a process that clears its "
+                            "environment and leaves the worker's tree is not tracked")
+        if self.spec.role == "candidate" and not private_net:
+            not_done.append(f"no private network namespace: {no_netns or 'setpriv(1) is missing to drop the uid after it'}")
+        if os.geteuid() == 0 and self.uid is None:
+            not_done.append(f"the candidate worker runs as root like the parent ({self._no_drop or 'not a candidate worker'}): "
+                            "it can read other workers' memory and write kbv's caches "
+                            "(docs/architecture.md, 'What isolation does not cover')")
+        if limits is not None and limits.device_memory_gb and self.spec.device.startswith("cuda") and self.device_peak_bytes is None:
+            not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
+        facts["not_enforced"] = not_done
+        return facts
+
+    def members(self) -> list[int]:
+        """Every live process of this worker: itself, its cgroup, its /proc descendants, marked ones."""
+        if self._proc is None:
+            return []
+        table = _contain.process_table()
+        found = {self._proc.pid} if self._proc.pid in table else set()
+        found.update(p for p in (self._cgroup.pids() if self._cgroup else []) if p in table)
+        found.update(_contain.descendants(self._proc.pid, table))
+        found.update(_contain.marked(self.marker, table))
+        return sorted(found)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """End of the evaluation: kill whatever the worker started that still runs, and say what it was.
+
+        Returns ``{pid, command, own_session}`` per process (``own_session``: it left the worker's
+        session, i.e. it made an effort to escape). The worker itself keeps running until ``close``."""
+        if self._proc is None:
+            return []
+        worker = self._proc.pid
+        session = _session_of(worker)
+        left = []
+        for pid in self.members():
+            if pid == worker:
+                continue
+            left.append({"pid": pid, "command": _contain.command_line(pid), "own_session": _session_of(pid) not in (session, None)})
+        peak = _contain.peak_rss_bytes(worker)
+        if peak:
+            self.host_peak_bytes = max(self.host_peak_bytes, peak)
+        for _ in range(5):
+            rest = [p for p in self.members() if p != worker]
+            if not rest:
+                break
+            _contain.kill_pids(rest)
+            time.sleep(0.01)
+        return left
+
+    def _namespace_prefix(self) -> tuple[str, ...]:
+        """Candidate workers start in a private network namespace where the machine allows one."""
+        return _contain.network_namespace()[0] if self.spec.role == "candidate" else ()
+
+    def _command(self, command: list[str], builds: Path) -> tuple[list[str], int | None]:
+        """The argv that starts a worker, and the uid ``Popen`` should switch to (None: keep ours).
+
+        A candidate worker of a root parent drops to the uid of its source (``_privileges``), after
+        its network namespace is made (that step needs root): ``unshare`` then ``setpriv``."""
+        prefix = self._namespace_prefix()
+        if self.spec.role != "candidate":
+            return [*prefix, *command], None
+        plan = _privileges.plan(self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent)))
+        self._no_drop = plan.reason
+        self._private_net = bool(prefix)
+        if plan.uid is None:
+            return [*prefix, *command], None
+        _privileges.hand_over(plan.uid, self.scratch, builds)
+        self.uid = plan.uid
+        wrapped = _privileges.start_command(plan.uid, prefix, command)
+        if wrapped is not None:
+            return wrapped, None
+        self._private_net = False  # without setpriv the uid wins over the namespace (isolation says so)
+        return command, plan.uid
+
+    def _contain_started(self) -> None:
+        """Right after the process started, before any candidate code runs (that waits for ``load``)."""
+        assert self._proc is not None
+        if self.spec.role == "candidate":
+            self._cgroup = _contain.Cgroup.create(self._tag)
+            if self._cgroup is not None and not self._cgroup.add(self._proc.pid):
+                self._cgroup.remove()
+                self._cgroup = None
+        if self.spec.limits is not None:
+            _contain.set_open_files_limit(self._proc.pid, int(self.spec.limits.open_files))
+
+    def _watch(self) -> bool:
+        """``alive`` for the channel: the worker still runs and is within its limits (killed if not).
+
+        Every worker is measured the same way (trusted ones too, without limits), so the parent's
+        polling costs a candidate's timing no more than its baselines'."""
+        if not self.alive():
+            return False
+        if time.monotonic() - self._last_poll < POLL_S:
+            return True
+        self._last_poll = time.monotonic()
+        over = self.poll()
+        if over is None:
+            return True
+        self.exceeded = over
+        self.kill()
+        return False
+
+    def poll(self) -> dict[str, Any] | None:
+        """Measure the worker's tree once (peaks are kept); the first limit it is over, or None."""
+        assert self._proc is not None
+        limits = self.spec.limits
+        table = self._poll_table()
+        members = list(table)
+        usage = _contain.tree_usage(members, table, count_files=bool(limits and limits.open_files))
+        usage.device_bytes = self._device_bytes(members)
+        self.host_peak_bytes = max(self.host_peak_bytes, usage.rss_bytes)
+        if usage.device_bytes is not None:
+            self.device_peak_bytes = max(self.device_peak_bytes or 0, usage.device_bytes)
+        return _contain.exceeded(usage, limits) if limits is not None else None
+
+    def _poll_table(self) -> dict[int, _contain.Proc]:
+        """The worker's live processes for one poll, read as cheaply as the machine allows: the
+        cgroup's members; else the members found by the last full ``/proc`` scan, which is redone
+        every FULL_SCAN_S; a trusted worker (no limits) only itself."""
+        assert self._proc is not None
+        if self._cgroup is not None:
+            known = {self._proc.pid, *self._cgroup.pids()}
+        elif self.spec.limits is None:
+            known = {self._proc.pid}
+        elif time.monotonic() - self._last_scan >= FULL_SCAN_S:
+            self._last_scan = time.monotonic()
+            table = _contain.process_table()
+            self._known = {self._proc.pid, *_contain.descendants(self._proc.pid, table)}
+            return {p: table[p] for p in self._known if p in table}
+        else:
+            known = self._known
+        procs = [_contain.read_proc(p) for p in known]
+        return {p.pid: p for p in procs if p is not None}
+
+    def _device_bytes(self, members: list[int]) -> int | None:
+        if not self.spec.device.startswith("cuda") or not (self.spec.limits and self.spec.limits.device_memory_gb):
+            return None
+        figures = [telemetry.process_memory_bytes(self.spec.device, pid) for pid in members]
+        known = [f for f in figures if f is not None]
+        return sum(known) if known else None
+
+    def _raise_if_exceeded(self) -> None:
+        if self.exceeded is not None:
+            raise WorkerFailed("resource_limit", _contain.describe_exceeded(self.exceeded), {**self.exceeded, **self.logs()})
+
+    def _kill_tree(self) -> None:
+        """SIGKILL the worker's cgroup, descendants and marked processes, then the worker and its group.
+
+        Descendants go first, while the worker (their subreaper) still holds the orphans; rounds
+        repeat because a process may fork while its siblings are being killed."""
+        assert self._proc is not None
+        worker = self._proc.pid
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        for _ in range(5):
+            others = [p for p in self.members() if p != worker]
+            if not others:
+                break
+            _contain.kill_pids(others)
+            time.sleep(0.01)
+        for kill in (os.killpg, os.kill):  # the group: children sharing it outlive a dead leader
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(worker, signal.SIGKILL)
+        _contain.kill_pids([p for p in self.members() if p != worker])
+
+
+#: Seconds between two polls of a limited worker's resources while the parent waits for it.
+POLL_S = 0.1
+#: Seconds between two full ``/proc`` scans for a limited worker without a cgroup (new processes
+#: are found this late; the members already known are measured every POLL_S).
+FULL_SCAN_S = 0.5
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
 
 def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
-    return (spec.build_key, spec.device, spec.visible_devices, spec.role, spec.budget_s, tuple(sorted(spec.extra_env.items())))
+    return (spec.build_key, spec.device, spec.visible_devices, spec.role, spec.budget_s, tuple(sorted(spec.extra_env.items())),
+            spec.limits, tuple(spec.readable))
 
 
 class Spares:
@@ -341,6 +584,8 @@ def _sweep_orphaned_scratch() -> None:
     if _swept:
         return
     _swept = True
+    _contain.sweep_orphaned_cgroups(_pid_alive)
+    _contain.sweep_orphaned_marked(_pid_alive)
     parent = Path(_scratch_parent() or tempfile.gettempdir())
     for directory in parent.glob("kbv-*-*"):
         try:

@@ -31,13 +31,14 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
 
-def receive(sock: socket.socket, deadline: float | None = None, alive: Any = None) -> dict[str, Any]:
-    """Read one message. ``alive()`` is polled while waiting so a dead peer is noticed quickly."""
-    header = _read_exact(sock, _HEADER.size, deadline, alive)
+def receive(sock: socket.socket, deadline: float | None = None, alive: Any = None, poll_s: float = 0.2) -> dict[str, Any]:
+    """Read one message. ``alive()`` is polled every ``poll_s`` while waiting, so a dead peer (or one
+    the caller killed for exceeding a limit) is noticed quickly."""
+    header = _read_exact(sock, _HEADER.size, deadline, alive, poll_s)
     (size,) = _HEADER.unpack(header)
     if size > MAX_MESSAGE_BYTES:
         raise ChannelClosed(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
-    body = _read_exact(sock, size, deadline, alive)
+    body = _read_exact(sock, size, deadline, alive, poll_s)
     try:
         message = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -47,11 +48,11 @@ def receive(sock: socket.socket, deadline: float | None = None, alive: Any = Non
     return message
 
 
-def _read_exact(sock: socket.socket, size: int, deadline: float | None, alive: Any) -> bytes:
+def _read_exact(sock: socket.socket, size: int, deadline: float | None, alive: Any, poll_s: float = 0.2) -> bytes:
     chunks: list[bytes] = []
     remaining = size
     while remaining:
-        wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+        wait = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
         if wait <= 0:
             raise ChannelTimeout("no reply before the deadline")
         ready, _, _ = select.select([sock], [], [], wait)

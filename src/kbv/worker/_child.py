@@ -347,6 +347,9 @@ def _register_probes() -> None:
     except ImportError:
         return
     _HANDLERS.update(_probes.HANDLERS)
+    from kbv.worker import _calls
+
+    _HANDLERS.update(_calls.HANDLERS)
 
 
 def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
@@ -380,8 +383,9 @@ def _warm_cpu_kernels() -> None:
 
 
 if __name__ == "__main__":
-    from kbv.worker import harden_process
+    from kbv.worker import _guard, harden_process
 
+    _guard.install()  # subreaper for the candidate's orphans; exit at once when the parent dies
     harden_process()  # another worker (a candidate) must not read this one's memory or files
     _register_probes()
     _warm_cpu_kernels()

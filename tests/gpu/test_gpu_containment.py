@@ -1,0 +1,56 @@
+"""Containment on a CUDA device: the device-memory limit, kernels that never run, and the uid drop.
+Skipped without CUDA. Run on the GPU machine: ``pytest -q tests/gpu/test_gpu_containment.py``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from kbv.api import evaluate_paths
+from kbv.protocol import protocol_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
+RELU = ROOT / "src" / "kbv" / "suite" / "problems" / "level1" / "1_ReLU.py"
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _two_gib() -> object:
+    return protocol_from_dict({"name": "device-2gib", "base": "verified", "limits": {"device_memory_gb": 2.0}})
+
+
+def test_device_memory_beyond_the_limit_is_resource_limit() -> None:
+    record = evaluate_paths(RELU, FIXTURES / "gpu" / "device_memory_hog.py", protocol=_two_gib(), device="cuda", timeout_s=600)
+    gaps = record.isolation.get("not_enforced") or []
+    if any("device memory not enforced" in g for g in gaps):
+        pytest.skip(f"NVML gives no per-process figure here: {gaps}")
+    assert record.outcome == "resource_limit", (record.outcome, record.error, gaps)
+    assert record.error["limit"]["limit"] == "device_memory" and record.error["limit"]["figure"] > 2 << 30
+
+
+def test_an_honest_candidate_passes_under_the_device_limit() -> None:
+    record = evaluate_paths(RELU, FIXTURES / "foundation" / "relu_plain.py", protocol=_two_gib(), device="cuda", timeout_s=600)
+    assert record.outcome == "passed", (record.outcome, record.error, [(f.check, f.severity, f.detail) for f in record.findings])
+    assert record.memory["candidate_host_peak_bytes"]
+
+
+def test_a_fallback_to_an_undefined_kernel_is_caught_on_the_gpu() -> None:
+    record = evaluate_paths(RELU, FIXTURES / "hacks" / "fallback_undefined_kernel.py", protocol="verified", device="cuda", timeout_s=600)
+    fails = {f.check for f in record.findings if f.severity == "fail"}
+    assert record.outcome == "hack_detected" and {"ghost_kernel", "reference_fallback"} <= fails, record.findings
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop applies to a root parent")
+def test_a_root_parent_drops_the_candidate_to_its_own_uid_on_the_gpu() -> None:
+    """Where the machine allows it (interpreter and KBV_CACHE_DIR reachable by other users), the
+    candidate worker runs as a uid of its own and still uses the GPU; otherwise the record says why."""
+    record = evaluate_paths(RELU, FIXTURES / "foundation" / "relu_plain.py", protocol="verified", device="cuda", timeout_s=600)
+    user = record.isolation.get("user", "")
+    print(f"isolation: {record.isolation}")
+    if not user.startswith("uid "):
+        pytest.skip(f"no uid drop on this machine: {record.isolation.get('not_enforced')}")
+    assert record.outcome == "passed", (record.outcome, record.error, record.logs)

@@ -1,0 +1,427 @@
+"""Containment of hostile candidates: process trees, limits, and the decisions made from them.
+
+Pure functions are tested on fabricated inputs; the worker tests start real workers on the tiny
+ReLU problem (a few seconds each) with small limits, so nothing here drives the machine near its
+own limits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RELU, ROOT
+
+from kbv.integrity import dynamic
+from kbv.protocol import LimitSettings, ProtocolError, protocol_from_dict
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, _contain
+
+CONTAIN = Path(__file__).parent / "fixtures" / "candidates" / "contain"
+FOUNDATION = Path(__file__).parent / "fixtures" / "candidates" / "foundation"
+
+
+def _worker(name: str, limits: LimitSettings | None = None, budget_s: float = 60.0) -> Worker:
+    return Worker(WorkerSpec(build_key=f"test-contain-{name}", device="cpu", role="candidate", budget_s=budget_s, limits=limits))
+
+
+def _load(worker: Worker, path: Path) -> None:
+    worker.start()
+    worker.request("load", role="candidate", device="cpu", problem_path=str(RELU), sizes={"batch_size": 2, "dim": 8},
+                   candidate_path=str(path), init_seed=1)
+
+
+def _run(worker: Worker) -> dict:
+    return worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+
+
+def _alive(pid: int) -> bool:
+    proc = _contain.read_proc(pid)
+    return proc is not None
+
+
+def _wait_dead(pids: list[int], seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.fixture(params=["cgroup", "no_cgroup"])
+def cgroup_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the machine's cgroup (where this process may create one) and without any."""
+    if request.param == "cgroup" and _contain.capabilities()["cgroup"] is None:
+        pytest.skip("this machine allows no cgroup for kbv's workers")
+    if request.param == "no_cgroup":
+        monkeypatch.setattr(_contain.Cgroup, "create", staticmethod(lambda tag: None))
+    return str(request.param)
+
+
+# -- pure functions -------------------------------------------------------------------------------
+
+
+def test_descendants_follow_the_tree_and_skip_other_branches() -> None:
+    table = {pid: _contain.Proc(pid, ppid, pid, 0) for pid, ppid in [(10, 1), (11, 10), (12, 11), (13, 1), (14, 13)]}
+    assert sorted(_contain.descendants(10, table)) == [11, 12]
+    assert _contain.descendants(12, table) == []
+
+
+def test_exceeded_names_the_first_limit_and_its_figure() -> None:
+    limits = LimitSettings(host_memory_gb=1.0, processes=4, open_files=200)
+    within = _contain.Usage(processes=4, rss_bytes=1 << 30, open_files=200)
+    assert _contain.exceeded(within, limits) is None
+    over = _contain.exceeded(_contain.Usage(processes=2, rss_bytes=3 << 30, open_files=10), limits)
+    assert over == {"limit": "host_memory", "figure": 3 << 30, "allowed": 1 << 30, "unit": "bytes"}
+    assert "3072.0 MiB used, 1024.0 MiB allowed" in _contain.describe_exceeded(over)
+    assert _contain.exceeded(_contain.Usage(processes=5, rss_bytes=0, open_files=None), limits)["limit"] == "processes"
+    off = LimitSettings(host_memory_gb=0, device_memory_gb=0, processes=0, open_files=0)
+    assert _contain.exceeded(_contain.Usage(processes=999, rss_bytes=1 << 40, open_files=10**6, device_bytes=1 << 40), off) is None
+
+
+def test_limits_are_a_protocol_section() -> None:
+    protocol = protocol_from_dict({"name": "p", "base": "verified", "limits": {"host_memory_gb": 2.5, "processes": 8}})
+    assert protocol.limits.host_memory_gb == 2.5 and protocol.limits.processes == 8
+    assert protocol.to_dict()["limits"]["open_files"] == LimitSettings().open_files
+    assert protocol.sha256() != protocol_from_dict({"name": "p", "base": "verified"}).sha256()
+    with pytest.raises(ProtocolError, match="unknown setting"):
+        protocol_from_dict({"name": "p", "limits": {"gpu_gb": 1}})
+
+
+def test_left_behind_fails_an_escape_and_warns_a_helper_in_the_session() -> None:
+    assert dynamic.left_behind_findings([]) == []
+    escaped = dynamic.left_behind_findings([{"pid": 7, "command": "sleep 987", "own_session": True}])
+    assert escaped[0].severity == "fail" and "pid 7 (own session): sleep 987" in escaped[0].detail
+    pool = dynamic.left_behind_findings([{"pid": 8, "command": "python -m pool", "own_session": False}])
+    assert pool[0].severity == "warn"
+
+
+def test_unused_kernel_decisions() -> None:
+    def calls(built=(), triton=(), **ran) -> dict:
+        return {"built": {"extensions": list(built), "triton_kernels": list(triton)}, "ran": {"functions": ["ModelNew.forward"], **ran}}
+
+    missing = {"type": "NameError", "message": "name 'k' is not defined", "line": 9, "function": "ModelNew.forward"}
+    fallback = dynamic.unused_kernel_findings(calls(caught=[missing]))
+    assert [f.severity for f in fallback] == ["fail"] and "NameError" in fallback[0].detail and "ModelNew.forward" in fallback[0].detail
+    never_called = dynamic.unused_kernel_findings(calls(built=["relu_ext"]))
+    assert never_called[0].severity == "fail" and "relu_ext" in never_called[0].detail
+    assert dynamic.unused_kernel_findings(calls(built=["relu_ext"], extension_calls=["relu_ext.relu"])) == []
+    assert dynamic.unused_kernel_findings(calls(triton=["k"], triton_launches=["k"], caught=[missing])) == []
+    assert dynamic.unused_kernel_findings(calls()) == []  # PyTorch alone: left to pytorch_only
+    control_flow = {"type": "RuntimeError", "message": "view size is not compatible", "line": 3, "function": "f"}
+    assert [f.severity for f in dynamic.unused_kernel_findings(calls(caught=[control_flow]))] == ["warn"]
+
+
+def test_call_recorder_sees_own_functions_extension_calls_and_swallowed_errors(tmp_path: Path) -> None:
+    """The recorder in this process, with ``math`` standing in for a compiled extension."""
+    import math
+
+    from kbv.worker._calls import CallRecorder
+
+    source = tmp_path / "cand.py"
+    source.write_text(textwrap.dedent("""
+        import math
+        def helper(x):
+            return math.sqrt(x)
+        def forward(x, use_kernel):
+            try:
+                y = not_defined(x)
+            except NameError:
+                y = x
+            return helper(y) if use_kernel else y
+    """))
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    with CallRecorder({str(source)}, {"math"}) as seen:
+        namespace["forward"](4.0, True)
+    ran = seen.summary()
+    assert ran["functions"] == ["forward", "helper"]
+    assert ran["extension_calls"] == ["math.sqrt"]
+    assert [(c["type"], c["line"]) for c in ran["caught"]] == [("NameError", 7)]
+    with CallRecorder({str(source)}, {"math"}) as seen:
+        namespace["forward"](4.0, False)
+    assert seen.summary()["extension_calls"] == [] and math.sqrt(4.0) == 2.0
+
+
+def test_only_tensor_subclasses_are_output_type_fails() -> None:
+    import torch
+
+    t = torch.ones(2)
+    assert dynamic.tensor_like_outputs(["torch.Tensor", "m._Lazy"], [t, t]) == [(1, "m._Lazy")]
+    assert dynamic.tensor_like_outputs(["builtins.float", "builtins.NoneType", "builtins.list"], [torch.tensor(1.0), None, None]) == []
+
+
+# -- workers --------------------------------------------------------------------------------------
+
+
+def test_a_process_in_its_own_session_is_reported_and_killed(cgroup_mode: str) -> None:
+    with _worker("escape") as worker:
+        _load(worker, CONTAIN / "escape_session.py")
+        _run(worker)
+        left = worker.finish()
+        assert [p["command"] for p in left] == ["sleep 987"] and left[0]["own_session"]
+        assert _wait_dead([left[0]["pid"]]) == []
+        assert worker.host_peak_bytes > 0
+
+
+def test_an_orphan_without_the_marker_stays_in_the_tree(cgroup_mode: str) -> None:
+    """Double fork, new session, empty environment: the subreaper (or the cgroup) still holds it."""
+    with _worker("orphan") as worker:
+        _load(worker, CONTAIN / "double_fork_no_env.py")
+        _run(worker)
+        deadline = time.monotonic() + 3
+        commands: list[str] = []
+        while time.monotonic() < deadline and "sleep 986" not in commands:  # setsid execs sleep in place
+            commands = [_contain.command_line(p) for p in worker.members() if p != worker.pid]
+            time.sleep(0.05)
+        left = worker.finish()
+        assert [p["command"] for p in left] == ["sleep 986"], left
+    assert _wait_dead([left[0]["pid"]]) == []
+
+
+def test_an_honest_candidate_leaves_nothing_and_stays_within_its_limits() -> None:
+    with _worker("honest", limits=LimitSettings(host_memory_gb=1.0, processes=4, open_files=200)) as worker:
+        _load(worker, FOUNDATION / "relu_plain.py")
+        assert _run(worker)["ok"]
+        assert worker.exceeded is None and worker.finish() == []
+        assert 0 < worker.host_peak_bytes < 1 << 30
+
+
+def test_a_timeout_kills_an_escaped_process_too() -> None:
+    with _worker("hang", budget_s=30.0) as worker:
+        _load(worker, CONTAIN / "hang_with_child.py")
+        worker.remaining_s = 2.0
+        with pytest.raises(WorkerFailed) as info:
+            _run(worker)
+        assert info.value.kind == "timeout"
+        assert not [p for p in worker.members() if p != worker.pid]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "limits", "limit"),
+    [
+        ("memory_hog.py", LimitSettings(host_memory_gb=1.0), "host_memory"),
+        ("many_processes.py", LimitSettings(processes=4), "processes"),
+        ("many_files.py", LimitSettings(open_files=200), "open_files"),
+    ],
+)
+def test_exceeding_a_limit_is_resource_limit(fixture: str, limits: LimitSettings, limit: str) -> None:
+    with _worker(f"limit-{limit}", limits=limits) as worker:
+        _load(worker, CONTAIN / fixture)
+        started = time.monotonic()
+        with pytest.raises(WorkerFailed) as info:
+            _run(worker)
+        assert info.value.kind == "resource_limit", info.value.message
+        assert info.value.details["limit"] == limit and info.value.details["figure"] > info.value.details["allowed"]
+        assert time.monotonic() - started < 10
+        if limit == "host_memory":
+            assert 1 << 30 < worker.host_peak_bytes < 2 << 30  # killed well before its 3 GiB
+        assert not worker.alive()
+
+
+def test_the_process_limit_holds_without_a_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a cgroup the parent finds new processes by a full /proc scan (every FULL_SCAN_S)."""
+    monkeypatch.setattr(_contain.Cgroup, "create", staticmethod(lambda tag: None))
+    test_exceeding_a_limit_is_resource_limit("many_processes.py", LimitSettings(processes=4), "processes")
+
+
+_ORPHAN_PARENT = """
+import sys, time
+from pathlib import Path
+from kbv.worker import Worker, WorkerSpec
+worker = Worker(WorkerSpec(build_key="test-contain-parent-death", device="cpu", role="candidate", budget_s=120))
+worker.start()
+worker.request("load", role="candidate", device="cpu", problem_path=sys.argv[1], sizes={"batch_size": 2, "dim": 8},
+               candidate_path=sys.argv[2], init_seed=1)
+Path(sys.argv[3]).write_text(str(worker.pid))
+worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+"""
+
+
+def test_a_worker_whose_parent_was_killed_exits_at_once(tmp_path: Path) -> None:
+    """``kill -9`` of the kbv process: the worker and the process it started die within a second."""
+    pid_file = tmp_path / "worker.pid"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT, str(RELU), str(CONTAIN / "hang_with_child.py"), str(pid_file)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        worker_pid = None
+        children: list[int] = []
+        while time.monotonic() < deadline and not children:
+            if pid_file.exists() and pid_file.read_text():
+                worker_pid = int(pid_file.read_text())
+                children = _contain.descendants(worker_pid, _contain.process_table())
+            time.sleep(0.05)
+        assert worker_pid is not None and children, "the worker never started its child"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert _wait_dead([worker_pid, *children], seconds=2.0) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        _contain.sweep_orphaned_cgroups(lambda pid: pid != parent.pid and _alive(pid))
+
+
+# -- through the pipeline -------------------------------------------------------------------------
+
+WRONG = Path(__file__).parent / "fixtures" / "candidates" / "wrong"
+
+
+def _small_limits() -> object:
+    return protocol_from_dict({"name": "small-limits", "base": "standard", "limits": {"host_memory_gb": 1.0}})
+
+
+def test_resource_limit_is_the_outcome_with_the_limit_and_the_host_peak() -> None:
+    from kbv.api import evaluate_paths
+
+    record = evaluate_paths(RELU, CONTAIN / "memory_hog.py", protocol=_small_limits(), device="cpu", timeout_s=120)
+    assert record.outcome == "resource_limit", (record.outcome, record.error)
+    assert record.error and record.error["limit"]["limit"] == "host_memory" and record.error["limit"]["allowed"] == 1 << 30
+    assert record.memory["candidate_host_peak_bytes"] > 1 << 30
+    honest = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol=_small_limits(), device="cpu", timeout_s=120)
+    assert honest.outcome == "passed" and 0 < honest.memory["candidate_host_peak_bytes"] < 1 << 30
+    assert honest.isolation["limits"]["host_memory_gb"] == 1.0 and "not_enforced" in honest.isolation
+
+
+def test_a_process_left_behind_is_a_finding_under_standard_too() -> None:
+    from kbv.api import evaluate_paths
+
+    record = evaluate_paths(RELU, CONTAIN / "escape_session.py", protocol="standard", device="cpu", timeout_s=120)
+    left = [f for f in record.findings if f.check == "processes_left"]
+    assert record.outcome == "hack_detected" and left and "sleep 987" in left[0].detail
+    pid = int(left[0].detail.split("pid ")[1].split()[0])
+    assert _wait_dead([pid]) == []
+
+
+@pytest.mark.parametrize("name", ["output_float.py", "output_none.py"])
+def test_an_output_that_is_no_tensor_is_incorrect_not_a_hack(name: str) -> None:
+    from kbv.api import evaluate_paths
+
+    record = evaluate_paths(RELU, WRONG / name, protocol="verified", device="cpu", timeout_s=120)
+    assert record.outcome == "incorrect", [(f.check, f.severity) for f in record.findings]
+    assert "not torch.Tensor" in record.distributions[0].note
+    assert not [f for f in record.findings if f.check == "output_type"]
+
+
+def test_a_candidate_worker_has_no_network_where_a_namespace_is_allowed() -> None:
+    import socket
+
+    if _contain.network_namespace()[1] is not None:
+        pytest.skip(f"no private network namespace here: {_contain.network_namespace()[1]}")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        spec = WorkerSpec(build_key="test-contain-net", device="cpu", role="candidate", budget_s=60, extra_env={"KBV_TEST_PORT": str(port)})
+        with Worker(spec) as worker:
+            _load(worker, CONTAIN / "reach_parent_port.py")
+            assert _run(worker)["ok"]  # raises WorkerFailed (runtime_error) had it connected
+            assert worker.isolation["network"].startswith("private")
+        trusted = Worker(WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60))
+        assert trusted._namespace_prefix() == ()  # trusted workers keep the parent's network
+        trusted.close()
+
+
+# -- privileges -----------------------------------------------------------------------------------
+
+_DROP_SCRIPT = """
+import json, sys
+from kbv.api import evaluate_paths
+out = {}
+for name in sys.argv[2:]:
+    record = evaluate_paths(sys.argv[1], name, protocol="standard", device="cpu", timeout_s=120)
+    out[name] = {"outcome": record.outcome, "user": record.isolation.get("user"), "not_enforced": record.isolation.get("not_enforced"),
+                 "checks": sorted({f.check for f in record.findings if f.severity == "fail"}), "logs": record.logs}
+print(json.dumps(out))
+"""
+
+
+def _python_view(tmp_path: Path) -> tuple[list[str], str, str]:
+    """(command prefix, python, extra PYTHONPATH) that runs this interpreter where other users can
+    reach it: directly when they already can, else through a bind mount in a private mount
+    namespace (the CI machine keeps its interpreter under a /root only root may enter)."""
+    from kbv.worker import _privileges
+
+    if not _privileges.unreachable(_privileges.worker_uid("probe"), _privileges.needed_paths()):
+        return [], sys.executable, ""
+    prefix = Path(sys.prefix).resolve()
+    view = tmp_path / "python-view"
+    view.mkdir()
+    os.chmod(tmp_path, 0o755)
+    python = view / Path(os.path.realpath(sys.executable)).relative_to(prefix)
+    site = view / Path(sysconfig_purelib()).relative_to(prefix)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", f'mount --bind "{prefix}" "{view}" && exec "$@"', "sh"], str(python), str(site)
+
+
+def sysconfig_purelib() -> str:
+    import sysconfig
+
+    return os.path.realpath(sysconfig.get_paths()["purelib"])
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only a root parent drops candidate workers to a uid")
+def test_a_root_parent_runs_the_candidate_as_a_uid_of_its_own() -> None:
+    """As its own uid the candidate cannot read the parent's environment (where keys would be);
+    containment and the honest result are unchanged. (Run as root, the reader gets zeros back and
+    is incorrect: the fixture tells the two apart.)"""
+    import shutil
+    import tempfile
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here to give other users a view of the interpreter")
+    tmp_path = Path(tempfile.mkdtemp(prefix="kbv-test-drop-"))  # pytest's own tmp is closed to others
+    prefix, python, site = _python_view(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "KBV_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), site) if p)}
+    fixtures = [str(CONTAIN / "read_parent_environ.py")]
+    done = subprocess.run([*prefix, python, "-c", _DROP_SCRIPT, str(RELU), *fixtures], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json_loads_last_line(done.stdout)
+    reader = results[fixtures[0]]
+    assert reader["user"].startswith("uid "), reader
+    assert reader["outcome"] == "passed", reader  # zeros (incorrect) had it read the parent's environ
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def json_loads_last_line(text: str) -> dict:
+    import json
+
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_the_record_says_why_a_root_parent_could_not_drop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kbv.worker import _privileges
+
+    monkeypatch.setenv("KBV_WORKER_USER", "off")
+    plan = _privileges.plan("key", (), ())
+    assert plan.uid is None and ("KBV_WORKER_USER=off" in (plan.reason or "") or os.geteuid() != 0)
+    with _worker("no-drop") as worker:
+        _load(worker, FOUNDATION / "relu_plain.py")
+        assert worker.uid is None
+        if os.geteuid() == 0:
+            assert any("runs as root" in gap and "KBV_WORKER_USER=off" in gap for gap in worker.isolation["not_enforced"])
+
+
+def test_uids_are_per_source_and_skip_real_users() -> None:
+    from kbv.worker import _privileges
+
+    assert _privileges.worker_uid("a") == _privileges.worker_uid("a")
+    uids = {_privileges.worker_uid(str(k)) for k in range(50)}
+    assert len(uids) > 40 and all(_privileges.UID_BASE <= u < _privileges.UID_BASE + _privileges.UID_RANGE for u in uids)
+
+
+def test_handing_a_build_directory_over_removes_planted_symlinks(tmp_path: Path) -> None:
+    from kbv.worker import _privileges
+
+    build = tmp_path / "build"
+    (build / "torch_extensions").mkdir(parents=True)
+    (build / "torch_extensions" / "lock").symlink_to("/etc/hostname")
+    (build / "module.so").write_bytes(b"")
+    _privileges.hand_over(os.getuid(), build)
+    assert not (build / "torch_extensions" / "lock").exists() and (build / "module.so").exists()
+    assert Path("/etc/hostname").exists()
