@@ -47,6 +47,7 @@ class _State:
         self.model_compiled: Any = None
         self.role = "reference"
         self.domain = "any"
+        self.structure: list[Any] | None = None  # input invariants, one per positional input
         self.timer: Any = None
         self.identities: dict[str, int] = {}
         # Outputs of timed calls the parent asked to keep: [call index, type names, copies].
@@ -107,6 +108,7 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.device = torch.device(request["device"])
     state.role = request["role"]
     state.domain = request.get("domain", "any")
+    state.structure = request.get("structure")
     state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
     # Captured before any candidate code runs, so later patching cannot reach these references.
     state.timer = kbv_timing.make_timer(state.device)
@@ -200,6 +202,7 @@ def _make_inputs(state: _State, distribution: str, seed: int, precision: str) ->
         state.device,
         precision="fp64" if precision == "fp64" else "fp32",
         domain=state.domain,
+        structure=state.structure,
     )
 
 

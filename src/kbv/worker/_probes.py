@@ -99,11 +99,22 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
     """
     prec = "fp64" if precision == "fp64" else "fp32"
     make = _make_inputs
-    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain)
+    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain,
+                structure=getattr(state, "structure", None))
     if spec.get("mix_seed") is None:
         return args
-    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain)
-    return [_mix(a, b) for a, b in zip(args, other)]
+    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain,
+                structure=getattr(state, "structure", None))
+    mixed = [_mix(a, b) for a, b in zip(args, other)]
+    return _keep_structure(mixed, getattr(state, "structure", None))
+
+
+def _keep_structure(args: list[Any], structure: list[Any] | None) -> list[Any]:
+    """A mix of two draws keeps their zero pattern and value set but not symmetry: restore it."""
+    if not structure:
+        return args
+    return [kbv_inputs.apply_invariants(a, a, inv, 0) if inv and isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a, inv in zip(args, structure)]
 
 
 def _mix(a: Any, b: Any) -> Any:
