@@ -15,6 +15,7 @@ distributions that catch sign shortcuts.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,17 +177,19 @@ def _band(zeros: torch.Tensor) -> Any:
     return {"band": [lo, hi]}
 
 
-def infer_invariants(draws: list[list[Any]]) -> list[dict[str, Any] | None]:
-    """Invariants common to ``draws`` (each the list ``get_inputs()`` returned), per positional input."""
-    if not draws:
-        return []
-    accumulators = [_Accumulator() for _ in draws[0]]
+def infer_invariants(draws: Iterable[list[Any]]) -> list[dict[str, Any] | None]:
+    """Invariants common to ``draws`` (each the list ``get_inputs()`` returned), per positional input.
+
+    ``draws`` may be a generator: each draw is folded in and dropped, so at most two are alive."""
+    accumulators: list[_Accumulator] | None = None
     for draw in draws:
+        if accumulators is None:
+            accumulators = [_Accumulator() for _ in draw]
         if len(draw) != len(accumulators):
             raise ProblemError(f"get_inputs() returned {len(draw)} inputs in one draw and {len(accumulators)} in another")
         for acc, value in zip(accumulators, draw):
             acc.add(value)
-    return [acc.result() for acc in accumulators]
+    return [acc.result() for acc in accumulators or []]
 
 
 def normalise_declared(declared: Any, n_inputs: int, where: str) -> list[dict[str, Any] | None]:
@@ -237,18 +240,25 @@ def input_structure(problem: Problem, device: str = "cpu") -> InputStructure:
 
 def _compute(problem: Problem, device: torch.device, sizes: dict[str, Any]) -> InputStructure:
     module = load_module(problem.path, sizes=sizes)
-    draws = []
+    numels: list[int] = []
+
+    def draws() -> Iterator[list[Any]]:
+        for seed in INFERENCE_SEEDS:
+            draw = kbv_inputs.make_inputs(module, "original", seed, device)
+            numels[:] = [v.numel() if isinstance(v, torch.Tensor) and v.is_floating_point() else 0 for v in draw]
+            yield draw
+
     try:
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            for seed in INFERENCE_SEEDS:
-                draws.append(kbv_inputs.make_inputs(module, "original", seed, device))
+            found = infer_invariants(draws())
     except ProblemError:
         raise
     except Exception as exc:
         raise ProblemError(f"problem file {problem.path}: get_inputs() failed ({type(exc).__name__}: {exc})") from exc
-    inferred = [{**inv, "source": "inferred"} if inv else None for inv in infer_invariants(draws)]
-    numels = [v.numel() if isinstance(v, torch.Tensor) and v.is_floating_point() else 0 for v in draws[-1]]
-    del draws
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the workers need the memory more than this process
+    inferred = [{**inv, "source": "inferred"} if inv else None for inv in found]
     declared = problem.extras.get("structure")
     if declared is not None:
         for i, entry in enumerate(normalise_declared(declared, len(inferred), str(problem.path))):
