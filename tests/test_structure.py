@@ -187,3 +187,11 @@ def test_record_keeps_the_invariants_and_a_replay_uses_them(tmp_path: Path) -> N
     path.write_text(json.dumps(stored))
     replayed = evaluate_replay(path, device="cpu")
     assert replayed.seeds["structure"] == stored["seeds"]["structure"]
+
+
+def test_audit_shows_the_invariants() -> None:
+    from kbv.problems.audit import audit_problems
+
+    [result] = audit_problems([load_problem(HONEST_PROBLEMS / "tril_matmul.py")], device="cpu", seed=1)
+    assert result.to_dict()["structure"] == [{"input": 0, "zeros": "lower", "source": "inferred"},
+                                            {"input": 1, "zeros": "lower", "source": "inferred"}]
