@@ -1,7 +1,8 @@
 """How often does an honest candidate fail `verified`? Each one is evaluated N times, fresh secret
 seeds each time; every run that does not pass is printed with its distributions and findings.
 
-    python benchmarks/honest_stability.py --runs 15 [--device cpu] [--set honest_cpu]
+    python benchmarks/honest_stability.py --runs 15 [--device cpu] [--set honest_cpu] [--match NAME ...]
+    python benchmarks/honest_stability.py --device cuda --runs 3 --kernelbench ../shared/kernelbench/level1
 
 Honest kernels must pass in every run (an RL reward that rejects correct code by luck teaches the
 wrong lesson). Results are written as JSON lines to --out if given.
@@ -22,6 +23,8 @@ from kbv.problems import load_problems
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "src" / "kbv" / "suite"
 FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
+#: GPU candidates for KernelBench's own files, named after them (issue 12's honest kernels).
+KERNELBENCH_CANDIDATES = FIXTURES / "gpu_kernelbench"
 
 
 def _fixture_pairs() -> list[tuple[Path, Path]]:
@@ -41,16 +44,34 @@ def _suite_pairs(candidate_set: str) -> list[tuple[Path, Path]]:
     return [(problem.path, candidate.path) for problem, candidate in match_candidates(problems, SUITE / "candidates" / candidate_set)]
 
 
+def _kernelbench_pairs(level_dir: Path) -> list[tuple[Path, Path]]:
+    """Each candidate of KERNELBENCH_CANDIDATES (``{problem stem}__{variant}.py``) with its KernelBench file."""
+    pairs = []
+    for candidate in sorted(KERNELBENCH_CANDIDATES.glob("*.py")):
+        problem = level_dir / f"{candidate.stem.split('__')[0]}.py"
+        if not problem.is_file():
+            raise SystemExit(f"{candidate.name}: no {problem} (pass the level1 directory of a KernelBench tree)")
+        pairs.append((problem, candidate))
+    return pairs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--set", action="append", help="bundled candidate set(s); default honest_cpu plus the honest test fixtures")
+    parser.add_argument("--kernelbench", type=Path, help="KernelBench level1 directory: run the gpu_kernelbench candidates only")
+    parser.add_argument("--match", action="append", help="keep only candidates whose file name contains this (repeatable)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    pairs = [p for s in (args.set or ["honest_cpu"]) for p in _suite_pairs(s)]
-    if not args.set:
-        pairs += _fixture_pairs()
+    if args.kernelbench:
+        pairs = _kernelbench_pairs(args.kernelbench)
+    else:
+        pairs = [p for s in (args.set or ["honest_cpu"]) for p in _suite_pairs(s)]
+        if not args.set:
+            pairs += _fixture_pairs()
+    if args.match:
+        pairs = [(p, c) for p, c in pairs if any(m in c.name for m in args.match)]
     failures = 0
     out = args.out.open("a") if args.out else None
     for problem, candidate in pairs:

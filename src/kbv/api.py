@@ -21,13 +21,15 @@ def evaluate_paths(
     device: str | None = None,
     timeout_s: float | None = None,
     master_seed: int | None = None,
+    structure: list[Any] | None = None,
 ) -> Record:
-    """Evaluate one problem file against one candidate file."""
+    """Evaluate one problem file against one candidate file (``structure``: input invariants to
+    use instead of inferring them, as a replay does)."""
     resolved = load_protocol(protocol)
     problem = load_problem(problem_path)
     check_importable(problem)
     candidate = load_candidate(candidate_path)
-    return evaluate(problem, candidate, resolved, device, timeout_s=timeout_s, master_seed=master_seed)
+    return evaluate(problem, candidate, resolved, device, timeout_s=timeout_s, master_seed=master_seed, structure=structure)
 
 
 def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeout_s: float | None = None) -> Record:
@@ -51,4 +53,5 @@ def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeo
         device=device or data["device"].get("type"),
         timeout_s=timeout_s,
         master_seed=int(data["seeds"]["master"]),
+        structure=data["seeds"].get("structure"),  # older records have none: inferred again
     )

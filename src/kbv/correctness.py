@@ -11,6 +11,7 @@ done in float64 on the tensors' own device; only scalars come back to the host.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,9 +25,13 @@ __all__ = [
     "compare_allclose",
     "compare_error_model",
     "judge_distribution",
+    "reduction_floor",
+    "reduction_lengths",
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
+#: Unit roundoff of float32 (2**-24): half an ulp of 1.
+FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
 def _is_inexact(t: torch.Tensor) -> bool:
@@ -210,8 +215,36 @@ def baseline_error(baseline_outputs: list, truth_outputs: list) -> dict[str, Any
     }
 
 
+def reduction_lengths(input_numels: Sequence[int], outputs: Sequence[Any]) -> list[int]:
+    """Per output, how many input elements each of its elements reduces at most, from shapes alone:
+    the largest floating input's element count over the output's (at least 1). A mean over 1e9
+    elements is 1e9; a row sum of a (B, D) input is D; an elementwise op is 1."""
+    largest = max((int(n) for n in input_numels), default=0)
+    lengths = []
+    for out in outputs:
+        numel = out.numel() if isinstance(out, torch.Tensor) else 1
+        lengths.append(max(1, largest // max(numel, 1)))
+    return lengths
+
+
+def reduction_floor(length: int, settings: CorrectnessSettings) -> float:
+    """The relative error an honest float32 reduction of ``length`` terms may make in an order of its
+    own: one float32 partial sum per ``reduction_block`` elements, the partials added one after
+    another into one value (atomics), whose worst case is ``2**-24`` per addition. That is
+    ``2**-24 * ceil(length / reduction_block)``, capped at ``reduction_floor_cap``; 0 when
+    ``reduction_block`` is 0 (off). docs/correctness.md has the measurements behind it."""
+    block = int(settings.reduction_block)
+    if block <= 0 or length <= 1:
+        return 0.0
+    return min(settings.reduction_floor_cap, FP32_UNIT_ROUNDOFF * math.ceil(length / block))
+
+
 def compare_error_model(
-    outputs: list, truth_outputs: list, baseline_err: dict[str, Any], settings: CorrectnessSettings
+    outputs: list,
+    truth_outputs: list,
+    baseline_err: dict[str, Any],
+    settings: CorrectnessSettings,
+    reduction_lengths: Sequence[int] | None = None,
 ) -> tuple[bool, float, float, dict[str, Any]]:
     """kbv's check: the candidate may be ``error_multiple`` times as wrong as the baseline, no more.
 
@@ -219,7 +252,10 @@ def compare_error_model(
     passes when the NaN/Inf positions equal the truth's (an inf must be the same inf), and
     ``max|a - t| / scale <= max(error_multiple * baseline elementwise, elementwise_floor)`` and
     ``||a - t|| / ||t|| <= max(error_multiple * baseline norm, norm_floor)``. Integer/bool outputs
-    must equal the truth exactly. Returns (passed, max_abs_err, rel_err, tolerance): max_abs_err is
+    must equal the truth exactly. With ``reduction_lengths`` (one per output, see
+    :func:`reduction_lengths`) both floors of an output are raised to :func:`reduction_floor` of its
+    length, so another honest summation order is not mistaken for a wrong kernel.
+    Returns (passed, max_abs_err, rel_err, tolerance): max_abs_err is
     the largest unscaled |a - t|, rel_err the largest relative norm error (inf on a NaN/Inf
     mismatch); tolerance holds the per-output limits and scaled errors.
     """
@@ -254,8 +290,10 @@ def compare_error_model(
             per_output.append({"kind": "exact", "mismatches": mismatches, "passed": mismatches == 0})
             continue
         err = _float_error(out, truth)
-        elem_tol = max(settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor)
-        norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor)
+        length = int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
+        floor = reduction_floor(length, settings)
+        elem_tol = max(settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor, floor)
+        norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor, floor)
         ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
         passed &= ok
         if err["nonfinite_mismatch"]:
@@ -271,6 +309,8 @@ def compare_error_model(
                 "elementwise_tol": elem_tol,
                 "norm_err": err["norm"],
                 "norm_tol": norm_tol,
+                "reduction_length": length,
+                "reduction_floor": floor,
                 "nonfinite_mismatch": err["nonfinite_mismatch"],
                 "passed": ok,
             }

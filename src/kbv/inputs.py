@@ -35,6 +35,8 @@ __all__ = [
     "BASE_DISTRIBUTIONS",
     "DISTRIBUTIONS",
     "DOMAINS",
+    "apply_invariants",
+    "band_limits",
     "derive_seed",
     "domain_fallback",
     "make_inputs",
@@ -364,6 +366,7 @@ def make_inputs(
     *,
     precision: str = "fp32",
     domain: str | Sequence[str] = "any",
+    structure: Sequence[dict[str, Any] | None] | None = None,
 ) -> list:
     """The problem's inputs for one draw of ``distribution``, on ``device``.
 
@@ -375,6 +378,8 @@ def make_inputs(
     draw. ``precision="fp64"`` upcasts floating tensors to float64 after the transform, so fp32 and
     fp64 runs see the same values. ``domain`` is one of :data:`DOMAINS`, for all inputs or one per
     positional input; a ``_positive``/``_unit`` suffix in ``distribution`` tightens it.
+    ``structure`` holds one invariant dict (or None) per positional input, as inferred or declared
+    by :mod:`kbv.problems.structure`; every distribution keeps them (see :func:`apply_invariants`).
     """
     base, suffix_domain = split_distribution(distribution)
     if precision not in ("fp32", "fp64"):
@@ -386,29 +391,37 @@ def make_inputs(
     domains = [domain] * len(raw) if isinstance(domain, str) else list(domain)
     if len(domains) != len(raw):
         raise ValueError(f"{len(domains)} input domains given for {len(raw)} inputs")
+    invariants = list(structure) if structure is not None else [None] * len(raw)
+    if len(invariants) != len(raw):
+        raise ValueError(f"{len(invariants)} input invariants given for {len(raw)} inputs")
     index = 0
     out = []
     for position, dom in enumerate(domains):
         value, raw[position] = raw[position], None  # let each original draw be freed once replaced
         eff = _effective_domain(suffix_domain, dom)
+        # Invariants describe a tensor at a position; nested lists of tensors get none.
+        inv = invariants[position] if isinstance(value, torch.Tensor) else None
 
-        def convert(t: torch.Tensor, eff: str = eff) -> torch.Tensor:
+        def convert(t: torch.Tensor, eff: str = eff, inv: dict[str, Any] | None = inv) -> torch.Tensor:
             nonlocal index
             index += 1
-            return _one(t, base, eff, distribution, int(seed), index - 1, dev, precision)
+            return _one(t, base, eff, distribution, int(seed), index - 1, dev, precision, inv)
 
         out.append(_map_tensors(value, convert))
     return out
 
 
 def _one(t: torch.Tensor, base: str, domain: str, distribution: str, seed: int, index: int,
-         device: torch.device, precision: str) -> torch.Tensor:
+         device: torch.device, precision: str, invariants: dict[str, Any] | None = None) -> torch.Tensor:
     if t.device != device:
         t = t.to(device)
     if not t.is_floating_point():
         return t
+    original = t
     if not (base == "original" and domain == "probabilities"):
         t = _transform(t, base, domain, derive_seed(int(seed), "transform", distribution, domain, index))
+    if invariants:
+        t = apply_invariants(t, original, invariants, derive_seed(int(seed), "invariants", distribution, index))
     if precision == "fp64":
         t = t.to(torch.float64)
     return t
@@ -427,6 +440,68 @@ def mix_values(a: Any, b: Any) -> Any:
     mid = flat.numel() // 2
     out[mid] = flat[mid]
     return out.reshape(a.shape)
+
+
+def restore_structure(args: list[Any], structure: list[Any] | None) -> list[Any]:
+    """A mix of two draws (:func:`mix_values`) keeps their zero pattern and value set but not
+    symmetry: restore every invariant of ``structure`` (one entry per input) on the mix."""
+    if not structure:
+        return args
+    return [apply_invariants(a, a, inv, 0) if inv and isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a, inv in zip(args, structure)]
+
+
+def apply_invariants(y: torch.Tensor, original: torch.Tensor, invariants: dict[str, Any], seed: int) -> torch.Tensor:
+    """``y`` (a transformed draw) made to keep the structure of the problem's own draw ``original``.
+
+    In this order: entries of a small value set (``values``) that the transform changed are drawn
+    uniformly from that set; a ``symmetric`` input gets its upper triangle mirrored into the lower
+    one; the zero pattern (``zeros``) is re-applied. The problem's own draw satisfies all of them, so
+    ``original`` is returned unchanged. Invariant formats: ``docs/correctness.md``.
+    """
+    values = invariants.get("values")
+    if values and y is not original:
+        pool = torch.tensor([float(v) for v in values], dtype=y.dtype, device=y.device)
+        gen = _generator(y.device, seed)
+        pick = torch.randint(len(values), y.shape, generator=gen, device=y.device)
+        y = torch.where(y == original, y, pool[pick])
+    if invariants.get("symmetric") and y.dim() >= 2 and y.shape[-1] == y.shape[-2]:
+        y = y.triu() + y.triu(1).mT
+    zeros = invariants.get("zeros")
+    if zeros:
+        y = _apply_zeros(y, original, zeros)
+    return y
+
+
+def _apply_zeros(y: torch.Tensor, original: torch.Tensor, zeros: Any) -> torch.Tensor:
+    if zeros == "mask":  # a fixed pattern: wherever the problem's own draw is zero
+        return torch.where(original == 0, torch.zeros((), dtype=y.dtype, device=y.device), y)
+    if y.dim() < 2:
+        raise ValueError(f"a {zeros!r} zero pattern needs a tensor of at least 2 dims, not shape {tuple(y.shape)}")
+    lo, hi = band_limits(zeros)
+    y = y.tril(hi) if hi is not None else y
+    return y.triu(lo) if lo is not None else y
+
+
+def band_limits(zeros: Any) -> tuple[int | None, int | None]:
+    """``(lo, hi)`` of a band zero pattern: entries off ``lo <= col - row <= hi`` are zero (None: no
+    limit on that side). Accepts ``"lower"``, ``"upper"``, ``{"tril": k}``, ``{"triu": k}`` and
+    ``{"band": [lo, hi]}``; raises ValueError for anything else."""
+    if zeros == "lower":
+        return None, 0
+    if zeros == "upper":
+        return 0, None
+    if isinstance(zeros, dict) and len(zeros) == 1:
+        (kind, arg), = zeros.items()
+        if kind == "tril" and isinstance(arg, int):
+            return None, arg
+        if kind == "triu" and isinstance(arg, int):
+            return arg, None
+        if kind == "band" and isinstance(arg, (list, tuple)) and len(arg) == 2 and all(isinstance(a, int) for a in arg):
+            return int(arg[0]), int(arg[1])
+    raise ValueError(
+        f"unknown zero pattern {zeros!r}: use \"lower\", \"upper\", \"mask\", {{\"tril\": k}}, {{\"triu\": k}} or {{\"band\": [lo, hi]}}"
+    )
 
 
 def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

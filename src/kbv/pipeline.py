@@ -19,7 +19,8 @@ import torch
 from kbv import correctness, inputs, measure
 from kbv._version import __version__
 from kbv.candidates import Candidate
-from kbv.problems import Problem
+from kbv.problems import Problem, ProblemError
+from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
 from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
@@ -138,6 +139,9 @@ class _Context:
     # Filled at the end of the evaluation by _end_containment.
     isolation: dict[str, Any] = field(default_factory=dict)
     host_memory: dict[str, Any] = field(default_factory=dict)
+    # Input invariants: a replayed record's own, else inferred once (see _structure).
+    replay_structure: list[Any] | None = None
+    structure: InputStructure | None = None
 
 
 def evaluate(
@@ -149,9 +153,12 @@ def evaluate(
     timeout_s: float | None = None,
     master_seed: int | None = None,
     spares: Spares | None = None,
+    structure: list[Any] | None = None,
 ) -> Record:
     """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise.
 
+    ``structure`` replays a record's input invariants (``record.seeds["structure"]``) instead of
+    inferring them again.
     ``spares`` (a batch's) supplies workers launched ahead of time and launches the next pair's
     while this one checks correctness (never while it times)."""
     started = time.monotonic()
@@ -159,7 +166,7 @@ def evaluate(
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
     seeds = _Seeds(master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()), fixed=fixed)
-    ctx = _Context(problem, candidate, protocol, device, seeds)
+    ctx = _Context(problem, candidate, protocol, device, seeds, replay_structure=structure)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     ctx.findings.extend(_static_findings(ctx))
     try:
@@ -352,10 +359,26 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
         "sizes": ctx.problem.sizes_for(worker_device(ctx.device)),
         "domain": ctx.problem.extras.get("domain", "any"),
         "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
+        "structure": _structure(ctx).applied() or None,
     }
     if role == "candidate":
         fields["candidate_path"] = str(ctx.candidate.path)
     return fields
+
+
+def _structure(ctx: _Context) -> InputStructure:
+    """The problem's input invariants, the same for both workers: inferred once per problem (cached
+    in :mod:`kbv.problems.structure`), or the replayed record's. A problem whose inputs cannot be
+    drawn gets none here; its reference worker then reports the failure."""
+    if ctx.structure is None:
+        try:
+            found = input_structure(ctx.problem, ctx.device)
+        except ProblemError:
+            found = InputStructure(invariants=[], numels=[])
+        if ctx.replay_structure is not None:
+            found = InputStructure(invariants=list(ctx.replay_structure), numels=found.numels)
+        ctx.structure = found
+    return ctx.structure
 
 
 def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
@@ -539,7 +562,8 @@ def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) ->
         return {"passed": False, "max_abs_err": None, "rel_err": None, "tolerance": None, "note": problem}
     if settings.mode == "error_model":
         base_err = expected["baseline_err"]
-        passed, max_err, rel_err, tol = correctness.compare_error_model(got["outputs"], expected["truth"]["outputs"], base_err, settings)
+        lengths = correctness.reduction_lengths(_structure(ctx).numels, expected["truth"]["outputs"])
+        passed, max_err, rel_err, tol = correctness.compare_error_model(got["outputs"], expected["truth"]["outputs"], base_err, settings, lengths)
         return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "baseline_err": base_err, "note": ""}
     passed, max_err, rel_err, tol = correctness.compare_allclose(got["outputs"], reference, settings)
     return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "note": ""}
@@ -609,7 +633,8 @@ def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, r
         timing=timing,
         speedup=speedup,
         memory={**memory, **ctx.host_memory},
-        seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)"},
+        seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)",
+               "structure": _structure(ctx).invariants},
         versions=_versions(hello),
         error=error,
         logs=logs or {},

@@ -55,6 +55,12 @@ class CorrectnessSettings:
     # ... but never has to be below these floors (relative to the output's scale).
     elementwise_floor: float = 1e-5
     norm_floor: float = 1e-6
+    # ... and, per output, not below 2**-24 * ceil(reduction length / reduction_block), capped at
+    # reduction_floor_cap: the worst-case error of adding one float32 partial sum per block of that
+    # many elements into one value, as atomics do (docs/correctness.md, "The reduction floor").
+    # 0 turns it off.
+    reduction_block: int = 0
+    reduction_floor_cap: float = 1e-3
     redraw_parameters: bool = False
     # Re-runs of a failing draw on the same inputs before it counts: a failure that does not repeat
     # is a transient (see docs/correctness.md), reported by the ``transient_mismatch`` check.
@@ -142,11 +148,13 @@ STANDARD = Protocol(
     integrity=IntegritySettings(static=False, dynamic=False),
 )
 
+# Version 2: the reduction floor (issue 12) and structure-preserving hidden inputs.
 VERIFIED = Protocol(
     name="verified",
-    version=1,
+    version=2,
     correctness=CorrectnessSettings(
         mode="error_model",
+        reduction_block=256,
         distributions=("original", "signed", "wide", "shifted", "blockwise", "sparse"),
         draws_per_distribution=2,
         redraw_parameters=True,

@@ -17,6 +17,7 @@ import torch
 
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
 from kbv.problems._loader import Problem
+from kbv.problems.structure import describe_structure
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 ZEROS_ATOL = ZEROS_RTOL = 1e-4
@@ -32,6 +33,8 @@ class AuditResult:
     flags: list[str] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    # Input invariants every hidden distribution keeps (kbv.problems.structure), one entry per input.
+    structure: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +68,7 @@ def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | Non
 
 def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> AuditResult:
     result = AuditResult(problem.name, str(problem.path))
+    result.structure = describe_structure(problem, device)
     try:
         worker.request(
             "load", role="reference", device=device, problem_path=str(problem.path),

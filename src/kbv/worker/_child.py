@@ -49,6 +49,7 @@ class _State:
         self.model_compiled: Any = None
         self.role = "reference"
         self.domain = "any"
+        self.structure: list[Any] | None = None  # input invariants, one per positional input
         self.timer: Any = None
         self.identities: dict[str, int] = {}
         # Outputs of timed calls the parent asked to keep: [call index, type names, copies].
@@ -111,6 +112,7 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.device = torch.device(request["device"])
     state.role = request["role"]
     state.domain = request.get("domain", "any")
+    state.structure = request.get("structure")
     state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
     # Captured before any candidate code runs, so later patching cannot reach these references.
     state.timer = kbv_timing.make_timer(state.device)
@@ -206,11 +208,12 @@ def _set_precision_flags(precision: str) -> None:
 
 def _make_inputs(state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None) -> list[Any]:
     prec = "fp64" if precision == "fp64" else "fp32"
-    args = kbv_inputs.make_inputs(state.problem, distribution, seed, state.device, precision=prec, domain=state.domain)
+    make = kbv_inputs.make_inputs
+    args = make(state.problem, distribution, seed, state.device, precision=prec, domain=state.domain, structure=state.structure)
     if mix_seed is None:
         return args
-    other = kbv_inputs.make_inputs(state.problem, distribution, int(mix_seed), state.device, precision=prec, domain=state.domain)
-    return [kbv_inputs.mix_values(a, b) for a, b in zip(args, other)]
+    other = make(state.problem, distribution, int(mix_seed), state.device, precision=prec, domain=state.domain, structure=state.structure)
+    return kbv_inputs.restore_structure([kbv_inputs.mix_values(a, b) for a, b in zip(args, other)], state.structure)
 
 
 def _as_outputs(result: Any) -> list[Any]:

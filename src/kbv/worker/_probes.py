@@ -32,6 +32,7 @@ _getpid = os.getpid
 _sleep = time.sleep
 _make_inputs = kbv_inputs.make_inputs
 _mix = kbv_inputs.mix_values
+_restore_structure = kbv_inputs.restore_structure
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
@@ -98,11 +99,13 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
     """
     prec = "fp64" if precision == "fp64" else "fp32"
     make = _make_inputs
-    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain)
+    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain,
+                structure=getattr(state, "structure", None))
     if spec.get("mix_seed") is None:
         return args
-    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain)
-    return [_mix(a, b) for a, b in zip(args, other)]
+    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain,
+                structure=getattr(state, "structure", None))
+    return _restore_structure([_mix(a, b) for a, b in zip(args, other)], getattr(state, "structure", None))
 
 
 def _as_outputs(result: Any) -> list[Any]:
