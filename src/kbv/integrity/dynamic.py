@@ -179,7 +179,8 @@ class DynamicContext:
             refr = self.request(ref, "probe_observe", inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe"))
             first, late = self.handed(sub, cand)
             # Only the difference is kept: the outputs themselves would hold device memory all phase.
-            return {"spec": spec, "candidate": cand, "reference": refr, "late_diff": _max_diff(first, late)}
+            return {"spec": spec, "candidate": cand, "reference": refr, "late_diff": _max_diff(first, late),
+                    "first_tensors": [isinstance(t, torch.Tensor) for t in first]}
 
         return self.once("observe", compute)
 
@@ -267,18 +268,20 @@ def _fmt(x: float | None) -> str:
 def check_output_type(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
     return [_finding("output_type", f"output {i} is {t}, a tensor that is not a plain torch.Tensor")
-            for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first"])]
+            for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first_tensors"])]
 
 
 def tensor_like_outputs(types: list[str], snapshots: list[Any]) -> list[tuple[int, str]]:
     """(index, type) of outputs that are tensors but not plain ``torch.Tensor``s.
 
     The worker's snapshot of an output is a tensor only for a ``torch.Tensor`` (subclasses
-    stripped) or a Python number; anything else arrives as None."""
+    stripped) or a Python number; anything else arrives as None. ``snapshots`` holds the snapshots
+    or, as the observe probe keeps them, whether each one was a tensor."""
     found = []
     for i, name in enumerate(types):
         snapshot = snapshots[i] if i < len(snapshots) else None
-        if name != "torch.Tensor" and isinstance(snapshot, torch.Tensor) and not _python_scalar(name):
+        is_tensor = snapshot is True or isinstance(snapshot, torch.Tensor)
+        if name != "torch.Tensor" and is_tensor and not _python_scalar(name):
             found.append((i, name))
     return found
 
