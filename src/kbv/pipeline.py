@@ -20,7 +20,7 @@ from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
-from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
+from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome, error_summary
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, discard, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
@@ -99,7 +99,10 @@ def evaluate(
     with reference, subject:
         reference.launch()
         subject.launch()
-        ref_hello = _start_reference(ctx, reference)
+        try:
+            ref_hello = _start_reference(ctx, reference)
+        except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
+            return _problem_error_record(ctx, reference.hello, failure)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
@@ -113,6 +116,8 @@ def evaluate(
             else:
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
+            if _problem_failed(failure):
+                return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
     outcome = decide_outcome(correct, ctx.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
@@ -198,15 +203,26 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
 
 
 def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
+    """Boot the reference worker and load the problem (import, ``get_init_inputs``, ``Model(...)``).
+    A failure here raises ``WorkerFailed`` with role ``reference``: ``evaluate`` records it as the
+    problem's (``problem_error``). A worker that does not even boot is kbv's failure."""
     try:
         hello = reference.wait_ready()
-        reply = reference.request("load", **_load_fields(ctx, "reference"))
     except WorkerFailed as exc:
-        raise HarnessError(
-            f"the reference of {ctx.problem.path} failed ({exc.kind}): {exc.message}\n{exc.details.get('traceback', '')}"
-        ) from exc
+        raise HarnessError(f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}") from exc
+    reply = reference.request("load", **_load_fields(ctx, "reference"))
     hello["parameters"] = reply["parameters"]
     return hello
+
+
+def _problem_failed(failure: WorkerFailed) -> bool:
+    """Whether a failure during the evaluation is the problem's own: its code raised in the
+    reference worker (``get_inputs`` or ``forward`` on some input). A reference that was killed,
+    timed out or ran out of memory while the candidate ran could have been starved by the candidate,
+    so that stays the candidate's outcome."""
+    if failure.role != "reference" or failure.kind not in ("runtime_error", "import_error", "compile_error"):
+        return False
+    return "out of memory" not in failure.message.lower()
 
 
 def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
@@ -453,12 +469,28 @@ def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed)
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
     error = {
         "kind": failure.kind,
+        "summary": error_summary(failure.kind, failure.message),
         "message": _trim(failure.message),
         "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
     }
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
     timing, speedup, memory = _empty_timing()
     return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)
+
+
+def _problem_error_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
+    """The record of a problem that could not produce its own reference output: ``problem_error``,
+    the problem's fault (reports list it apart; metrics leave it out), never the candidate's."""
+    error = {
+        "kind": failure.kind,
+        "blame": "problem",
+        "summary": "the problem failed: " + error_summary(failure.kind, failure.message),
+        "message": _trim(f"the problem {ctx.problem.path} failed in the reference worker: {failure.message}"),
+        "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
+    }
+    logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
+    timing, speedup, memory = _empty_timing()
+    return _record(ctx, hello or {}, Outcome.PROBLEM_ERROR.value, False, [], timing, speedup, memory, error=error, logs=logs)
 
 
 def _trim(text: str, limit: int = 3000) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kbv.records import Record
+from kbv.records import Record, error_summary
 
 _COLOURS = {"passed": "green", "incorrect": "red", "hack_detected": "magenta"}
 
@@ -29,8 +30,14 @@ def print_record(record: Record, console: Console | None = None) -> None:
         f"on {record.device.get('name', record.device.get('type'))}"
     )
     console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
+    if record.outcome == "problem_error":
+        console.print("[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this pair counts in no model's metrics")
     if record.error:
-        console.print(f"[red]{record.error.get('kind')}[/red]: {record.error.get('message', '').strip()[:2000]}")
+        summary = record.error.get("summary") or error_summary(str(record.error.get("kind", "")), str(record.error.get("message", "")))
+        console.print(f"[red]{escape(str(record.error.get('kind')))}[/red]: {escape(summary)}", highlight=False)
+        details = str(record.error.get("message", "")).strip()
+        if details and details != summary:
+            console.print(escape(details[:2000]), highlight=False, style="dim")
     if record.distributions:
         console.print(_distribution_table(record))
     if record.findings:

@@ -32,13 +32,20 @@ class WorkerFailed(Exception):
 
     ``kind`` is one of ``timeout``, ``crashed``, ``compile_error``, ``import_error``,
     ``runtime_error``, ``cuda_error``. This is an outcome of the code under test, not a harness bug.
+    ``role`` is the failing worker's (``reference``: the problem's own code failed; ``candidate``),
+    or None when the parent raised it without a worker's answer.
     """
 
-    def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None, role: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.details = details or {}
+        self.role = role
+
+    def logs_tail(self, limit: int = 2000) -> str:
+        """The end of the worker's stderr, for a message about a worker that failed to start."""
+        return str(self.details.get("stderr", ""))[-limit:]
 
 
 def visible_devices(device: str) -> str | None:
@@ -167,14 +174,14 @@ class Worker:
             _channel.send(self._sock, {"op": op, **fields})
         except OSError as exc:
             self.kill()
-            raise WorkerFailed("crashed", f"the worker is gone ({exc})", self.logs()) from exc
+            raise WorkerFailed("crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role) from exc
         reply = self._receive()
         if not reply.get("ok"):
             error = reply.get("error") or {}
             kind = str(error.get("kind", "runtime_error"))
             if kind == "cuda_error":
                 self.kill()
-            raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()})
+            raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role)
         return reply
 
     def new_path(self, stem: str) -> str:
@@ -189,10 +196,10 @@ class Worker:
             return _channel.receive(self._sock, started + max(self.remaining_s, 0.0), alive=self.alive)
         except _channel.ChannelTimeout as exc:
             self.kill()
-            raise WorkerFailed("timeout", "the worker did not finish before the timeout", self.logs()) from exc
+            raise WorkerFailed("timeout", "the worker did not finish before the timeout", self.logs(), role=self.spec.role) from exc
         except _channel.ChannelClosed as exc:
             code = self.kill()
-            raise WorkerFailed("crashed", f"{exc} (exit status {code})", self.logs()) from exc
+            raise WorkerFailed("crashed", f"{exc} (exit status {code})", self.logs(), role=self.spec.role) from exc
         finally:
             self.remaining_s -= time.monotonic() - started
 
