@@ -357,8 +357,10 @@ def _cmd_problems_list(args: argparse.Namespace) -> int:
     root = Path(args.path) if args.path else bundled_suite_dir()
     problems, errors = load_problems(root)
     table = Table(title=f"{len(problems)} problems in {root}")
-    for column in ("level", "id", "name", "tags", "sha256"):
-        table.add_column(column)
+    for column in ("level", "id", "name"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("tags", ratio=1)  # wraps between tags; the other columns never wrap
+    table.add_column("sha256", no_wrap=True)
     for p in problems:
         table.add_row(str(p.level or ""), str(p.problem_id or ""), p.name, ", ".join(p.extras.get("tags", [])), p.source_sha256[:12])
     console = Console()
@@ -397,12 +399,12 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
     console = Console()
     console.print(f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}", highlight=False)
     for r in results:
-        console.print(_audit_line(r), highlight=False, soft_wrap=True)
+        console.print(_audit_line(r), highlight=False)
     with progress_bar(console) as progress:  # result lines print above the bar as they come
         task = progress.add_task("auditing", total=len(problems))
         for r in iter_audit(problems, device=device):
             results.append(r)
-            progress.console.print(_audit_line(r), highlight=False, soft_wrap=True)
+            progress.console.print(_audit_line(r), highlight=False)
             progress.advance(task)
     flagged = sum(1 for r in results if r.flags)
     console.print(f"{flagged} of {len(results)} problems flagged", highlight=False)

@@ -17,12 +17,13 @@ them against the reference for the same timing inputs. A wrong one withdraws the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
     subject.request("build", init_seed=ctx.init_seed)
     names, skipped = measured_baselines(tuple(settings.baselines), ctx.device)
     cached = {name: _cache_read(ctx, name) for name in names}
-    cache_checks = _check_cached(ctx, reference, cached)
+    cache_checks = _check_cached(ctx, reference, cached, subject)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
@@ -89,10 +90,12 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
             for name in to_measure:
                 worker = compile_worker if name == "compile" else reference
                 assert worker is not None
-                rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name]))
+                with _others_paused(worker, reference, subject, compile_worker):
+                    rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name]))
                 baseline_seconds += rounds[name][-1]["parent_bracket_s"]
             keep_calls = _pick_calls(picker, settings.repeats) if picker is not None else None
-            rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
+            with _others_paused(subject, reference, subject, compile_worker):
+                rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
             if keep_calls is not None:
                 kept.append(_fetch_kept(subject, keep_calls, rounds["candidate"][-1]))
     finally:
@@ -168,18 +171,30 @@ def measured_baselines(names: tuple[str, ...], device: str) -> tuple[list[str], 
     return measured, skipped
 
 
-def _check_cached(ctx: MeasureContext, reference: Worker, cached: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def _check_cached(ctx: MeasureContext, reference: Worker, cached: dict[str, dict[str, Any] | None], subject: Worker | None = None) -> dict[str, Any]:
     """One fresh batch per cached eager baseline; a cache entry that disagrees is dropped (set to
     None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten)."""
     checks: dict[str, Any] = {}
     for name, hit in list(cached.items()):
         if hit is None or name == "compile":  # the compiled baseline needs its own worker: trusted as cached
             continue
-        fresh = _timed_batch(reference, ctx, BASELINE_PRECISION[name])
+        with _others_paused(reference, subject):
+            fresh = _timed_batch(reference, ctx, BASELINE_PRECISION[name])
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
         if not checks[name]["accepted"]:
             cached[name] = None
     return checks
+
+
+@contextlib.contextmanager
+def _others_paused(timed: Worker, *workers: Worker | None) -> Iterator[None]:
+    """Every worker but the one being timed is stopped for the batch (``Worker.paused``): a
+    candidate's leftover threads cannot slow the baseline down, nor the reference's the candidate."""
+    with contextlib.ExitStack() as stack:
+        for worker in workers:
+            if worker is not None and worker is not timed:
+                stack.enter_context(worker.paused())
+        yield
 
 
 def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None) -> dict[str, Any]:
@@ -280,6 +295,8 @@ def _entry(rounds: list[dict[str, Any]], settings: TimingSettings, source: str) 
     throttled = sum(1 for r in rounds if r.get("throttled"))
     if throttled:  # NVML named a throttle reason during a round: its samples are not at full clocks
         summary["warnings"] = [*summary.get("warnings", []), "throttled"]
+    if len(rounds) > 1 and not cacheable(rounds):  # the machine changed between rounds: never cached
+        summary["warnings"] = [*summary.get("warnings", []), "rounds_disagree"]
     return {
         "source": source,
         "rounds": rounds,

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -46,7 +47,12 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         console.print("[yellow]No records to summarise.[/yellow]")
         return
     rows = leaderboard_rows(records)
-    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    # The box draws one space between columns; a second one (padding) only where the widest row
+    # still fits, so that a long label leaves every column readable at 80 columns.
+    cells = [[row["label"], row["protocol"], str(row["n"]), "100.0%", "100.00x", "100.00x", "100.0%", "10.00x", "100.0%"] for row in rows]
+    needed = sum(max(len(c[i]) for c in cells) + 2 for i in range(len(cells[0])))
+    padding = (0, 1, 0, 0) if needed <= console.width else 0
+    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=padding)
     # Names must stay readable on a narrow terminal; the numeric columns give way first.
     table.add_column("label", min_width=min(30, max(len(r["label"]) for r in rows)))
     table.add_column("protocol", min_width=min(12, max(len(r["protocol"]) for r in rows)))
@@ -123,18 +129,36 @@ def render_comparison(
     for label, summary in result["labels"].items():
         console.print(_comparison_table(label, summary))
     if result["changed"]:
-        changed = Table(title="Verdicts that changed", title_justify="left")
-        for name in ("label", "problem", "candidate", "standard", "verified", "why"):
-            changed.add_column(name, overflow="fold")
-        for row in result["changed"]:
-            cells = (row["label"], row["problem"], _short_path(row["candidate"]), row["standard_outcome"],
-                     row["verified_outcome"], row["reason"])
-            changed.add_row(*(Text(str(cell)) for cell in cells))
-        console.print(changed)
+        console.print(_changed_table(result["changed"], console.width))
     unmatched = result["unmatched_standard"] + result["unmatched_verified"]
     if unmatched:
         console.print(f"[dim]{unmatched} records had no counterpart under the other protocol and were left out.[/dim]")
     return result
+
+
+#: Below this width the changed verdicts are listed (one line per pair, the reason indented under
+#: it) instead of tabled: six columns at 80 columns wrap a word or two per line.
+WIDE_TABLE_COLUMNS = 120
+
+
+def _changed_table(changed: list[dict[str, Any]], width: int) -> Table:
+    rows = [(row["label"], row["problem"], _short_path(row["candidate"]), row["standard_outcome"], row["verified_outcome"], row["reason"]) for row in changed]
+    if width >= WIDE_TABLE_COLUMNS:
+        table = Table(title="Verdicts that changed", title_justify="left")
+        for name in ("label", "problem", "candidate", "standard", "verified"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("why", overflow="fold")
+        for cells in rows:
+            table.add_row(*(Text(str(cell)) for cell in cells))
+        return table
+    table = Table.grid(padding=(0, 1))
+    table.title, table.title_justify = "Verdicts that changed (standard -> verified, then why)", "left"
+    table.add_column(width=1, no_wrap=True)
+    table.add_column(ratio=1)
+    for label, problem, candidate, std, ver, why in rows:
+        table.add_row("-", Text(f"{label} {problem} ({candidate}): {std} -> {ver}"))
+        table.add_row("", Padding(Text(str(why), style="dim"), (0, 0, 0, 2)))
+    return table
 
 
 _EFFECT_TEXT = {

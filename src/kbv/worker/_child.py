@@ -81,6 +81,7 @@ def _environment_facts() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda_available": torch.cuda.is_available(),
+        "intra_op_threads": torch.get_num_threads(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
