@@ -394,3 +394,21 @@ def test_rounds_that_disagree_are_named_in_the_warnings() -> None:
     busy = {**quiet, "device_ms": [16.0] * 10}
     assert "rounds_disagree" in _entry([quiet, busy, busy], settings, "measured")["summary"]["warnings"]
     assert "rounds_disagree" not in _entry([quiet, quiet], settings, "measured")["summary"]["warnings"]
+
+
+# ------------------------------------------------------------------------------- 7. suite time
+
+
+def test_the_two_honest_relu_cpp_fixtures_are_one_build() -> None:
+    """Compiling a C++ extension costs ~40 s of the 2-core CI machine: the honest-fixture test and
+    the outcome tests share one source (one hash, one cached build)."""
+    foundation, honest = FOUNDATION / "relu_cpp.py", ROOT / "tests" / "fixtures" / "candidates" / "honest" / "relu_cpp.py"
+    assert foundation.read_bytes() == honest.read_bytes()
+
+
+def test_the_readme_test_command_runs_in_parallel_and_ci_runs_it_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if "python -m pytest" in line and line.startswith("pip install"))
+    assert "-n 2" in command
+    assert command in (ROOT / ".ci" / "run").read_text()
+    assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()

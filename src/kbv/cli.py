@@ -238,7 +238,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if not standard or not verified:
         raise UsageError(f"{db} needs records under both protocols to compare")
     render_comparison(standard, verified, Console())
-    Console(stderr=True).print(f"results database: {db}")
+    Console(stderr=True).print(f"results database: {db}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

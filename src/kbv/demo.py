@@ -96,6 +96,7 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
         render_comparison(standard, verified, console)
         write_html_report(standard + verified, html_path, title="kbv demo: standard versus verified")
         render_record_ids([(i, r) for i, r in mine if r.protocol.get("name") in ("standard", "verified")], db_path, console)
-    console.print(f"results database: {db_path.resolve()}")
-    console.print(f"HTML report:      {html_path.resolve()}")
+    # Paths are printed whole (soft wrap): a folded path cannot be copied back.
+    console.print(f"results database: {db_path.resolve()}", highlight=False, soft_wrap=True)
+    console.print(f"HTML report:      {html_path.resolve()}", highlight=False, soft_wrap=True)
     return 0

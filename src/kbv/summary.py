@@ -51,7 +51,7 @@ def print_record(record: Record, console: Console | None = None) -> None:
             f"peak memory: candidate {memory['candidate_peak_bytes'] / 2**20:.1f} MiB, "
             f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
         )
-    console.print(f"seeds: master {record.seeds.get('master')} (replay with: kbv eval --replay RECORD.json)")
+    console.print(f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a file written by --json or --out)")
 
 
 def _distribution_table(record: Record) -> Table:
