@@ -63,7 +63,7 @@ def test_a_problem_that_cannot_produce_its_reference_is_a_problem_error(problem:
     assert record.error["blame"] == "problem" and says in record.error["message"]
 
 
-def test_problem_errors_count_in_no_metric_and_are_listed_apart() -> None:
+def test_problem_errors_count_in_no_metric_and_are_listed_apart(tmp_path: Path) -> None:
     from rich.console import Console
 
     from kbv import metrics
@@ -79,6 +79,10 @@ def test_problem_errors_count_in_no_metric_and_are_listed_apart() -> None:
     render_summary(records, console)
     text = console.export_text()
     assert "Problem errors" in text and "the problem failed" in text
+    from kbv.report import write_html_report
+
+    html = write_html_report(records, tmp_path / "r.html").read_text()
+    assert 'id="problem-error-table"' in html and "the problem failed" in html
 
 
 def test_audit_flags_a_problem_whose_reference_raises_and_one_that_does_not_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
