@@ -188,8 +188,9 @@ def _speed_memory_figure(rows: list[dict[str, Any]], colours: dict[str, Any], pl
     return fig
 
 
-def _log_axes(ax: Any, *axes: str) -> None:
-    """Log scale with ticks written as plain multipliers (0.5x, 1x, 2x) instead of powers of ten."""
+def _log_axes(ax: Any, *axes: str, narrow: bool = False) -> None:
+    """Log scale with ticks written as plain multipliers (0.5x, 1x, 2x) instead of powers of ten.
+    ``narrow`` (a panel a few inches wide) keeps to 1, 2 and 5 per decade, so tick labels never touch."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     for name in axes:
@@ -197,7 +198,7 @@ def _log_axes(ax: Any, *axes: str) -> None:
         (ax.set_xscale if name == "x" else ax.set_yscale)("log")
         low, high = ax.get_xlim() if name == "x" else ax.get_ylim()
         span = high / max(low, 1e-12)
-        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 else (
+        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 and not narrow else (
             (1.0, 2.0, 5.0) if span < 300 else (1.0,))
         axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
@@ -243,7 +244,7 @@ def _problem_scatter_figure(records: list[Record], colours: dict[str, Any], plt:
             ax.scatter(xs, ys, s=28, alpha=0.75, color=colours[label], label=label)
         ax.axvline(1.0, color="#999", lw=0.8, ls="--")
         if points.get(protocol):
-            _log_axes(ax, "x")
+            _log_axes(ax, "x", narrow=True)
         else:
             ax.text(0.5, 0.5, "no passed pair with a speedup", ha="center", transform=ax.transAxes)
         ax.set_xlabel("speedup against the best baseline")
