@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -171,6 +172,7 @@ def test_broken_problem_and_candidate_files_are_recorded_and_the_batch_goes_on(t
     assert "level_1_problem_77_sample_0_kernel.py: matches no problem" in err
     assert "level_1_problem_2_sample_0_kernel.py: its problem 2_Broken.py is not usable" in err
     assert "run the same command again" in err and "1 evaluated, 0 already stored" in err
+    assert "kbv explain ID --db" in done.stdout and "standard passed: 1" in done.stdout  # the stored record's id
     with Store(db) as store:
         assert [r.outcome for r in store.records()] == ["passed"]
         saved = store.runs()[-1]["args"]
@@ -290,5 +292,8 @@ def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(tmp_path:
     assert str(db.resolve()) in out and str(html.resolve()) in out
     assert html.is_file() and "1_ReLU" in html.read_text() and "tiny_matmul" not in html.read_text()
     assert "tiny_matmul" not in out
+    # the same tables as `kbv report`: outcome counts per protocol, both protocols named
+    assert "Outcomes (pairs per protocol)" in out and re.search(r"outcome\W+standard\W+verified", out)
+    assert "kbv explain ID --db" in out and "standard passed:" in out and "verified passed:" in out
     with Store(db) as store:
         assert {r.protocol["name"] for r in store.records() if r.problem["name"] == "1_ReLU"} == {"standard", "verified"}

@@ -253,7 +253,7 @@ def test_chromium_renders_report(html_report: Path, tmp_path: Path) -> None:
     assert 'id="scatter"' in dom.stdout
     # the scatter image the browser loaded is a real plot: many colours, and one point per label drawn
     # in that label's colour (tab10: "m" blue, "other" orange)
-    scatter = _pixels(_embedded_png(dom.stdout, "scatter"))
+    scatter = _pixels(_embedded_png(dom.stdout, "label-scatter"))
     assert _distinct_colours(scatter) > 50
     assert _has_colour(scatter, (31, 119, 180)) and _has_colour(scatter, (255, 127, 14))
     problem_scatter = _pixels(_embedded_png(dom.stdout, "problem-scatter"))

@@ -16,7 +16,10 @@ from kbv.store import DEFAULT_DB, Store, StoreError
 
 def register(subparsers: Any) -> None:
     """Add ``export``, ``import`` and ``report`` to an argparse subparsers object."""
-    export = subparsers.add_parser("export", help="write stored records as JSONL or CSV")
+    export = subparsers.add_parser(
+        "export", help="write stored records as JSONL or CSV",
+        description="Write the records of a results database (all, or one run's) as JSONL, one record per line in the contract's JSON format (what kbv import and kbv explain read), or as a flat CSV table, one row per record.",
+    )
     _db_arg(export)
     target = export.add_mutually_exclusive_group(required=True)
     target.add_argument("--jsonl", type=Path, metavar="FILE", help="one Record JSON object per line")
@@ -24,14 +27,20 @@ def register(subparsers: Any) -> None:
     export.add_argument("--run", type=int, metavar="ID", help="only the records of this run")
     export.set_defaults(handler=cmd_export)
 
-    imp = subparsers.add_parser("import", help="add the records of a JSONL file to the store")
+    imp = subparsers.add_parser(
+        "import", help="add the records of a JSONL file to the store",
+        description="Add the records of a JSONL file (kbv eval --out, kbv export --jsonl) to a results database. Records already stored (same problem, candidate, protocol, device and versions) are skipped unless --force.",
+    )
     _db_arg(imp)
     imp.add_argument("file", type=Path, metavar="FILE.jsonl")
     imp.add_argument("--label", help="model or candidate-set label for records that carry none")
     imp.add_argument("--force", action="store_true", help="import records already in the store again")
     imp.set_defaults(handler=cmd_import)
 
-    report = subparsers.add_parser("report", help="print the summary and write the HTML report")
+    report = subparsers.add_parser(
+        "report", help="print the summary and write the HTML report",
+        description="Print the leaderboard (one row per label and protocol), the outcomes, the problem errors and, when both protocols are stored, the standard-versus-verified comparison; with --html also write a self-contained HTML report with charts and every record's details.",
+    )
     _db_arg(report)
     report.add_argument("--html", type=Path, metavar="FILE", help="where to write the HTML report")
     report.add_argument("--run", type=int, metavar="ID", help="only the records of this run")
@@ -88,6 +97,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kbv.report import render_comparison, render_summary, split_by_protocol, write_html_report
+    from kbv.report.terminal import render_record_ids
 
     try:
         store = _open_existing(args.db)
@@ -97,7 +107,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _usage_error(f"no results database at {args.db}; run an evaluation first or pass --db")
     with store:
         # A --force re-run stores a second verdict for a key; the newest one counts.
-        records = store.records(run_id=args.run, latest=True)
+        stored = store.records_with_ids(run_id=args.run, latest=True)
+        records = [record for _, record in stored]
         sources = store.candidate_sources()
     if not records:
         where = f"run {args.run}" if args.run is not None else str(args.db)
@@ -107,6 +118,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     standard, verified = split_by_protocol(records)
     if standard and verified:
         render_comparison(standard, verified, console)
+    render_record_ids(stored, args.db, console)
     if args.html is not None:
         path = write_html_report(records, args.html, title=args.title, sources=sources)
         print(f"wrote HTML report to {path}")

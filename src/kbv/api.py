@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv.candidates import CandidateError, load_candidate
+from kbv.devices import check_device
 from kbv.pipeline import evaluate
 from kbv.problems import check_importable, load_problem
 from kbv.protocol import Protocol, load_protocol, protocol_from_dict
@@ -46,11 +47,13 @@ def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeo
         "base": data["protocol"]["name"] if data["protocol"]["name"] in ("standard", "verified") else "verified",
         **{k: settings[k] for k in ("correctness", "timing", "integrity") if k in settings},
     })
+    device = device or data["device"].get("type")
+    check_device(device)  # a CUDA record replayed where there is no GPU: the user's error, before any worker
     return evaluate_paths(
         data["problem"]["path"],
         data["candidate"]["path"],
         protocol=protocol,
-        device=device or data["device"].get("type"),
+        device=device,
         timeout_s=timeout_s,
         master_seed=int(data["seeds"]["master"]),
         structure=data["seeds"].get("structure"),  # older records have none: inferred again

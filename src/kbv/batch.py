@@ -176,8 +176,22 @@ def plan_batch(problems_path: str | Path, candidates_dir: str | Path, label: str
             plan.unmatched.append((str(candidate.path), f"its problem {unusable[problem.path]} is not usable (error above)"))
         else:
             plan.pairs.append((problem, candidate))
-    plan.unmatched.extend((file, "matches no problem") for file in scan.unmatched)
+    plan.unmatched.extend((file, _why_unmatched(file, plan.problem_errors)) for file in scan.unmatched)
     return plan
+
+
+def _why_unmatched(candidate_file: str, problem_errors: list[tuple[str, str]]) -> str:
+    """Why a candidate has no problem: its problem file failed to load (named, error above), or
+    no problem file is named like it."""
+    from kbv.candidates import problem_ref_of
+    from kbv.problems._loader import _id_from_name, _level_from_path
+
+    wanted = problem_ref_of(Path(candidate_file))
+    for file, _ in problem_errors:
+        path = Path(file)
+        if wanted in ((None, path.stem), (_level_from_path(path), _id_from_name(path.stem))):
+            return f"its problem {path.name} is not usable (error above)"
+    return "matches no problem"
 
 
 def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> tuple[list[Pair], list[tuple[str, str]]]:
@@ -308,9 +322,11 @@ def run_command(args: argparse.Namespace) -> int:
             console.print(f"kbv: interrupted; finished records are stored. Continue with: kbv run --resume --db {escape(str(db))}", highlight=False, soft_wrap=True)
             return 130
         store.finish_run(run_id, "finished")
-        from kbv.report.terminal import render_summary
+        from kbv.report.terminal import render_record_ids, render_summary
 
-        render_summary(store.records(run_id=run_id), Console())
+        stored = store.records_with_ids(run_id=run_id)
+        render_summary([record for _, record in stored], Console())
+        render_record_ids(stored, db, Console())
     _print_left_out(plan, result, console)
     console.print(f"{len(result.records)} evaluated, {result.skipped} already stored; results in {db}")
     return 0

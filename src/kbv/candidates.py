@@ -84,6 +84,13 @@ def _manifest_numbering(directory: Path, problems: list[Problem]) -> tuple[dict[
     return numbering, None
 
 
+def problem_ref_of(file: Path) -> tuple[int | None, int | str | None]:
+    """What a candidate file names its problem by: (level, id) for KernelBench's run-directory
+    naming, else (None, the problem's file stem)."""
+    match = _RUN_DIR_NAME.match(file.stem)
+    return (int(match.group(1)), int(match.group(2))) if match else (None, file.stem)
+
+
 NAMING_HINT = "name candidates level_L_problem_P_sample_S_kernel.py or {problem_stem}.py after a problem in --problems"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kbv._version import __version__
+from kbv.devices import check_device
 
 EXIT_OK, EXIT_HARNESS, EXIT_USAGE = 0, 1, 2
 
@@ -31,6 +32,10 @@ common commands:
   kbv report --db PATH --html FILE          terminal summary and a self-contained HTML report
   kbv explain RECORD.json|ID [--db PATH]    one record with its findings and their evidence
 """
+
+
+# kbv.demo.CPU_TIMEOUT_S, repeated here so that `kbv demo --help` needs no torch (a test keeps them equal).
+_DEMO_CPU_TIMEOUT = 20.0
 
 
 class UsageError(Exception):
@@ -92,8 +97,8 @@ def _common_eval_flags(p: argparse.ArgumentParser, resumable: bool = False) -> N
 
 def _add_eval(sub: Any) -> None:
     p = sub.add_parser("eval", help="evaluate one problem x candidate pair", description="Evaluate one pair and print a summary (or one JSON record with --json).")
-    p.add_argument("problem", help="problem file (defines Model, get_inputs, get_init_inputs)")
-    p.add_argument("candidate", help="candidate file (defines ModelNew)")
+    p.add_argument("problem", nargs="?", help="problem file (defines Model, get_inputs, get_init_inputs); not with --replay")
+    p.add_argument("candidate", nargs="?", help="candidate file (defines ModelNew); not with --replay")
     _common_eval_flags(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON record on stdout")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append the record to this JSONL file")
@@ -140,7 +145,7 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--db", default=None, help="results database (default kbv-results/demo.sqlite)")
     p.add_argument("--html", default=None, help="report path (default kbv-results/demo-report.html)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help=f"per-candidate wall-clock limit (default: {_DEMO_CPU_TIMEOUT:g} s on the CPU, the protocol's own on a GPU)")
     p.set_defaults(handler=_cmd_demo)
 
 
@@ -186,12 +191,14 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--problems", help="problem file, directory or KernelBench tree (omit to compare what --db holds)")
     p.add_argument("--candidates", action="append", default=[], help="candidate directory; repeat for several models")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit, compilation included (default: the protocol's)")
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
     p.set_defaults(handler=_cmd_compare)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    _check_batch_paths(args.problems, args.candidates)
+    check_device(args.device)
     from rich.console import Console
 
     from kbv import batch
@@ -231,7 +238,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if not standard or not verified:
         raise UsageError(f"{db} needs records under both protocols to compare")
     render_comparison(standard, verified, Console())
-    Console(stderr=True).print(f"results database: {db}")
+    Console(stderr=True).print(f"results database: {db}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -241,10 +248,13 @@ def _add_problems(sub: Any) -> None:
     lp = psub.add_parser("list", help="list problems with level, id and tags")
     lp.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
     lp.set_defaults(handler=_cmd_problems_list)
-    ap = psub.add_parser("audit", help="flag constant-output, zeros-pass, nondeterministic and domain-limited problems")
+    ap = psub.add_parser(
+        "audit", help="flag constant-output, zeros-pass, nondeterministic, domain-limited and broken problems",
+        description="Run each problem's reference in a trusted worker and flag problems that cannot tell an honest kernel from a cheap trick (constant_output, zeros_pass, nondeterministic, needs_domain_rule) or cannot produce their own output (problem_error). Each result is written as soon as it is found: a line per problem above a progress bar, or with --json one JSON object per line (docs/problems-audit.md).",
+    )
     ap.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per problem on stdout")
+    ap.add_argument("--json", action="store_true", help="one JSON object per problem on stdout, each as it is found (docs/problems-audit.md)")
     ap.set_defaults(handler=_cmd_problems_audit)
     p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list|audit [PATH]"))
 
@@ -269,7 +279,30 @@ def _fail_usage(message: str) -> int:
     raise UsageError(message)
 
 
+def _check_file(path: str, what: str) -> None:
+    if not Path(path).is_file():
+        raise UsageError(f"{what} file {path} does not exist")
+
+
+def _check_eval_args(args: argparse.Namespace) -> None:
+    """Everything ``kbv eval`` can reject without importing torch, so that a typo fails at once."""
+    if args.replay:
+        if args.problem or args.candidate:
+            raise UsageError("--replay RECORD.json takes the problem and candidate from the record; give no PROBLEM/CANDIDATE")
+        _check_file(args.replay, "record")
+    else:
+        if not args.problem or not args.candidate:
+            raise UsageError("kbv eval needs PROBLEM.py and CANDIDATE.py (or --replay RECORD.json)")
+        _check_file(args.problem, "problem")
+        _check_file(args.candidate, "candidate")
+        from kbv.protocol import load_protocol
+
+        load_protocol(args.protocol)
+    check_device(args.device)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
+    _check_eval_args(args)
     from kbv import api
 
     if args.replay:
@@ -288,7 +321,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_batch_paths(problems: str | None, candidates: list[str]) -> None:
+    """Paths a batch needs, checked before torch is imported (a typo fails in well under a second)."""
+    if problems and not Path(problems).exists():
+        raise UsageError(f"--problems {problems} does not exist (a problem file, directory or KernelBench tree)")
+    for directory in candidates:
+        if not Path(directory).is_dir():
+            raise UsageError(f"--candidates {directory} is not a directory")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    _check_batch_paths(args.problems, [args.candidates] if args.candidates else [])
+    check_device(args.device)
     from kbv import batch
 
     try:
@@ -298,6 +342,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    check_device(args.device)
     from kbv import demo
 
     return demo.run_demo(device=args.device, db=args.db, html=args.html, timeout_s=args.timeout)
@@ -312,8 +357,10 @@ def _cmd_problems_list(args: argparse.Namespace) -> int:
     root = Path(args.path) if args.path else bundled_suite_dir()
     problems, errors = load_problems(root)
     table = Table(title=f"{len(problems)} problems in {root}")
-    for column in ("level", "id", "name", "tags", "sha256"):
-        table.add_column(column)
+    for column in ("level", "id", "name"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("tags", ratio=1)  # wraps between tags; the other columns never wrap
+    table.add_column("sha256", no_wrap=True)
     for p in problems:
         table.add_row(str(p.level or ""), str(p.problem_id or ""), p.name, ", ".join(p.extras.get("tags", [])), p.source_sha256[:12])
     console = Console()
@@ -324,34 +371,53 @@ def _cmd_problems_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_problems_audit(args: argparse.Namespace) -> int:
+    """Each problem's result is written the moment it is known: one JSON object per line with
+    --json (docs/problems-audit.md), otherwise one line per problem above a progress bar."""
+    if args.path and not Path(args.path).exists():
+        raise UsageError(f"{args.path} does not exist (a problem file, directory or KernelBench tree)")
+    check_device(args.device)
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
+    from kbv.batch import progress_bar
     from kbv.pipeline import default_device
     from kbv.problems import bundled_suite_dir, load_problems
-    from kbv.problems.audit import audit_problems
+    from kbv.problems.audit import iter_audit, unloadable
 
     root = Path(args.path) if args.path else bundled_suite_dir()
     problems, errors = load_problems(root)
     device = args.device or default_device()
-    results = audit_problems(problems, device=device)
+    results = [unloadable(file, message, device) for file, message in errors]
     if args.json:
         for r in results:
             sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+        for r in iter_audit(problems, device=device):
+            results.append(r)
+            sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+            sys.stdout.flush()
         return EXIT_OK
-    table = Table(title=f"audit of {len(problems)} problems in {root} on {device}")
-    for column in ("problem", "flags", "evidence"):
-        table.add_column(column)
-    for r in results:
-        evidence = r.error or "; ".join(r.notes.values())
-        table.add_row(r.problem, ", ".join(r.flags) or "-", evidence)
     console = Console()
-    console.print(table)
-    for file, message in errors:
-        console.print(f"[red]not loadable[/red] {file}: {message}")
+    console.print(f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}", highlight=False)
+    for r in results:
+        console.print(_audit_line(r), highlight=False)
+    with progress_bar(console) as progress:  # result lines print above the bar as they come
+        task = progress.add_task("auditing", total=len(problems))
+        for r in iter_audit(problems, device=device):
+            results.append(r)
+            progress.console.print(_audit_line(r), highlight=False)
+            progress.advance(task)
     flagged = sum(1 for r in results if r.flags)
-    console.print(f"{flagged} of {len(results)} problems flagged")
+    console.print(f"{flagged} of {len(results)} problems flagged", highlight=False)
     return EXIT_OK
+
+
+def _audit_line(result: Any) -> str:
+    from rich.markup import escape
+
+    if not result.flags:
+        return f"[green]ok[/green]      {escape(result.problem)}"
+    evidence = "; ".join(f"{flag}: {result.notes.get(flag, '')}" for flag in result.flags)
+    return f"[yellow]flagged[/yellow] {escape(result.problem)}: {escape(evidence)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,7 +66,7 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
 
 def run_demo(device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None) -> int:
     from kbv.report import write_html_report
-    from kbv.report.terminal import render_comparison, render_summary
+    from kbv.report.terminal import render_comparison, render_record_ids, render_summary
     from kbv.store import Store, record_key
 
     device = device or default_device()
@@ -88,11 +88,15 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
                 console.print(f"[red]harness error[/red] {what}: {message}")
             # Only this demo's pairs, on this device and these versions: a reused database may hold more.
             wanted.update(store_key(problem, candidate, protocol, result.env, timeout) for problem, candidate in pairs)
-        standard = [r for r in store.records(protocol="standard", latest=True) if record_key(r) in wanted]
-        verified = [r for r in store.records(protocol="verified", latest=True) if record_key(r) in wanted]
-        render_summary(verified, console)
+        mine = [(i, r) for i, r in store.records_with_ids(latest=True) if record_key(r) in wanted]
+        standard = [r for _, r in mine if r.protocol.get("name") == "standard"]
+        verified = [r for _, r in mine if r.protocol.get("name") == "verified"]
+        # The same tables as `kbv report` on this database: both protocols, each row or column named.
+        render_summary(standard + verified, console)
         render_comparison(standard, verified, console)
         write_html_report(standard + verified, html_path, title="kbv demo: standard versus verified")
-    console.print(f"results database: {db_path.resolve()}")
-    console.print(f"HTML report:      {html_path.resolve()}")
+        render_record_ids([(i, r) for i, r in mine if r.protocol.get("name") in ("standard", "verified")], db_path, console)
+    # Paths are printed whole (soft wrap): a folded path cannot be copied back.
+    console.print(f"results database: {db_path.resolve()}", highlight=False, soft_wrap=True)
+    console.print(f"HTML report:      {html_path.resolve()}", highlight=False, soft_wrap=True)
     return 0

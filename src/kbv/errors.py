@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kbv.candidates import CandidateError
+from kbv.devices import DeviceError
 from kbv.execute import ExecutorError
 from kbv.problems import ProblemError
 from kbv.protocol import ProtocolError
 
-USAGE_ERRORS: tuple[type[Exception], ...] = (CandidateError, ExecutorError, ProblemError, ProtocolError, FileNotFoundError)
+USAGE_ERRORS: tuple[type[Exception], ...] = (CandidateError, DeviceError, ExecutorError, ProblemError, ProtocolError, FileNotFoundError)

@@ -9,6 +9,9 @@ Common rules:
 - A speedup is *usable* when it is a finite number > 0. ``None``, NaN, +/-inf, zero, negative and
   the strings ``"nan"``/``"inf"`` (how JSON stores non-finite numbers) are not usable.
 - Rates over an empty list are ``None`` (undefined), not 0; counts over an empty list are 0.
+- A ``problem_error`` record (the problem could not produce its own reference output) is the
+  problem's fault: :func:`summarize` leaves it out of every metric of the model and counts it
+  apart (``problem_errors``); :func:`counted` is that filter.
 - Unless ``baseline`` is given, speedups are ``record.speedup["best"]`` (speedup against the
   fastest baseline the protocol measured). ``baseline="eager_fp32"`` reads that baseline instead.
 """
@@ -54,6 +57,15 @@ def as_number(value: Any) -> float | None:
 
 def is_passed(record: Record) -> bool:
     return record.outcome == Outcome.PASSED.value
+
+
+def is_problem_error(record: Record) -> bool:
+    return record.outcome == Outcome.PROBLEM_ERROR.value
+
+
+def counted(records: Iterable[Record]) -> list[Record]:
+    """The records that count for the candidate's model: all but the problem errors."""
+    return [r for r in records if not is_problem_error(r)]
 
 
 def fail_findings(record: Record) -> list[str]:
@@ -314,7 +326,11 @@ def bootstrap_ci(
 
 
 def summarize(records: Sequence[Record], baseline: str | None = None, ci: bool = False) -> dict[str, Any]:
-    """The headline numbers of one group of records, as a plain dict (used by the reports)."""
+    """The headline numbers of one group of records, as a plain dict (used by the reports).
+    Problem errors are left out of every number and counted in ``problem_errors``."""
+    everything = len(records)
+    records = counted(records)
+    problem_errors = everything - len(records)
     summary: dict[str, Any] = {
         "n": len(records),
         "problems": len({problem_id(r) for r in records}),
@@ -329,6 +345,7 @@ def summarize(records: Sequence[Record], baseline: str | None = None, ci: bool =
         "outcomes": outcome_counts(records),
         "pass_at_1": pass_at_k(records, 1) if has_multiple_samples(records) else None,
         "pass_at_k": pass_at_k_table(records),
+        "problem_errors": problem_errors,
     }
     if ci:
         summary["correct_rate_ci"] = bootstrap_ci(records, correctness_rate)

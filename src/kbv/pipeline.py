@@ -22,7 +22,7 @@ from kbv.candidates import Candidate
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
-from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome
+from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome, error_summary
 from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
@@ -194,7 +194,10 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         reference.launch()
         subject.launch()
         spares.launch_expected()  # the next evaluation's workers boot while this one loads and checks correctness
-        ref_hello = _start_reference(ctx, reference)
+        try:
+            ref_hello = _start_reference(ctx, reference)
+        except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
+            return _problem_error_record(ctx, reference.hello, failure)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
@@ -211,6 +214,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         except WorkerFailed as failure:
             ctx.phases["total"] = time.monotonic() - started
             _end_containment(ctx, reference, subject)
+            if _problem_failed(failure):
+                return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
         _end_containment(ctx, reference, subject)
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
@@ -340,15 +345,26 @@ def _probe_base(ctx: _Context) -> str:
 
 
 def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
+    """Boot the reference worker and load the problem (import, ``get_init_inputs``, ``Model(...)``).
+    A failure here raises ``WorkerFailed`` with role ``reference``: ``evaluate`` records it as the
+    problem's (``problem_error``). A worker that does not even boot is kbv's failure."""
     try:
         hello = reference.wait_ready()
-        reply = reference.request("load", **_load_fields(ctx, "reference"))
     except WorkerFailed as exc:
-        raise HarnessError(
-            f"the reference of {ctx.problem.path} failed ({exc.kind}): {exc.message}\n{exc.details.get('traceback', '')}"
-        ) from exc
+        raise HarnessError(f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}") from exc
+    reply = reference.request("load", **_load_fields(ctx, "reference"))
     hello["parameters"] = reply["parameters"]
     return hello
+
+
+def _problem_failed(failure: WorkerFailed) -> bool:
+    """Whether a failure during the evaluation is the problem's own: its code raised in the
+    reference worker (``get_inputs`` or ``forward`` on some input). A reference that was killed,
+    timed out or ran out of memory while the candidate ran could have been starved by the candidate,
+    so that stays the candidate's outcome."""
+    if failure.role != "reference" or failure.kind not in ("runtime_error", "import_error", "compile_error"):
+        return False
+    return "out of memory" not in failure.message.lower()
 
 
 def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
@@ -617,7 +633,7 @@ def _versions(hello: dict[str, Any]) -> dict[str, Any]:
 def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
     if ctx.device.startswith("cuda") and hello.get("device"):
         return {**hello["device"], "index": visible_devices(ctx.device)}
-    return {"type": "cpu", "name": platform.processor() or platform.machine()}
+    return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": hello.get("intra_op_threads")}
 
 
 def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:
@@ -648,6 +664,7 @@ def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed)
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
     error: dict[str, Any] = {
         "kind": failure.kind,
+        "summary": error_summary(failure.kind, failure.message),
         "message": _trim(failure.message),
         "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
     }
@@ -656,6 +673,21 @@ def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed)
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
     timing, speedup, memory = _empty_timing()
     return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)
+
+
+def _problem_error_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
+    """The record of a problem that could not produce its own reference output: ``problem_error``,
+    the problem's fault (reports list it apart; metrics leave it out), never the candidate's."""
+    error = {
+        "kind": failure.kind,
+        "blame": "problem",
+        "summary": "the problem failed: " + error_summary(failure.kind, failure.message),
+        "message": _trim(f"the problem {ctx.problem.path} failed in the reference worker: {failure.message}"),
+        "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
+    }
+    logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
+    timing, speedup, memory = _empty_timing()
+    return _record(ctx, hello or {}, Outcome.PROBLEM_ERROR.value, False, [], timing, speedup, memory, error=error, logs=logs)
 
 
 def _trim(text: str, limit: int = 3000) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -25,6 +26,8 @@ class Outcome(str, Enum):
     CRASHED = "crashed"
     # The candidate exceeded a limit its protocol names (host or device memory, processes, open files).
     RESOURCE_LIMIT = "resource_limit"
+    # The problem could not produce its own reference output: its fault, never the candidate's.
+    PROBLEM_ERROR = "problem_error"
 
 
 class Severity(str, Enum):
@@ -120,6 +123,25 @@ def decide_outcome(correct: bool, findings: list[Finding]) -> str:
     if any(f.severity == Severity.FAIL.value for f in findings):
         return Outcome.HACK_DETECTED.value
     return Outcome.PASSED.value if correct else Outcome.INCORRECT.value
+
+
+_COMPILER_ERROR = re.compile(r"(?:^|\s)(?:fatal )?error(?: [A-Z]?\d+)?:", re.IGNORECASE)
+
+
+def error_summary(kind: str, message: str) -> str:
+    """One line that says what went wrong: for a ``compile_error`` the compiler's first ``error:``
+    line (gcc, clang, nvcc, ptxas; the directory of the file left out), otherwise the message's
+    last informative line (the exception, not a traceback frame)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return kind
+    if kind == "compile_error":
+        for line in lines:
+            if _COMPILER_ERROR.search(line) and not line.startswith(("FAILED:", "ninja:")):
+                return re.sub(r"^\S*/", "", line)[:300]
+    if len(lines) > 1 and lines[0].startswith("Traceback"):
+        return lines[-1][:300]
+    return lines[0][:300]
 
 
 def _json_default(value: Any) -> Any:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from kbv.records import Record
+from kbv.records import Record, error_summary
 
 _COLOURS = {"passed": "green", "incorrect": "red", "hack_detected": "magenta"}
 
@@ -29,8 +31,14 @@ def print_record(record: Record, console: Console | None = None) -> None:
         f"on {record.device.get('name', record.device.get('type'))}"
     )
     console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
+    if record.outcome == "problem_error":
+        console.print("[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this pair counts in no model's metrics")
     if record.error:
-        console.print(f"[red]{record.error.get('kind')}[/red]: {record.error.get('message', '').strip()[:2000]}")
+        summary = record.error.get("summary") or error_summary(str(record.error.get("kind", "")), str(record.error.get("message", "")))
+        console.print(f"[red]{escape(str(record.error.get('kind')))}[/red]: {escape(summary)}", highlight=False)
+        details = str(record.error.get("message", "")).strip()
+        if details and details != summary:
+            console.print(escape(details[:2000]), highlight=False, style="dim")
     if record.distributions:
         console.print(_distribution_table(record))
     if record.findings:
@@ -50,7 +58,7 @@ def print_record(record: Record, console: Console | None = None) -> None:
     phases = phases_line(record.phases_s)
     if phases:
         console.print(phases, highlight=False, soft_wrap=True)
-    console.print(f"seeds: master {record.seeds.get('master')} (replay with: kbv eval --replay RECORD.json)")
+    console.print(f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a file written by --json or --out)")
 
 
 #: The pipeline's phases in the order they run (probes, ``probe:NAME``, are listed apart).
@@ -70,30 +78,40 @@ def phases_line(phases: dict[str, float]) -> str:
 
 def _distribution_table(record: Record) -> Table:
     table = Table(title="correctness by input distribution")
-    for column in ("distribution", "result", "max err", "rel err", "tolerance", "note"):
-        table.add_column(column)
+    for column in ("distribution", "result", "max err", "rel err", "tolerance"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("note", ratio=1)  # free text wraps between words; the columns before it never wrap
     for d in record.distributions:
         result = "n/a" if not d.applicable else ("[green]pass[/green]" if d.passed else "[red]FAIL[/red]")
-        tol = d.tolerance or {}
-        tol_text = ", ".join(f"{k}={_fmt(v)}" for k, v in tol.items() if isinstance(v, (int, float)))
-        table.add_row(d.name, result, _fmt(d.max_abs_err), _fmt(d.rel_err), tol_text, d.note)
+        table.add_row(d.name, result, _fmt(d.max_abs_err), _fmt(d.rel_err), _tolerance_text(d.tolerance or {}), Text(d.note or ""))
     return table
+
+
+def _tolerance_text(tolerance: dict[str, Any]) -> str:
+    """The tolerance in a few characters: ``8x baseline err`` (error model) or ``atol 1e-4 rtol 1e-4``."""
+    if "error_multiple" in tolerance:
+        return f"{_fmt(tolerance['error_multiple'])}x baseline err"
+    if "atol" in tolerance or "rtol" in tolerance:
+        return f"atol {_fmt(tolerance.get('atol'))} rtol {_fmt(tolerance.get('rtol'))}"
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in tolerance.items() if isinstance(v, (int, float)))
 
 
 def _findings_table(record: Record) -> Table:
     table = Table(title="integrity findings")
-    for column in ("check", "severity", "evidence"):
-        table.add_column(column)
+    table.add_column("check", no_wrap=True)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("evidence", ratio=1)
     for f in record.findings:
         style = {"fail": "red", "warn": "yellow"}.get(f.severity, "")
-        table.add_row(f.check, f"[{style}]{f.severity}[/{style}]" if style else f.severity, f.detail)
+        table.add_row(f.check, f"[{style}]{f.severity}[/{style}]" if style else f.severity, Text(f.detail))
     return table
 
 
 def _timing_table(record: Record) -> Table:
     table = Table(title=f"timing ({record.timing.get('recipe', '')})")
-    for column in ("who", "median ms", "95% CI", "speedup", "warnings"):
-        table.add_column(column)
+    for column in ("who", "median ms", "95% CI", "speedup"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("warnings", ratio=1)
     cand = record.timing["candidate"]["summary"]
     table.add_row("candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", [])))
     for name, entry in record.timing["baselines"].items():

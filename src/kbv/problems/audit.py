@@ -5,12 +5,21 @@ Each problem's reference runs in a trusted worker (no candidate code anywhere) a
 - ``zeros_pass``: an all-zero output passes KernelBench's ``allclose(atol=rtol=1e-4)``;
 - ``nondeterministic``: two runs on identical inputs differ, so determinism checks need a tolerance;
 - ``needs_domain_rule``: a hidden distribution makes the reference non-finite while the problem's
-  own inputs do not, so the verified protocol falls back to a domain-preserving variant.
+  own inputs do not, so the verified protocol falls back to a domain-preserving variant;
+- ``problem_error``: the problem cannot produce its own reference output (its file does not load, or
+  ``get_init_inputs``, ``Model.__init__``, ``get_inputs`` or ``forward`` raises): every evaluation
+  on it would be a ``problem_error`` record.
+
+Results are yielded one problem at a time (:func:`iter_audit`), so that a long audit shows progress
+and keeps what it found. The JSON object of one result is documented in docs/problems-audit.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,8 +35,17 @@ CONSTANT_RTOL = 1e-9
 AUDIT_BUDGET_S = 900.0
 
 
+#: Names and version of the JSON object one audited problem becomes (docs/problems-audit.md).
+SCHEMA = "kbv.problem_audit"
+SCHEMA_VERSION = 1
+PROBLEM_ERROR = "problem_error"
+
+
 @dataclass
 class AuditResult:
+    """One problem's audit. ``to_dict`` is the documented JSON object; later versions add keys (an
+    ``invariants`` section, per-probe seconds) and never rename or remove one."""
+
     problem: str
     path: str
     flags: list[str] = field(default_factory=list)
@@ -35,9 +53,37 @@ class AuditResult:
     error: str | None = None
     # Input invariants every hidden distribution keeps (kbv.problems.structure), one entry per input.
     structure: list[dict[str, Any]] = field(default_factory=list)
+    source_sha256: str | None = None
+    device: str = "cpu"
+    seconds: float = 0.0
+
+    def fail(self, message: str) -> None:
+        """The problem could not produce its reference output: flagged, with the reason."""
+        self.error = message
+        if PROBLEM_ERROR not in self.flags:
+            self.flags.append(PROBLEM_ERROR)
+        self.notes[PROBLEM_ERROR] = message
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "problem": self.problem,
+            "path": self.path,
+            "source_sha256": self.source_sha256,
+            "device": self.device,
+            "flags": list(self.flags),
+            "notes": dict(self.notes),
+            "error": self.error,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def unloadable(path: str | Path, message: str, device: str = "cpu") -> AuditResult:
+    """The audit result of a problem file that does not even load (syntax error, missing names)."""
+    result = AuditResult(Path(path).stem, str(path), device=device)
+    result.fail(message)
+    return result
 
 
 def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None) -> AuditResult:
@@ -46,10 +92,15 @@ def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None
 
 
 def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> list[AuditResult]:
-    """Audit problems in one trusted worker, started again only after a problem kills it."""
+    """Every problem's audit result, in order (see :func:`iter_audit`)."""
+    return list(iter_audit(problems, device, seed))
+
+
+def iter_audit(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> Iterator[AuditResult]:
+    """Audit problems in one trusted worker, started again only after a problem kills it; each
+    result is yielded as soon as it is known."""
     master = seed if seed is not None else new_seed()
     device_in_worker, visible = worker_device(device), visible_devices(device)
-    results: list[AuditResult] = []
     worker: Worker | None = None
     try:
         for problem in problems:
@@ -59,16 +110,17 @@ def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | Non
                 worker = Worker(WorkerSpec(build_key="audit", device=device_in_worker, role="reference", visible_devices=visible, budget_s=AUDIT_BUDGET_S))
                 worker.start()
             worker.remaining_s = AUDIT_BUDGET_S
-            results.append(_audit_in(worker, problem, device_in_worker, master))
+            yield _audit_in(worker, problem, device, master)
     finally:
         if worker is not None:
             worker.close()
-    return results
 
 
 def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> AuditResult:
-    result = AuditResult(problem.name, str(problem.path))
+    started = time.monotonic()
+    result = AuditResult(problem.name, str(problem.path), source_sha256=problem.source_sha256, device=device)
     result.structure = describe_structure(problem, device)
+    device = worker_device(device)
     try:
         worker.request(
             "load", role="reference", device=device, problem_path=str(problem.path),
@@ -77,7 +129,8 @@ def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> Aud
         )
         _probe(worker, result, master)
     except WorkerFailed as exc:
-        result.error = f"{exc.kind}: {exc.message.splitlines()[0] if exc.message else ''}"
+        result.fail(f"{exc.kind}: {exc.message.splitlines()[0] if exc.message else ''}")
+    result.seconds = time.monotonic() - started
     return result
 
 

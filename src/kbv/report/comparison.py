@@ -26,13 +26,14 @@ from kbv.metrics import (
     comparable_geomean,
     correct_speedup,
     correctness_rate,
+    counted,
     geomean,
     is_flagged,
     is_passed,
     label_of,
     speedup_of,
 )
-from kbv.records import Outcome, Record, Severity
+from kbv.records import Outcome, Record, Severity, error_summary
 
 REFERENCE_BASELINE = "eager_fp32"
 """The baseline the standard protocol times against (KernelBench's eager PyTorch in fp32)."""
@@ -85,7 +86,7 @@ def verdict_reason(record: Record) -> str:
         note = f": {dist.note}" if dist.note else ""
         return f"distribution {name} failed{err}{note}"
     error = record.error or {}
-    message = error.get("message") or error.get("type")
+    message = error.get("summary") or (error_summary(str(error.get("kind", "")), error["message"]) if error.get("message") else error.get("type"))
     return f"{record.outcome}: {message}" if message else record.outcome
 
 
@@ -177,9 +178,11 @@ def compare_protocols(standard_records: Sequence[Record], verified_records: Sequ
     ``comparable_geomean``, ``drop`` (standard comparable / verified comparable), ``effects``
     (the four factors of the module docstring, multiplying to ``drop``), ``effect_shares`` (their
     share of log(drop)) and ``counts`` of pairs behind each effect. When a key appears more than
-    once in one list the last record wins. The label is taken from the verified record."""
-    std_by_key = {pair_key(r): r for r in standard_records}
-    ver_by_key = {pair_key(r): r for r in verified_records}
+    once in one list the last record wins. The label is taken from the verified record.
+    Problem errors (``problem_error``) are left out before matching."""
+    # A problem error is the problem's fault, not the model's: such pairs are not compared.
+    std_by_key = {pair_key(r): r for r in counted(standard_records)}
+    ver_by_key = {pair_key(r): r for r in counted(verified_records)}
     keys = [k for k in ver_by_key if k in std_by_key]
     pairs = [(std_by_key[k], ver_by_key[k]) for k in keys]
     by_label: dict[str, list[tuple[Record, Record]]] = {}

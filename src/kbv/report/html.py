@@ -17,7 +17,7 @@ from kbv import metrics
 from kbv._version import __version__
 from kbv.records import Record
 from kbv.report.comparison import EFFECTS, compare_protocols, split_by_protocol, verdict_reason
-from kbv.report.terminal import fmt_rate, fmt_x, leaderboard_rows, protocol_name
+from kbv.report.terminal import fmt_rate, fmt_x, leaderboard_rows, outcome_columns, protocol_name
 from kbv.store import raw_samples_ms
 
 _OUTCOME_COLOURS = {
@@ -29,6 +29,7 @@ _OUTCOME_COLOURS = {
     "timeout": "#455a64",
     "crashed": "#000000",
     "resource_limit": "#bf360c",
+    "problem_error": "#bdbdbd",
 }
 
 
@@ -93,6 +94,8 @@ def _context(records: list[Record], title: str, sources: dict[str, str], plt: An
         "pass_at_ks": _pass_at_ks(rows),
         "level_pass_at_ks": _pass_at_ks(levels),
         "outcomes": metrics.outcome_counts(records),
+        "outcome_columns": outcome_columns(records),
+        "problem_errors": [r for r in records if metrics.is_problem_error(r)],
         "hack_patterns": metrics.hack_patterns(records),
         "comparison": comparison,
         "effects": EFFECTS,
@@ -135,11 +138,13 @@ def _figures(records: list[Record], rows: list[dict[str, Any]], comparison: Any,
     labels = sorted({metrics.label_of(r) for r in records})
     colours = _colours(labels, plt)
     figures = {
-        "scatter": _label_scatter(rows, colours, plt),
-        "problem_scatter": _problem_scatter(records, colours, plt),
+        "problem_scatter": _png(_problem_scatter_figure(records, colours, plt), plt),
         "distributions": _speedup_boxes(records, labels, plt),
-        "outcomes": _outcome_bars(records, labels, plt),
+        "outcomes": _outcome_bars(records, plt),
     }
+    scatter = _speed_memory_figure(rows, colours, plt)
+    if scatter is not None:  # without any memory figure (the CPU) the chart would say nothing
+        figures["scatter"] = _png(scatter, plt)
     if metrics.hack_patterns(records):
         figures["hacks"] = _hack_bars(records, plt)
     if comparison and comparison["labels"]:
@@ -147,37 +152,45 @@ def _figures(records: list[Record], rows: list[dict[str, Any]], comparison: Any,
     return figures
 
 
-def _label_scatter(rows: list[dict[str, Any]], colours: dict[str, Any], plt: Any) -> str:
-    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+_MARKERS = ["o", "s", "^", "D", "v"]
+
+
+def _speed_memory_figure(rows: list[dict[str, Any]], colours: dict[str, Any], plt: Any) -> Any:
+    """Comparable geomean against memory efficiency, one point per label and protocol, named in
+    a legend (point labels written next to the points overlap as soon as two rows are close).
+    None when no row has a memory figure."""
+    if all(row["memory_efficiency"] is None for row in rows):
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
     missing_memory = False
-    markers = ["o", "s", "^", "D", "v"]
     protocols = sorted({row["protocol"] for row in rows})
     for row in rows:
         x = row["comparable_geomean"] or 1.0
         y = row["memory_efficiency"]
         missing_memory |= y is None
-        marker = markers[protocols.index(row["protocol"]) % len(markers)]
+        marker = _MARKERS[protocols.index(row["protocol"]) % len(_MARKERS)]
         ax.scatter([x], [y or 1.0], s=90, color=colours[row["label"]], marker=marker,
-                   facecolors="none" if y is None else colours[row["label"]], linewidths=1.8)
-        ax.annotate(f"{row['label']} ({row['protocol']})", (x, y or 1.0), textcoords="offset points",
-                    xytext=(7, 5), fontsize=8)
+                   facecolors="none" if y is None else colours[row["label"]], linewidths=1.8,
+                   label=f"{row['label']} ({row['protocol']})")
     xs = [row["comparable_geomean"] or 1.0 for row in rows] + [1.0]
     ys = [row["memory_efficiency"] or 1.0 for row in rows] + [1.0]
     ax.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
     ax.set_ylim(min(ys) / 1.3, max(ys) * 1.3)
     _reference_lines(ax)
     _log_axes(ax, "x", "y")
-    ax.set_xlabel("comparable geomean speedup (failures count 1.0)")
+    ax.set_xlabel("comparable geomean speedup (failed pairs count 1.0x)")
     ax.set_ylabel("memory efficiency (baseline peak / kernel peak)")
-    title = "Speed versus memory, per label"
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    title = "Speed versus memory, per label and protocol"
     if missing_memory:
         title += "\n(hollow: no memory figures recorded, drawn at 1.0)"
     ax.set_title(title, fontsize=10)
-    return _png(fig, plt)
+    return fig
 
 
-def _log_axes(ax: Any, *axes: str) -> None:
-    """Log scale with ticks written as plain multipliers (0.5x, 1x, 2x) instead of powers of ten."""
+def _log_axes(ax: Any, *axes: str, narrow: bool = False) -> None:
+    """Log scale with ticks written as plain multipliers (0.5x, 1x, 2x) instead of powers of ten.
+    ``narrow`` (a panel a few inches wide) keeps to 1, 2 and 5 per decade, so tick labels never touch."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     for name in axes:
@@ -185,7 +198,7 @@ def _log_axes(ax: Any, *axes: str) -> None:
         (ax.set_xscale if name == "x" else ax.set_yscale)("log")
         low, high = ax.get_xlim() if name == "x" else ax.get_ylim()
         span = high / max(low, 1e-12)
-        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 else (
+        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 and not narrow else (
             (1.0, 2.0, 5.0) if span < 300 else (1.0,))
         axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
@@ -197,34 +210,61 @@ def _reference_lines(ax: Any) -> None:
     ax.axhline(1.0, color="#999", lw=0.8, ls="--")
 
 
-def _problem_scatter(records: list[Record], colours: dict[str, Any], plt: Any) -> str:
-    fig, ax = plt.subplots(figsize=(5.8, 4.0))
-    plotted = False
-    for label, colour in colours.items():
-        points = []
-        for record in records:
-            if metrics.label_of(record) != label or not metrics.is_passed(record):
-                continue
-            speedup = metrics.speedup_of(record)
-            if speedup is None:
-                continue
-            mem = record.memory or {}
-            base = metrics.as_number(mem.get("baseline_peak_bytes"))
-            cand = metrics.as_number(mem.get("candidate_peak_bytes"))
-            points.append((speedup, base / cand if base and cand else 1.0))
-        if points:
-            plotted = True
-            ax.scatter([p[0] for p in points], [p[1] for p in points], s=28, alpha=0.75, color=colour, label=label)
-    _reference_lines(ax)
-    _log_axes(ax, "x", "y")
-    ax.set_xlabel("speedup against the best baseline")
-    ax.set_ylabel("baseline peak / kernel peak (1.0 if unknown)")
-    ax.set_title("Passed pairs, one point per problem x candidate", fontsize=10)
-    if plotted:
-        ax.legend(fontsize=8, loc="best")
+def _problem_points(records: list[Record]) -> dict[str, dict[str, list[tuple[float, float | None]]]]:
+    """Passed pairs with a speedup, {protocol: {label: [(speedup, baseline/kernel peak or None)]}}:
+    protocols are never mixed (a pair that passes ``standard`` may be a hack ``verified`` catches)."""
+    points: dict[str, dict[str, list[tuple[float, float | None]]]] = {}
+    for record in records:
+        speedup = metrics.speedup_of(record)
+        if not metrics.is_passed(record) or speedup is None:
+            continue
+        mem = record.memory or {}
+        base = metrics.as_number(mem.get("baseline_peak_bytes"))
+        cand = metrics.as_number(mem.get("candidate_peak_bytes"))
+        ratio = base / cand if base and cand else None
+        points.setdefault(protocol_name(record), {}).setdefault(metrics.label_of(record), []).append((speedup, ratio))
+    return points
+
+
+def _problem_scatter_figure(records: list[Record], colours: dict[str, Any], plt: Any) -> Any:
+    """One panel per protocol. With memory figures: speedup against baseline/kernel peak; without
+    (the CPU): speedup per label, one row per label."""
+    points = _problem_points(records)
+    protocols = sorted(points) or ["-"]
+    with_memory = any(ratio is not None for by_label in points.values() for pts in by_label.values() for _, ratio in pts)
+    labels = sorted(colours)
+    fig, axes = plt.subplots(1, len(protocols), figsize=(4.2 * len(protocols) + 1.2, 3.8), sharey=True, squeeze=False)
+    for ax, protocol in zip(axes[0], protocols, strict=True):
+        for label, pts in sorted(points.get(protocol, {}).items()):
+            xs = [x for x, _ in pts]
+            if with_memory:
+                ys = [y or 1.0 for _, y in pts]
+            else:  # a strip per label, points spread a little so that equal speedups stay visible
+                ys = [labels.index(label) + 0.25 * ((j * 0.618) % 1 - 0.5) for j in range(len(pts))]
+            ax.scatter(xs, ys, s=28, alpha=0.75, color=colours[label], label=label)
+        ax.axvline(1.0, color="#999", lw=0.8, ls="--")
+        if points.get(protocol):
+            _log_axes(ax, "x", narrow=True)
+        else:
+            ax.text(0.5, 0.5, "no passed pair with a speedup", ha="center", transform=ax.transAxes)
+        ax.set_xlabel("speedup against the best baseline")
+        ax.set_title(f"passed under {protocol}", fontsize=10)
+    first = axes[0][0]
+    if with_memory:
+        first.axhline(1.0, color="#999", lw=0.8, ls="--")
+        first.set_yscale("log")
+        _log_axes(first, "y")
+        first.set_ylabel("baseline peak / kernel peak (1.0 if unknown)")
+        handles, names = first.get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False)
     else:
-        ax.text(0.5, 0.5, "no passed pair with a speedup", ha="center", transform=ax.transAxes)
-    return _png(fig, plt)
+        first.set_yticks(range(len(labels)), labels, fontsize=8)
+        first.set_ylim(-0.6, len(labels) - 0.4)
+        first.invert_yaxis()
+    fig.suptitle("Passed pairs, one point per problem x candidate, per protocol" + ("" if with_memory else " (no memory figures)"), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _speedup_boxes(records: list[Record], labels: list[str], plt: Any) -> str:
@@ -255,20 +295,28 @@ def _speedup_boxes(records: list[Record], labels: list[str], plt: Any) -> str:
     return _png(fig, plt)
 
 
-def _outcome_bars(records: list[Record], labels: list[str], plt: Any) -> str:
-    fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) + 1.4))
-    counts = {label: metrics.outcome_counts([r for r in records if metrics.label_of(r) == label]) for label in labels}
+def _outcome_rows(records: list[Record]) -> dict[str, dict[str, int]]:
+    """Outcome counts per "label · protocol": the same pairs under two protocols are two rows,
+    never pooled (the terminal's Outcomes table counts the same way)."""
+    groups = metrics.group_by(records, lambda r: f"{metrics.label_of(r)} · {protocol_name(r)}")
+    return {name: metrics.outcome_counts(groups[name]) for name in sorted(groups)}
+
+
+def _outcome_bars(records: list[Record], plt: Any) -> str:
+    rows = _outcome_rows(records)
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(6, 0.45 * len(names) + 1.4))
     outcomes = list(metrics.outcome_counts(records))
-    left = [0] * len(labels)
+    left = [0] * len(names)
     for outcome in outcomes:
-        widths = [counts[label].get(outcome, 0) for label in labels]
-        ax.barh(labels, widths, left=left, label=outcome, color=_OUTCOME_COLOURS.get(outcome, "#90a4ae"))
+        widths = [rows[name].get(outcome, 0) for name in names]
+        ax.barh(names, widths, left=left, label=outcome, color=_OUTCOME_COLOURS.get(outcome, "#90a4ae"))
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel("pairs")
     _integer_ticks(ax)
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("Outcomes per label", fontsize=10)
+    ax.set_title("Outcomes per label and protocol", fontsize=10)
     return _png(fig, plt)
 
 
@@ -290,19 +338,27 @@ def _hack_bars(records: list[Record], plt: Any) -> str:
 
 
 def _comparison_bars(comparison: dict[str, Any], plt: Any) -> str:
+    return _png(_comparison_figure(comparison, plt), plt)
+
+
+def _comparison_figure(comparison: dict[str, Any], plt: Any) -> Any:
+    """Comparable geomean per label under both protocols; each bar names its share of passed
+    pairs, because a set whose every pair failed stands at 1.0x (failures count 1.0x)."""
     labels = list(comparison["labels"])
-    std = [comparison["labels"][lb]["standard"]["comparable_geomean"] or 1.0 for lb in labels]
-    ver = [comparison["labels"][lb]["verified"]["comparable_geomean"] or 1.0 for lb in labels]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(labels) + 2), 4.0))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(labels) + 2), 4.2))
     xs = range(len(labels))
-    ax.bar([x - 0.2 for x in xs], std, width=0.4, label="standard", color="#90caf9")
-    ax.bar([x + 0.2 for x in xs], ver, width=0.4, label="verified", color="#1565c0")
+    for offset, protocol, colour in ((-0.2, "standard", "#90caf9"), (0.2, "verified", "#1565c0")):
+        summaries = [comparison["labels"][lb][protocol] for lb in labels]
+        heights = [s["comparable_geomean"] or 1.0 for s in summaries]
+        bars = ax.bar([x + offset for x in xs], heights, width=0.4, label=protocol, color=colour)
+        ax.bar_label(bars, labels=[f"{fmt_rate(s['correct_rate'])}\npassed" for s in summaries], fontsize=7, padding=2)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.axhline(1.0, color="#999", lw=0.8, ls="--")
-    ax.set_ylabel("comparable geomean speedup")
+    ax.margins(y=0.2)
+    ax.set_ylabel("comparable geomean speedup\n(every failed pair counts 1.0x)")
     ax.legend(fontsize=8)
-    ax.set_title("The same kernels under both protocols", fontsize=10)
-    return _png(fig, plt)
+    ax.set_title("The same kernels under both protocols (failed pairs count 1.0x)", fontsize=10)
+    return fig
 
 
 # ----------------------------------------------------------------------------- drill-down

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -46,7 +47,12 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         console.print("[yellow]No records to summarise.[/yellow]")
         return
     rows = leaderboard_rows(records)
-    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    # The box draws one space between columns; a second one (padding) only where the widest row
+    # still fits, so that a long label leaves every column readable at 80 columns.
+    cells = [[row["label"], row["protocol"], str(row["n"]), "100.0%", "100.00x", "100.00x", "100.0%", "10.00x", "100.0%"] for row in rows]
+    needed = sum(max(len(c[i]) for c in cells) + 2 for i in range(len(cells[0])))
+    padding = (0, 1, 0, 0) if needed <= console.width else 0
+    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=padding)
     # Names must stay readable on a narrow terminal; the numeric columns give way first.
     table.add_column("label", min_width=min(30, max(len(r["label"]) for r in rows)))
     table.add_column("protocol", min_width=min(12, max(len(r["protocol"]) for r in rows)))
@@ -64,15 +70,17 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         "failures count 1.0; mem: geomean baseline/kernel peak; hacks: flagged / all pairs[/dim]"
     )
 
-    outcomes = metrics.outcome_counts(records)
-    failures = Table(title="Outcomes", title_justify="left")
-    failures.add_column("outcome")
-    failures.add_column("pairs", justify="right")
-    for outcome, count in outcomes.items():
-        failures.add_row(Text(outcome), str(count))
+    columns = outcome_columns(records)
+    failures = Table(title="Outcomes (pairs per protocol)", title_justify="left")
+    failures.add_column("outcome", no_wrap=True)
+    for protocol in columns["protocols"]:
+        failures.add_column(protocol, justify="right", no_wrap=True)
+    for outcome, counts in columns["rows"].items():
+        failures.add_row(Text(outcome), *(str(counts.get(p, 0)) for p in columns["protocols"]))
     console.print(failures)
 
-    patterns = metrics.hack_patterns(records)
+    _render_problem_errors(records, console)
+    patterns = metrics.hack_patterns(metrics.counted(records))
     if patterns:
         hacks = Table(title="Hack patterns", title_justify="left")
         hacks.add_column("check (fail)")
@@ -80,6 +88,33 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         for check, count in patterns.items():
             hacks.add_row(Text(check), str(count))
         console.print(hacks)
+
+
+def outcome_columns(records: Sequence[Record]) -> dict[str, Any]:
+    """Pairs per outcome and protocol, ``{"protocols": [...], "rows": {outcome: {protocol: n}}}``:
+    a pair evaluated under two protocols is counted once under each, never pooled."""
+    by_protocol = metrics.group_by(records, protocol_name)
+    protocols = sorted(by_protocol)
+    counts = {p: metrics.outcome_counts(by_protocol[p]) for p in protocols}
+    order = list(metrics.outcome_counts(records))
+    return {"protocols": protocols, "rows": {o: {p: counts[p].get(o, 0) for p in protocols} for o in order}}
+
+
+def _render_problem_errors(records: Sequence[Record], console: Console) -> None:
+    """Pairs whose problem could not produce its own reference output, listed apart: they are the
+    problem's fault and count in no model's metrics."""
+    broken = [r for r in records if metrics.is_problem_error(r)]
+    if not broken:
+        return
+    table = Table(title="Problem errors (the problem's fault; not in the numbers above)", title_justify="left")
+    table.add_column("problem", no_wrap=True)
+    table.add_column("pairs", justify="right")
+    table.add_column("error", overflow="fold")
+    by_problem = metrics.group_by(broken, lambda r: str(r.problem.get("name")))
+    for name, group in sorted(by_problem.items()):
+        message = str((group[-1].error or {}).get("message", "")).strip().splitlines()
+        table.add_row(Text(name), str(len(group)), Text(message[-1] if message else ""))
+    console.print(table)
 
 
 def render_comparison(
@@ -94,18 +129,36 @@ def render_comparison(
     for label, summary in result["labels"].items():
         console.print(_comparison_table(label, summary))
     if result["changed"]:
-        changed = Table(title="Verdicts that changed", title_justify="left")
-        for name in ("label", "problem", "candidate", "standard", "verified", "why"):
-            changed.add_column(name, overflow="fold")
-        for row in result["changed"]:
-            cells = (row["label"], row["problem"], _short_path(row["candidate"]), row["standard_outcome"],
-                     row["verified_outcome"], row["reason"])
-            changed.add_row(*(Text(str(cell)) for cell in cells))
-        console.print(changed)
+        console.print(_changed_table(result["changed"], console.width))
     unmatched = result["unmatched_standard"] + result["unmatched_verified"]
     if unmatched:
         console.print(f"[dim]{unmatched} records had no counterpart under the other protocol and were left out.[/dim]")
     return result
+
+
+#: Below this width the changed verdicts are listed (one line per pair, the reason indented under
+#: it) instead of tabled: six columns at 80 columns wrap a word or two per line.
+WIDE_TABLE_COLUMNS = 120
+
+
+def _changed_table(changed: list[dict[str, Any]], width: int) -> Table:
+    rows = [(row["label"], row["problem"], _short_path(row["candidate"]), row["standard_outcome"], row["verified_outcome"], row["reason"]) for row in changed]
+    if width >= WIDE_TABLE_COLUMNS:
+        table = Table(title="Verdicts that changed", title_justify="left")
+        for name in ("label", "problem", "candidate", "standard", "verified"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("why", overflow="fold")
+        for cells in rows:
+            table.add_row(*(Text(str(cell)) for cell in cells))
+        return table
+    table = Table.grid(padding=(0, 1))
+    table.title, table.title_justify = "Verdicts that changed (standard -> verified, then why)", "left"
+    table.add_column(width=1, no_wrap=True)
+    table.add_column(ratio=1)
+    for label, problem, candidate, std, ver, why in rows:
+        table.add_row("-", Text(f"{label} {problem} ({candidate}): {std} -> {ver}"))
+        table.add_row("", Padding(Text(str(why), style="dim"), (0, 0, 0, 2)))
+    return table
 
 
 _EFFECT_TEXT = {
@@ -144,3 +197,32 @@ def _comparison_table(label: str, summary: dict[str, Any]) -> Table:
 def _short_path(path: Any) -> str:
     text = str(path or "")
     return text.rsplit("/", 1)[-1]
+
+
+def id_ranges(ids: Sequence[int]) -> str:
+    """``1-3, 7, 9-10`` for [1, 2, 3, 7, 9, 10]: record ids compactly."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    start = prev = None
+    for i in [*ordered, None]:
+        if start is not None and (i is None or prev is None or i != prev + 1):
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ", ".join(parts)
+
+
+def render_record_ids(stored: Sequence[tuple[int, Record]], db: Any, console: Console | None = None) -> None:
+    """Which stored record ids hold which outcome, per protocol, and how to see one in full."""
+    console = console or Console()
+    if not stored:
+        return
+    console.print("record ids (see one with: kbv explain ID --db " + str(db) + "):", highlight=False, soft_wrap=True)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for record_id, record in stored:
+        groups.setdefault((protocol_name(record), record.outcome), []).append(record_id)
+    order = {name: i for i, name in enumerate(metrics.outcome_counts([r for _, r in stored]))}
+    for protocol, outcome in sorted(groups, key=lambda key: (key[0], order.get(key[1], 99))):
+        console.print(f"  {protocol} {outcome}: {id_ranges(groups[(protocol, outcome)])}", highlight=False, soft_wrap=True)

@@ -88,6 +88,7 @@ def _environment_facts() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda_available": torch.cuda.is_available(),
+        "intra_op_threads": torch.get_num_threads(),
     }
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")  # the CUDA context is made now, while the worker boots
@@ -357,7 +358,15 @@ def _register_probes() -> None:
 
 def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"kind": _classify(exc, op), "type": type(exc).__name__, "message": str(exc)[-4000:], "traceback": text[-8000:]}
+    return {"kind": _classify(exc, op), "type": type(exc).__name__, "message": _message(exc, op)[-4000:], "traceback": text[-8000:]}
+
+
+def _message(exc: BaseException, op: str) -> str:
+    """``str(exc)``, except where that says nothing: ``sys.exit(0)`` would read ``0``."""
+    if isinstance(exc, SystemExit):
+        where = "while being imported" if op == "load" else f"during {op!r}"
+        return f"the code called sys.exit({exc.code!r}) {where}; a module must not exit the interpreter"
+    return str(exc) or type(exc).__name__
 
 
 def _classify(exc: BaseException, op: str) -> str:

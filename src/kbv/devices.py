@@ -1,0 +1,30 @@
+"""Which devices kbv can evaluate on here: a device that is not there is the user's error.
+
+Checked before any worker starts, so ``--device cuda`` on a machine without a GPU (or ``--device
+tpu``) is one line and exit status 2, not a traceback from a worker or a harness error per pair.
+torch is imported only when a CUDA device is asked for.
+"""
+
+from __future__ import annotations
+
+HINT = "use cpu, cuda or cuda:N"
+
+
+class DeviceError(ValueError):
+    """A device name kbv does not know, or a CUDA device this machine does not have."""
+
+
+def check_device(device: str | None) -> None:
+    """Raise :class:`DeviceError` unless ``device`` is None (the default), ``cpu``, or a CUDA device
+    that exists here (``cuda`` or ``cuda:N``)."""
+    if device is None or device == "cpu":
+        return
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise DeviceError(f"unknown device {device!r}; {HINT}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError(f"--device {device}: no CUDA GPU is visible on this machine (torch {torch.__version__}); use --device cpu")
+    count = torch.cuda.device_count()
+    if device.startswith("cuda:") and int(device[5:]) >= count:
+        raise DeviceError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
