@@ -31,7 +31,7 @@ def _observation(**candidate) -> dict:
         "identities_changed": [],
         "harness_changed": [],
     }
-    return {"candidate": {**honest, **candidate}, "reference": honest, "late_diff": 0.0}
+    return {"candidate": {**honest, **candidate}, "reference": honest, "late_diff": 0.0, "first_tensors": [True]}
 
 
 def _with_observation(obs: dict) -> dynamic.DynamicContext:

@@ -76,6 +76,7 @@ class AuditResult:
             "notes": dict(self.notes),
             "error": self.error,
             "seconds": round(self.seconds, 3),
+            "structure": list(self.structure),
         }
 
 

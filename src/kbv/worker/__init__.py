@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv import telemetry
-from kbv.worker import _channel, _contain, _handoff, _privileges
+from kbv.worker import _channel, _contain, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -241,6 +241,8 @@ class Worker:
     def receive_outputs(self, description: Any) -> list[Any]:
         """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
         the evaluation's device. Something unreadable is the worker's failure."""
+        from kbv.worker import _handoff  # torch: not needed before a worker has answered (fast usage errors)
+
         try:
             return _handoff.receive(description, self.spec.device)
         except _handoff.HandoffError as exc:
