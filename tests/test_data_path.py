@@ -4,6 +4,7 @@ trusted memory, a reference output or the truth (docs/architecture.md, "Outputs 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,15 @@ def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
     assert sum(phases[k] for k in probes) <= phases["integrity"] + 1e-6  # probes are part of the integrity phase
     line = phases_line(phases)
     assert line.startswith("time: total") and "correctness" in line and "observe" in line
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop is decided for a root parent only")
+def test_a_gpu_candidate_worker_is_not_dropped_to_another_uid() -> None:
+    """CUDA IPC handles do not open across uids (measured on the H200): a CUDA candidate worker
+    keeps the parent's user, and its isolation facts say why."""
+    worker = Worker(WorkerSpec(build_key="test-no-drop-on-gpu", device="cuda:0", role="candidate", budget_s=10))
+    try:
+        argv, user = worker._command(["python", "-c", "pass"], worker.scratch)
+        assert user is None and worker.uid is None and "CUDA IPC" in (worker._no_drop or "")
+    finally:
+        worker.close()

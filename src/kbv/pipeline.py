@@ -115,7 +115,9 @@ def _nbytes(expected: dict[str, Any]) -> int:
 
 
 #: Bytes of reference outputs an evaluation keeps for reuse (on the evaluation's device).
-EXPECTED_CACHE_BYTES = {"cuda": 24 << 30, "cpu": 1 << 30}
+#: Measured on the H200: with 24 GB, a 1.6e9-element problem (the reference's float64 run, the
+#: candidate's copies and the parent's cache together) ran out of the GPU's 139 GB.
+EXPECTED_CACHE_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}
 
 
 @dataclass

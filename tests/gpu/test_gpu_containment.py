@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _two_gib() -> object:
-    return protocol_from_dict({"name": "device-2gib", "base": "verified", "limits": {"device_memory_gb": 2.0}})
+    # 3 GiB: the honest ReLU's worker measured 2148 MiB on the H200 (its CUDA context, inputs,
+    # outputs and the copies it hands over); the hog takes 8 GiB.
+    return protocol_from_dict({"name": "device-3gib", "base": "verified", "limits": {"device_memory_gb": 3.0}})
 
 
 def test_device_memory_beyond_the_limit_is_resource_limit() -> None:
@@ -29,7 +31,7 @@ def test_device_memory_beyond_the_limit_is_resource_limit() -> None:
     if any("device memory not enforced" in g for g in gaps):
         pytest.skip(f"NVML gives no per-process figure here: {gaps}")
     assert record.outcome == "resource_limit", (record.outcome, record.error, gaps)
-    assert record.error["limit"]["limit"] == "device_memory" and record.error["limit"]["figure"] > 2 << 30
+    assert record.error["limit"]["limit"] == "device_memory" and record.error["limit"]["figure"] > 3 << 30
 
 
 def test_an_honest_candidate_passes_under_the_device_limit() -> None:
@@ -45,12 +47,10 @@ def test_a_fallback_to_an_undefined_kernel_is_caught_on_the_gpu() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop applies to a root parent")
-def test_a_root_parent_drops_the_candidate_to_its_own_uid_on_the_gpu() -> None:
-    """Where the machine allows it (interpreter and KBV_CACHE_DIR reachable by other users), the
-    candidate worker runs as a uid of its own and still uses the GPU; otherwise the record says why."""
+def test_on_the_gpu_the_candidate_keeps_the_parents_user_and_the_record_says_why() -> None:
+    """Measured on the H200: CUDA IPC handles of a worker under another uid do not open in the
+    parent, so on a GPU the candidate worker runs as the parent's user and the record says so."""
     record = evaluate_paths(RELU, FIXTURES / "foundation" / "relu_plain.py", protocol="verified", device="cuda", timeout_s=600)
-    user = record.isolation.get("user", "")
-    print(f"isolation: {record.isolation}")
-    if not user.startswith("uid "):
-        pytest.skip(f"no uid drop on this machine: {record.isolation.get('not_enforced')}")
-    assert record.outcome == "passed", (record.outcome, record.error, record.logs)
+    assert record.outcome == "passed", (record.outcome, record.error)
+    if os.geteuid() == 0:
+        assert any("CUDA IPC" in gap for gap in record.isolation.get("not_enforced") or []), record.isolation

@@ -418,7 +418,13 @@ class Worker:
         prefix = self._namespace_prefix()
         if self.spec.role != "candidate":
             return [*prefix, *command], None
-        plan = _privileges.plan(self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent)))
+        if self.spec.device.startswith("cuda"):
+            # Measured on the H200 (torch 2.11, driver 580): the parent cannot open the CUDA IPC
+            # handles of a worker running under another uid (cudaErrorMapBufferObjectFailed), and
+            # outputs travel by those handles; the private network namespace does not matter.
+            plan = _privileges.Plan(None, "on a GPU the parent must open the worker's CUDA IPC handles, which fails across uids here")
+        else:
+            plan = _privileges.plan(self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent)))
         self._no_drop = plan.reason
         self._private_net = bool(prefix)
         if plan.uid is None:
