@@ -162,6 +162,11 @@ def test_a_process_in_its_own_session_is_reported_and_killed(cgroup_mode: str) -
     with _worker("escape") as worker:
         _load(worker, CONTAIN / "escape_session.py")
         _run(worker)
+        deadline = time.monotonic() + 3
+        commands: list[str] = []
+        while time.monotonic() < deadline and "sleep 987" not in commands:  # Popen returns before the exec
+            commands = [_contain.command_line(p) for p in worker.members() if p != worker.pid]
+            time.sleep(0.05)
         left = worker.finish()
         assert [p["command"] for p in left] == ["sleep 987"] and left[0]["own_session"]
         assert _wait_dead([left[0]["pid"]]) == []
