@@ -59,8 +59,7 @@ def main() -> int:
         for line in alive:
             print("  " + line, file=sys.stderr)
         return 1
-    print("no process started by a kbv worker is still alive")
-    return 0
+    return 0  # silent on success: the test runner's summary stays the run's last line
 
 
 if __name__ == "__main__":
