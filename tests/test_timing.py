@@ -560,6 +560,19 @@ def test_honest_warmup_fits_the_recipe_bound_and_the_trusted_per_call_time(calls
     assert timing.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(calls_s * 1e3, rel=0.05)
 
 
+def test_one_outsized_sample_cannot_account_for_the_bracket() -> None:
+    """29 calls reported at 0.01 ms and one at 50 ms 'explain' a 50 ms bracket while the median
+    claims 0.01 ms per call: the outsized sample counts 20 medians, so the bracket check disagrees."""
+    s = settings(warmup_calls=3, warmup_seconds=0.0, repeats=30)
+    lying = [0.01] * 29 + [50.0]
+    accounted = timing.accounted_batch_ms(lying, 3, s)
+    assert accounted == pytest.approx(29 * 0.01 + timing.SAMPLE_CAP * 0.01 + 3 * 0.01)
+    assert timing.bracket_check(accounted, 50.4, 0.0)["disagrees"]
+    honest = [1.0] * 29 + [15.0]  # a hiccup within the cap counts in full
+    assert timing.accounted_batch_ms(honest, 3, s) == pytest.approx(29.0 + 15.0 + 3.0)
+    assert not timing.bracket_check(timing.accounted_batch_ms(honest, 3, s), 47.5, 0.0)["disagrees"]
+
+
 def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
     wall = [0.01] * 30

@@ -667,13 +667,21 @@ def accounted_batch_ms(wall_ms: Sequence[float], claimed_warmup_calls: int, sett
     The warm-up the worker implies (its claimed number of warm-up calls x its median sample, at
     least the recipe's ``warmup_seconds``) is accepted only up to :func:`warmup_bound_ms`: a worker
     that claims 100000 warm-up calls cannot stretch its account to cover a gap in the parent's bracket.
+    Each sample counts at most :data:`SAMPLE_CAP` times the median: one outsized sample (29 calls
+    of 0.01 ms and one of 50 ms) cannot account for a 50 ms bracket while the median says 0.01 ms.
     """
     wall = [float(x) for x in wall_ms]
     if not wall:
         return 0.0
     median = float(np.median(wall))
+    capped = [min(x, SAMPLE_CAP * median) for x in wall]
     claimed = max(settings.warmup_seconds * 1e3, max(0, int(claimed_warmup_calls)) * median)
-    return sum(wall) + min(claimed, warmup_bound_ms(settings, max(wall), n_input_sets))
+    return sum(capped) + min(claimed, warmup_bound_ms(settings, max(capped), n_input_sets))
+
+
+#: A sample beyond this multiple of its batch's median counts only as this multiple when the
+#: worker's report is held against the parent's bracket (an honest hiccup is smaller, or rare).
+SAMPLE_CAP = 20.0
 
 
 def trusted_per_call_ms(bracket_ms: float, overhead_ms: float, n_timed: int, settings: TimingSettings) -> float:
