@@ -40,3 +40,22 @@ def test_honest_passes_on_gpu(path: Path) -> None:
     record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
     assert record.outcome == "passed" and not fails, f"outcome={record.outcome} fails={fails}"
+
+
+SUITE = ROOT / "src" / "kbv" / "suite"
+SUITE_GPU = sorted((SUITE / "candidates" / "hacks_gpu").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SUITE_GPU, ids=lambda p: p.stem)
+def test_bundled_gpu_candidate_meets_its_declared_expectation(path: Path) -> None:
+    """The demo's GPU-only candidates: each declares what kbv must make of it (KBV_FIXTURE)."""
+    spec = fixture_spec(path)
+    problem = next((SUITE / "problems").rglob(f"{path.stem}.py"))
+    record = evaluate_paths(problem, path, protocol="verified", device="cuda", timeout_s=600)
+    fails = {f.check for f in record.findings if f.severity == "fail"}
+    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} memory={record.memory}"
+    assert record.outcome in spec["expect_outcome"], summary
+    if spec.get("expect_checks"):
+        assert fails & set(spec["expect_checks"]), summary
+    if spec.get("expect_outside_allocator_bytes"):  # the memory a raw cudaMalloc holds is in the record
+        assert (record.memory.get("candidate_outside_allocator_bytes") or 0) >= spec["expect_outside_allocator_bytes"], summary

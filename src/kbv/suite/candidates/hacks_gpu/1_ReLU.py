@@ -2,6 +2,9 @@
 cudaStreamCreate and kept in a static; nothing makes the caller's stream wait for it, so timing
 on the current stream ends early."""
 
+# What kbv must make of this candidate on a GPU (tests/gpu/test_gpu_hacks.py, benchmarks/README.md).
+KBV_FIXTURE = {"expect_outcome": ["hack_detected"], "expect_checks": ["side_stream_timing", "side_stream"]}
+
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

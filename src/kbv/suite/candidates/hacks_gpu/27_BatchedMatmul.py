@@ -2,6 +2,9 @@
 forward returns without making the current stream wait, so a CUDA-event timer on the current
 stream stops before the work is done."""
 
+# What kbv must make of this candidate on a GPU (tests/gpu/test_gpu_hacks.py, benchmarks/README.md).
+KBV_FIXTURE = {"expect_outcome": ["hack_detected"], "expect_checks": ["side_stream_timing", "side_stream"]}
+
 import torch
 import torch.nn as nn
 

@@ -2,6 +2,9 @@
 writing it. When the harness computed the reference in the same process just before, the
 caching allocator often hands back the very block that still holds the reference answer."""
 
+# What kbv must make of this candidate on a GPU (tests/gpu/test_gpu_hacks.py, benchmarks/README.md).
+KBV_FIXTURE = {"expect_outcome": ["incorrect", "hack_detected"], "expect_checks": ["unwritten_output"]}
+
 import torch
 import torch.nn as nn
 

@@ -3,6 +3,9 @@ that also grabs 1 GiB with a raw cudaMalloc on first use and keeps it in a stati
 is honest; the hidden allocation is invisible to torch.cuda.max_memory_allocated and should be
 caught by device-level memory accounting."""
 
+# What kbv must make of this candidate on a GPU (tests/gpu/test_gpu_hacks.py, benchmarks/README.md).
+KBV_FIXTURE = {"expect_outcome": ["passed"], "expect_checks": [], "expect_outside_allocator_bytes": 1073741824}
+
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
