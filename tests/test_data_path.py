@@ -77,7 +77,7 @@ def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen
 def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it() -> None:
     spec = WorkerSpec(build_key="test-spare", device="cpu", role="candidate", budget_s=60)
     with Spares() as spares:
-        spares.expect([spec])
+        spares.expect([[spec]])
         spares.launch_expected()
         spares.settle()  # booted: a timed phase could start now
         worker = spares.take(spec)
@@ -121,4 +121,29 @@ def test_a_gpu_candidate_worker_is_not_dropped_to_another_uid() -> None:
         argv, user = worker._command(["python", "-c", "pass"], worker.scratch)
         assert user is None and worker.uid is None and "CUDA IPC" in (worker._no_drop or "")
     finally:
+        worker.close()
+
+
+def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() -> None:
+    """depth 2: the first launch starts the next two pairs' workers (two alike count twice); the
+    evaluation after finds its worker ready and launches nothing; a pair beyond the wave is not
+    started until the wave is used up."""
+    spec = WorkerSpec(build_key="test-wave", device="cpu", role="reference", budget_s=60)
+    other = WorkerSpec(build_key="test-wave-2", device="cpu", role="reference", budget_s=60)
+    taken = []
+    with Spares(depth=2) as spares:
+        spares.expect([[spec], [spec], [other]])  # beyond depth: the third is not part of this wave
+        spares.launch_expected()
+        taken.append(spares.take(spec))
+        spares.expect([[spec], [other]])
+        spares.launch_expected()  # the next pair's worker is up already: no new wave
+        assert sum(len(w) for w in spares._launched.values()) == 1
+        taken.append(spares.take(spec))
+        assert all(w.pid for w in taken) and taken[0].pid != taken[1].pid
+        assert spares.take(other).pid is None  # never launched
+        spares.expect([[other]])
+        spares.launch_expected()  # not up: a new wave
+        taken.append(spares.take(other))
+        assert taken[-1].pid is not None
+    for worker in taken:
         worker.close()

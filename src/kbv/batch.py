@@ -24,7 +24,7 @@ from kbv.problems import Problem, ProblemError, load_problems
 from kbv.problems._loader import check_importable
 from kbv.protocol import Protocol, load_protocol
 from kbv.records import Record
-from kbv.worker import Spares, Worker, WorkerSpec, visible_devices
+from kbv.worker import SPARE_DEPTH, Spares, Worker, WorkerSpec, visible_devices
 
 Pair = tuple[Problem, Candidate]
 
@@ -90,7 +90,8 @@ def run_batch(
     result = BatchResult(env=env)
     todo = [store is None or force or not store.has_record(store_key(p, c, protocol, env)) for p, c in pairs]
     # Prespawned workers serve kbv's own pipeline (or a wrapper of it that says it takes them).
-    spares = Spares() if evaluate_fn is evaluate or getattr(evaluate_fn, "uses_spares", False) else None
+    uses_spares = evaluate_fn is evaluate or getattr(evaluate_fn, "uses_spares", False)
+    spares = Spares(SPARE_DEPTH["cuda" if device.startswith("cuda") else "cpu"]) if uses_spares else None
     with progress_bar(console) as progress, spares or contextlib.nullcontext():
         task = progress.add_task("evaluating", total=len(pairs))
         for index, (problem, candidate) in enumerate(pairs):
@@ -100,8 +101,8 @@ def run_batch(
             else:
                 extra: dict[str, Any] = {}
                 if spares is not None:
-                    upcoming = next((pairs[j] for j in range(index + 1, len(pairs)) if todo[j]), None)
-                    spares.expect(list(worker_specs(*upcoming, protocol, device)) if upcoming else [])
+                    upcoming = [pairs[j] for j in range(index + 1, len(pairs)) if todo[j]][: spares.depth]
+                    spares.expect([list(worker_specs(p, c, protocol, device)) for p, c in upcoming])
                     extra["spares"] = spares
                 _evaluate_one(problem, candidate, protocol, device, timeout_s, store, run_id, jsonl, result, evaluate_fn, extra)
             progress.advance(task)

@@ -549,16 +549,20 @@ def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
 
 
 class Spares:
-    """Workers started ahead of the evaluation that will use them, so that start-up (Python, torch,
-    the CUDA context) is off the critical path: a batch names the next pair's workers, the current
-    evaluation launches them once its own are up and waits for them to finish booting before it
-    times anything (a booting process must not share the GPU or the CPU with a timed batch).
+    """Workers started ahead of the evaluations that will use them, so that start-up (Python, torch,
+    the CUDA context) is off the critical path. A batch names the workers of the next pairs; when
+    the next pair's workers are not up yet, the current evaluation launches a wave of them (the next
+    ``depth`` pairs' at once, booting side by side) once its own are up, and waits for every
+    launched spare to finish booting before it times anything: a booting process must never share
+    the GPU or the CPU with a timed batch. The evaluations after it then find their workers ready
+    and nothing booting, so one wait serves a whole wave.
 
     A spare has loaded no problem and no candidate; each evaluation still gets fresh workers."""
 
-    def __init__(self) -> None:
-        self._launched: dict[tuple[Any, ...], Worker] = {}
-        self._next: list[WorkerSpec] = []
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = max(1, depth)
+        self._launched: dict[tuple[Any, ...], list[Worker]] = {}
+        self._next: list[list[WorkerSpec]] = []
 
     def __enter__(self) -> Spares:
         return self
@@ -566,37 +570,60 @@ class Spares:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def expect(self, specs: list[WorkerSpec]) -> None:
-        """The workers the next evaluation will ask for (launched by :meth:`launch_expected`)."""
-        self._next = list(specs)
+    def expect(self, pairs: list[list[WorkerSpec]]) -> None:
+        """The workers of the next evaluations, in order, one list per evaluation (launched by
+        :meth:`launch_expected`; only the first ``depth`` count)."""
+        self._next = [list(specs) for specs in pairs[: self.depth]]
 
     def take(self, spec: WorkerSpec) -> Worker:
         """A launched spare matching ``spec``, or a new (not yet launched) worker."""
-        return self._launched.pop(_spec_key(spec), None) or Worker(spec)
+        ready = self._launched.get(_spec_key(spec))
+        return ready.pop(0) if ready else Worker(spec)
 
     def launch_expected(self) -> None:
-        for spec in self._next:
-            key = _spec_key(spec)
-            if key not in self._launched:
-                worker = Worker(spec)
-                worker.launch()
-                self._launched[key] = worker
+        """Launch a wave when the next evaluation's workers are not launched yet (else nothing)."""
+        if not self._next or self._covered(self._next[0]):
+            self._next = []
+            return
+        wanted: dict[tuple[Any, ...], int] = {}
+        for specs in self._next:
+            for spec in specs:
+                key = _spec_key(spec)
+                wanted[key] = wanted.get(key, 0) + 1
+                if len(self._launched.get(key, [])) < wanted[key]:
+                    worker = Worker(spec)
+                    worker.launch()
+                    self._launched.setdefault(key, []).append(worker)
         self._next = []
+
+    def _covered(self, specs: list[WorkerSpec]) -> bool:
+        need: dict[tuple[Any, ...], int] = {}
+        for spec in specs:
+            need[_spec_key(spec)] = need.get(_spec_key(spec), 0) + 1
+        return all(len(self._launched.get(key, [])) >= n for key, n in need.items())
 
     def settle(self) -> None:
         """Wait until every launched spare has booted; one that failed to boot is dropped (the
         evaluation that wanted it starts its own)."""
-        for key, worker in list(self._launched.items()):
-            try:
-                worker.wait_ready()
-            except WorkerFailed:
-                worker.close()
-                del self._launched[key]
+        for workers in list(self._launched.values()):
+            for worker in list(workers):
+                try:
+                    worker.wait_ready()
+                except WorkerFailed:
+                    worker.close()
+                    workers.remove(worker)
 
     def close(self) -> None:
-        for worker in self._launched.values():
-            worker.close()
+        for workers in self._launched.values():
+            for worker in workers:
+                worker.close()
         self._launched.clear()
+
+
+#: Pairs whose workers a wave of spares starts at once: a GPU host has the cores and the memory
+#: for several booting workers (each holds a CUDA context, ~0.6 GB of device memory), the 2-core
+#: CPU machine does not.
+SPARE_DEPTH = {"cuda": 4, "cpu": 1}
 
 
 def _tail(path: Path) -> str:
