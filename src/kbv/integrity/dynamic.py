@@ -444,19 +444,23 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
 
 def _repeated_output(ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]) -> str | None:
     """A call that returned, bit for bit, an earlier call's output for other input values, where the
-    reference's answers to the two differ and the later answer is wrong: it came from a cache, not
-    from the inputs (a right answer that happens to repeat, as discrete outputs such as argmax
-    indices do, is no evidence)."""
+    reference's answers to the two differ: it came from a cache, not from the inputs. A discrete
+    output (integer or bool, such as argmax indices) that repeats and is right for its own inputs
+    is no evidence: indices of other inputs are often the same."""
     for i in range(1, len(outputs)):
         for j in range(i):
             if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
                 continue  # a uniform output (all zeros, say) is a constant, which correctness judges
             if _bitwise_equal(ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]):
                 continue  # the reference cannot tell these inputs apart either
-            if ctx.judge(outputs[i], specs[i])["passed"]:
-                continue
+            if _discrete(outputs[i]) and ctx.judge(outputs[i], specs[i])["passed"]:
+                continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
             return f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) for different input values"
     return None
+
+
+def _discrete(outputs: list[Any]) -> bool:
+    return all(isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()) for x in outputs)
 
 
 def _uniform(outputs: list[Any]) -> bool:
