@@ -39,6 +39,7 @@ __all__ = [
     "band_limits",
     "derive_seed",
     "domain_fallback",
+    "make_draw",
     "make_inputs",
     "mix_values",
     "new_seed",
@@ -425,6 +426,20 @@ def _one(t: torch.Tensor, base: str, domain: str, distribution: str, seed: int, 
     if precision == "fp64":
         t = t.to(torch.float64)
     return t
+
+
+def make_draw(module: Any, distribution: str, seed: int, device: str | torch.device, *, precision: str = "fp32",
+              domain: str | Sequence[str] = "any", structure: list[Any] | None = None,
+              mix_seed: int | None = None) -> list:
+    """:func:`make_inputs` for one draw, or (``mix_seed``) the mix of two draws that the cache probe
+    uses: draw ``seed`` at the positions a value-sample cache key most likely reads, draw
+    ``mix_seed`` elsewhere (:func:`mix_values`), with the structure invariants restored. Both
+    workers make every draw with this one function, so the reference sees what the candidate saw."""
+    args = make_inputs(module, distribution, seed, device, precision=precision, domain=domain, structure=structure)
+    if mix_seed is None:
+        return args
+    other = make_inputs(module, distribution, int(mix_seed), device, precision=precision, domain=domain, structure=structure)
+    return restore_structure([mix_values(a, b) for a, b in zip(args, other)], structure)
 
 
 def mix_values(a: Any, b: Any) -> Any:

@@ -81,11 +81,9 @@ class MeasureContext:
 def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (timing, speedup). Baselines come from the cache when their key matches."""
     settings = ctx.settings
-    if ctx.build is not None:
-        ctx.build()
-    else:
-        reference.request("build", init_seed=ctx.init_seed)
-        subject.request("build", init_seed=ctx.init_seed)
+    if ctx.build is None:
+        raise ValueError("measure_pair needs MeasureContext.build (both models with the timing parameters)")
+    ctx.build()
     names, skipped = measured_baselines(tuple(settings.baselines), ctx.device)
     cached = {name: _cache_read(ctx, name) for name in names}
     cache_checks = _check_cached(ctx, reference, cached, subject)

@@ -8,6 +8,7 @@ them per-call seeds, and judges what comes back.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import platform
 import time
 from collections import OrderedDict
@@ -77,16 +78,12 @@ class ExpectedCache:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         entry = self._entries.get(key)
         if entry is None:
-            self.misses += 1
             return None
         self._entries.move_to_end(key)
-        self.hits += 1
         return entry[0]
 
     def clear(self) -> None:
@@ -183,8 +180,6 @@ def _release_device_memory(ctx: _Context) -> None:
     keep the next evaluation's workers from the GPU memory they need."""
     ctx.expected.clear()
     if ctx.device.startswith("cuda"):
-        import gc
-
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -69,6 +69,7 @@ class DynamicContext:
 
     # -- plumbing -------------------------------------------------------------------------------
     def once(self, key: str, compute: Any) -> Any:
+        """A probe's result, computed at most once (a failure :meth:`concurrently` stored is raised)."""
         if key not in self._cache:
             started = time.monotonic()
             try:
@@ -77,7 +78,10 @@ class DynamicContext:
                 phases = getattr(self.session, "phases", None)
                 if phases is not None:
                     phases[key] = phases.get(key, 0.0) + time.monotonic() - started
-        return self._cache[key]
+        value = self._cache[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     def request(self, worker: Any, op: str, **fields: Any) -> dict[str, Any]:
         return self._answer(worker, lambda: worker.request(op, **fields))
@@ -109,7 +113,7 @@ class DynamicContext:
 
     def concurrently(self, requests: dict[str, tuple[Any, str, dict[str, Any]]]) -> None:
         """Run independent probes in both workers at once (``{cache key: (worker, op, fields)}``);
-        each result is cached under its key as :meth:`once` would, a failure is raised when read."""
+        each result is kept under its key as :meth:`once` would, a failure is raised when read."""
         started = time.monotonic()
         sent = []
         for key, (worker, op, fields) in requests.items():
@@ -129,13 +133,6 @@ class DynamicContext:
         """Drop a probe's results once no later check reads them (their outputs hold device memory)."""
         if self._cache.pop(key, None) is not None and self.on_cuda:
             torch.cuda.empty_cache()
-
-    def cached(self, key: str, compute: Any) -> Any:
-        """:meth:`once`, re-raising a failure that :meth:`concurrently` stored."""
-        value = self.once(key, compute)
-        if isinstance(value, Exception):
-            raise value
-        return value
 
     @property
     def on_cuda(self) -> bool:
@@ -215,10 +212,6 @@ class DynamicContext:
 
 def _wrap(outputs: list[Any]) -> dict[str, Any]:
     return {"outputs": list(outputs), "types": ["torch.Tensor" if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs]}
-
-
-def _all_finite(outputs: list[Any]) -> bool:
-    return all(not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all()) for o in outputs)
 
 
 def _max_diff(a: list[Any], b: list[Any]) -> float:
@@ -423,8 +416,9 @@ def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
     that keeps A's first/last 64 and middle elements and B's values elsewhere. A and B are fresh
     secret draws the candidate has not seen (unlike the other probes, which reuse correctness draws).
     Each output is judged against the reference for the values actually passed; the first call is
-    the control. A call that returns, bit for bit, an earlier call's output for other inputs and is
-    wrong is a cache hit whatever else happened.""",
+    the control. A call that returns, bit for bit, an earlier call's output for other inputs (where
+    the reference's answers differ) is a cache hit whatever else happened; an integer output
+    (argmax indices repeat honestly) counts only when it is also wrong.""",
 )
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
@@ -725,7 +719,7 @@ def _measurement(raw: dict[str, Any]) -> kbv_timing.Measurement:
 
 
 def _kernels(ctx: DynamicContext) -> dict[str, Any]:
-    return ctx.cached("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
+    return ctx.once("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
 
 
 @register_check(
@@ -834,7 +828,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         findings.append(_finding("plausibility", f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)", "warn"))
     if not ctx.on_cuda:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
-    facts = ctx.cached("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
+    facts = ctx.once("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
     flops_peak, bw_peak, where = _peaks(ctx)
     nbytes = facts["input_bytes"] + facts["output_bytes"]
     floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3

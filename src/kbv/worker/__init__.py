@@ -70,12 +70,6 @@ def worker_device(device: str) -> str:
     return "cuda" if device.startswith("cuda") else device
 
 
-def discard(path: str | Path) -> None:
-    """Delete a file a worker wrote, once the parent has read it (missing is fine)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
 def harden_process() -> bool:
     """Make this process non-dumpable (Linux): its ``/proc/<pid>`` files (environ, mem, fd) become
     root-owned, so a candidate running as the same non-root user cannot read the parent's API keys

@@ -56,7 +56,6 @@ class _State:
         self.kept_timed: list[list[Any]] = []
         # Tensors handed to the parent by CUDA IPC, alive until the parent's next request.
         self.handed: list[Any] = []
-        self.invariants: Any = None
 
 
 def main(fd: int) -> None:
@@ -220,13 +219,8 @@ def _set_precision_flags(precision: str) -> None:
 
 
 def _make_inputs(state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None) -> list[Any]:
-    prec = "fp64" if precision == "fp64" else "fp32"
-    make = kbv_inputs.make_inputs
-    args = make(state.problem, distribution, seed, state.device, precision=prec, domain=state.domain, structure=state.structure)
-    if mix_seed is None:
-        return args
-    other = make(state.problem, distribution, int(mix_seed), state.device, precision=prec, domain=state.domain, structure=state.structure)
-    return kbv_inputs.restore_structure([kbv_inputs.mix_values(a, b) for a, b in zip(args, other)], state.structure)
+    return kbv_inputs.make_draw(state.problem, distribution, seed, state.device, precision="fp64" if precision == "fp64" else "fp32",
+                                domain=state.domain, structure=state.structure, mix_seed=mix_seed)
 
 
 def _as_outputs(result: Any) -> list[Any]:

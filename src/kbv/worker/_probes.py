@@ -30,9 +30,7 @@ _settrace_threads = threading.setprofile
 _listdir = os.listdir
 _getpid = os.getpid
 _sleep = time.sleep
-_make_inputs = kbv_inputs.make_inputs
-_mix = kbv_inputs.mix_values
-_restore_structure = kbv_inputs.restore_structure
+_make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
@@ -97,15 +95,9 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
     The mix keeps draw A at the positions a value-sample cache key most likely reads (the first and
     last 64 elements and the middle one of every tensor) and draw B everywhere else.
     """
-    prec = "fp64" if precision == "fp64" else "fp32"
-    make = _make_inputs
-    args = make(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision=prec, domain=state.domain,
-                structure=getattr(state, "structure", None))
-    if spec.get("mix_seed") is None:
-        return args
-    other = make(state.problem, spec["distribution"], int(spec["mix_seed"]), state.device, precision=prec, domain=state.domain,
-                structure=getattr(state, "structure", None))
-    return _restore_structure([_mix(a, b) for a, b in zip(args, other)], getattr(state, "structure", None))
+    mix = spec.get("mix_seed")
+    return _make_draw(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision="fp64" if precision == "fp64" else "fp32",
+                      domain=state.domain, structure=getattr(state, "structure", None), mix_seed=None if mix is None else int(mix))
 
 
 def _as_outputs(result: Any) -> list[Any]:
