@@ -30,17 +30,20 @@ def _snapshot(directory: Path) -> dict[str, Any]:
     return {
         "ninja": ninja[0].read_text() if ninja else "",
         "libraries": {str(p.name): p.stat().st_mtime_ns for p in libraries},
+        # Which files each build wrote and when (ninja's own log) and every file's mtime: why a rebuild happened.
+        "ninja_log": [line for n in ninja for line in (n.parent / ".ninja_log").read_text().splitlines()] if ninja else [],
+        "files": {str(f.relative_to(directory)): f.stat().st_mtime_ns for f in sorted(directory.rglob("*")) if f.is_file()},
     }
 
 
-def check(candidate_path: Path, problem_path: Path) -> dict[str, Any]:
+def check(candidate_path: Path, problem_path: Path, protocol_name: str = "standard") -> dict[str, Any]:
     import torch
 
     from kbv.candidates import load_candidate
     from kbv.execute._compile import arch_list_for, build_dir, compile_candidate
     from kbv.pipeline import evaluate
     from kbv.problems import load_problem
-    from kbv.protocol import STANDARD
+    from kbv.protocol import load_protocol
 
     candidate, problem = load_candidate(candidate_path, label="compile_once"), load_problem(problem_path)
     arch = arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0)))
@@ -50,12 +53,15 @@ def check(candidate_path: Path, problem_path: Path) -> dict[str, Any]:
     directory = build_dir(candidate.source_sha256)
     before = _snapshot(directory)
     for run in ("first", "second"):
-        record = evaluate(problem, candidate, STANDARD, "cuda", timeout_s=600)
+        record = evaluate(problem, candidate, load_protocol(protocol_name), "cuda", timeout_s=600)
         after = _snapshot(directory)
         row[run] = {
             "outcome": record.outcome,
             "compile_phase_s": record.phases_s.get("compile"),
             "rebuilt": after["libraries"] != before["libraries"],
+            "ninja_log_after": after["ninja_log"],
+            "files_before": before["files"],
+            "files_after": after["files"],
             "ninja_diff": list(difflib.unified_diff(before["ninja"].splitlines(), after["ninja"].splitlines(), "prebuild", run, lineterm="", n=0))[:40],
         }
         before = after
@@ -68,6 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--candidates", nargs="*", type=Path, default=None)
+    parser.add_argument("--protocol", default="standard", help="the protocol of the two evaluations (standard, verified or a TOML file)")
     args = parser.parse_args()
     os.environ.setdefault("KBV_CACHE_DIR", tempfile.mkdtemp(prefix="kbv-compile-once-"))
     candidates = args.candidates or sorted((bundled_candidates_dir() / "honest_cuda").glob("*.py"))[:1]
@@ -75,8 +82,8 @@ def main() -> int:
     rows = []
     for path in candidates:
         problem = next(bundled_suite_dir().rglob(f"{path.stem}.py"))
-        rows.append(check(path, problem))
-        print(json.dumps({k: rows[-1][k] for k in ("candidate", "prebuild_s")} | {r: {k: v for k, v in rows[-1][r].items() if k != "ninja_diff"} for r in ("first", "second")}), flush=True)
+        rows.append(check(path, problem, args.protocol))
+        print(json.dumps({k: rows[-1][k] for k in ("candidate", "prebuild_s")} | {r: {k: v for k, v in rows[-1][r].items() if k in ("outcome", "compile_phase_s", "rebuilt")} for r in ("first", "second")}), flush=True)
         for line in rows[-1]["first"]["ninja_diff"]:
             print("   ", line, flush=True)
         (args.out / "compile-once.json").write_text(json.dumps(rows, indent=2))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import extensions_dir_of
 
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir, discover, load_module, load_problem
 
@@ -39,11 +40,15 @@ def _outputs(result) -> tuple[torch.Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
-def _import_candidate(path: Path):
+def _import_candidate(path: Path, prebuilt: bool = False):
+    """Import a candidate file here; ``prebuilt``: build into (so reuse) the GPU prebuild's cache."""
     spec = importlib.util.spec_from_file_location(f"kbv_candidate_{uuid.uuid4().hex}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as patch:
+        if prebuilt:
+            patch.setenv("TORCH_EXTENSIONS_DIR", str(extensions_dir_of(path)))
+        spec.loader.exec_module(module)
     return module
 
 
@@ -228,7 +233,7 @@ def test_gpu_honest_candidate_matches(path: Path):
     module = load_module(problem.path, sizes=problem.sizes_for("cpu"))
     torch.manual_seed(0)
     model = module.Model(*module.get_init_inputs()).cuda()
-    candidate_module = _import_candidate(path)
+    candidate_module = _import_candidate(path, prebuilt=True)
     torch.manual_seed(0)
     candidate = candidate_module.ModelNew(*module.get_init_inputs()).cuda()
     candidate.load_state_dict(model.state_dict())

@@ -80,7 +80,7 @@ def check_structure(outputs: Any, expected: list) -> str | None:
 CHUNK_ELEMENTS = 1 << 25
 
 
-def _flat_chunks(*tensors: torch.Tensor) -> Any:
+def flat_chunks(*tensors: torch.Tensor) -> Any:
     """Aligned chunks of the flattened tensors (views where the tensors are contiguous)."""
     flat = [t.reshape(-1) for t in tensors]
     n = flat[0].numel()
@@ -88,7 +88,7 @@ def _flat_chunks(*tensors: torch.Tensor) -> Any:
         yield [f[start : start + CHUNK_ELEMENTS] for f in flat]
 
 
-def _stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | None = None) -> dict[str, Any]:
+def error_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | None = None) -> dict[str, Any]:
     """Error statistics of ``a`` against ``t``, in float64, chunk by chunk on their device.
 
     ``mismatch``: positions where ``a`` does not reproduce ``t``'s NaN/Inf (same NaN positions,
@@ -100,7 +100,7 @@ def _stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | None =
     mismatch = torch.zeros((), dtype=torch.int64, device=device)
     close_fail = torch.zeros((), dtype=torch.int64, device=device)
     peak, max_abs, sum_sq_diff, sum_sq_t = zero.clone(), zero.clone(), zero.clone(), zero.clone()
-    for ac, tc in _flat_chunks(a, t):
+    for ac, tc in flat_chunks(a, t):
         ac, tc = _as_f64(ac), _as_f64(tc)
         t_inf = torch.isinf(tc)
         bad = (torch.isnan(ac) != torch.isnan(tc)) | (torch.isinf(ac) != t_inf) | (t_inf & (ac != tc))
@@ -160,7 +160,7 @@ def compare_allclose(
         atol, rtol = (
             (settings.atol_half, settings.rtol_half) if exp.dtype in _HALF else (settings.atol_fp32, settings.rtol_fp32)
         )
-        stats = _stats(out, exp, close=(atol, rtol))
+        stats = error_stats(out, exp, close=(atol, rtol))
         ok = stats["close_fail"] == 0
         passed &= ok
         err_abs, err_rel = (math.inf, math.inf) if stats["mismatch"] else (stats["max_abs"], _relative_norm(stats))
@@ -173,7 +173,7 @@ def compare_allclose(
 
 def _float_error(a: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
     """Error of ``a`` against the float64 truth ``t`` in the error model's terms (see module doc)."""
-    stats = _stats(a, t)
+    stats = error_stats(a, t)
     scale = stats["peak"] if stats["peak"] > 0 else 1.0
     return {
         "kind": "float",
