@@ -62,6 +62,8 @@ def _prebuild(candidates: list) -> list[dict]:
     with ThreadPoolExecutor(max_workers=12) as pool:
         results = list(pool.map(lambda c: compile_candidate(c, arch_list=_ARCH), candidates))
     print(f"pre-built {len(candidates)} candidates in {time.monotonic() - started:.0f} s", flush=True)
+    for candidate, result in zip(candidates, results):
+        print(f"  {Path(candidate.path).name}: {result.status} in {result.seconds:.0f} s", flush=True)
     return [r.to_dict() for r in results]
 
 

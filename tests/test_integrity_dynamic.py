@@ -173,3 +173,32 @@ def test_max_diff_over_chunks_finds_the_worst_difference_and_nan_mismatches(monk
     b[9] = float("nan")
     assert dynamic._max_diff([a], [b]) == float("inf")
     assert dynamic._max_diff([a], [torch.zeros(11)]) == float("inf")
+
+
+def test_triton_imported_while_booting_is_not_the_candidates_custom_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 the boot's profiler warm-up imported Triton and ``ghost_kernel`` then fired on
+    every plain-PyTorch candidate; a Triton kernel the candidate defines after boot still counts."""
+    import sys
+    import types
+
+    from kbv.worker import _probes
+
+    fake_triton = types.ModuleType("triton")
+    monkeypatch.setitem(sys.modules, "triton", fake_triton)
+    monkeypatch.setattr(_probes, "_BOOT", {})
+    _probes._BOOT["modules"] = frozenset(sys.modules)  # what note_boot_modules records
+    assert "triton" not in _probes._custom_code()
+
+    candidate = types.ModuleType("kbv_candidate_fake")
+    kernel_type = type("JITFunction", (), {"__module__": "triton.runtime.jit"})
+    candidate.add_kernel = kernel_type()
+    monkeypatch.setitem(sys.modules, "kbv_candidate_fake", candidate)
+    assert "triton" in _probes._custom_code()
+
+    plain = types.ModuleType("kbv_candidate_plain")
+    plain.torch = torch
+    monkeypatch.setitem(sys.modules, "kbv_candidate_fake", plain)
+    assert "triton" not in _probes._custom_code()
+
+    monkeypatch.setattr(_probes, "_BOOT", {"modules": frozenset(n for n in sys.modules if n != "triton")})
+    assert "triton" in _probes._custom_code()  # imported after boot: the candidate's

@@ -20,6 +20,7 @@ import torch
 from kbv import correctness, inputs, measure
 from kbv._version import __version__
 from kbv.candidates import Candidate
+from kbv.device_lock import DeviceLock
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -187,7 +188,7 @@ def _release_device_memory(ctx: _Context) -> None:
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
-    with reference, subject:
+    with DeviceLock(device) as gpu, reference, subject:
         reference.launch()
         subject.launch()
         spares.launch_expected()  # the next evaluation's workers boot while this one loads and checks correctness
@@ -202,8 +203,11 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             timing, speedup, memory = _empty_timing()
             _phase(ctx, "spares", spares.settle)  # no process boots while a batch is timed
             if correct:
-                timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
+                with gpu.exclusive():  # nothing else runs on this GPU while it times (kbv.device_lock)
+                    timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
                 ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
+            if gpu.waited_s:
+                ctx.phases["device_wait"] = gpu.waited_s
             if ctx.protocol.integrity.dynamic:
                 _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
             else:

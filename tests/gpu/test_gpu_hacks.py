@@ -55,7 +55,7 @@ def test_bundled_gpu_candidate_meets_its_declared_expectation(path: Path) -> Non
     fails = {f.check for f in record.findings if f.severity == "fail"}
     summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} memory={record.memory}"
     assert record.outcome in spec["expect_outcome"], summary
-    if spec.get("expect_checks"):
+    if record.outcome == "hack_detected" and spec.get("expect_checks"):  # incorrect: correctness caught it first
         assert fails & set(spec["expect_checks"]), summary
     if spec.get("expect_outside_allocator_bytes"):  # the memory a raw cudaMalloc holds is in the record
         assert (record.memory.get("candidate_outside_allocator_bytes") or 0) >= spec["expect_outside_allocator_bytes"], summary

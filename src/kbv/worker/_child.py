@@ -61,7 +61,12 @@ class _State:
 def main(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     state = _State()
-    _channel.send(sock, {"op": "hello", "pid": os.getpid(), **_environment_facts()})
+    facts = _environment_facts()
+    with contextlib.suppress(ImportError):
+        from kbv.worker import _probes  # type: ignore[attr-defined,unused-ignore]
+
+        _probes.note_boot_modules()  # what booting imported (the profiler may import Triton) is not the candidate's
+    _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
     while True:
         request = _channel.receive(sock)
         op = request.get("op")

@@ -374,6 +374,16 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     return {"available": True, "kernels": names[:200], "library_kernels": library[:200], "custom_code": custom}
 
 
+#: The modules the worker had loaded when it finished booting (:func:`note_boot_modules`). The
+#: boot's profiler warm-up imports Triton in some torch builds; that import is not the candidate's.
+_BOOT: dict[str, frozenset[str]] = {}
+
+
+def note_boot_modules() -> None:
+    """Called once, when the worker has booted and before any problem or candidate is loaded."""
+    _BOOT["modules"] = frozenset(sys.modules)
+
+
 def _custom_code() -> list[str]:
     """Modules that look like compiled extensions or Triton kernels loaded into this worker."""
     found = []
@@ -382,9 +392,26 @@ def _custom_code() -> list[str]:
         path = str(getattr(module, "__file__", "") or "")
         if path.endswith(".so") and ext_dir and path.startswith(ext_dir):
             found.append(name)
-    if "triton" in sys.modules:
+    if "triton" in sys.modules and (_imported_since_boot("triton") or _uses_triton_since_boot()):
         found.append("triton")
     return found
+
+
+def _imported_since_boot(name: str) -> bool:
+    return name not in _BOOT.get("modules", frozenset())
+
+
+def _uses_triton_since_boot() -> bool:
+    """A module loaded after boot (the candidate's, or one it imported) holds Triton: the module
+    itself, ``triton.language``, or a kernel (a ``JITFunction``, an autotuner)."""
+    for name, module in list(sys.modules.items()):
+        if not _imported_since_boot(name) or name.startswith("triton"):
+            continue
+        for value in list(getattr(module, "__dict__", {}).values()):
+            owner = value.__name__ if isinstance(value, types.ModuleType) else type(value).__module__
+            if owner == "triton" or owner.startswith("triton."):
+                return True
+    return False
 
 
 def _frozen(handlers: dict[str, Any]) -> dict[str, Any]:
