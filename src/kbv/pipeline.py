@@ -601,13 +601,29 @@ def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     )
 
 
+#: Bytes of timing input sets (each with an output as large as its inputs) one worker may hold.
+#: Measured on the H200: three sets of a 1.6e9-element softmax (6.4 GB in, 6.4 GB out each) in
+#: both workers ran the 140 GB GPU out of memory in `verified`; past L2's size rotating sets buys
+#: nothing, and the cache probe, not the rotation, is what catches outputs cached by address.
+TIMING_SETS_BYTES = 16 << 30
+
+
+def timing_input_sets(wanted: int, input_numels: list[int], element_bytes: int = 4) -> int:
+    """How many of the protocol's ``wanted`` input sets the timing phase rotates through: as many
+    as fit in :data:`TIMING_SETS_BYTES`, at least one (the record's ``timing.input_sets``)."""
+    per_set = 2 * element_bytes * sum(input_numels)
+    if per_set <= 0:
+        return wanted
+    return max(1, min(wanted, TIMING_SETS_BYTES // per_set))
+
+
 def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
     mctx = measure.MeasureContext(
         problem=ctx.problem,
         device=ctx.device,
         settings=settings,
-        seeds=[ctx.seeds.timing(k) for k in range(settings.input_sets)],
+        seeds=[ctx.seeds.timing(k) for k in range(timing_input_sets(settings.input_sets, _structure(ctx).numels))],
         init_seed=ctx.seeds.init("original"),
         device_info=_device_info(ctx, hello),
         torch_version=str(hello.get("torch", "")),
@@ -619,6 +635,7 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
         check_round=ctx.protocol.integrity.dynamic,  # timed_output_check reads that round
     )
     timing, speedup = measure.measure_pair(mctx, reference, subject)
+    timing["input_sets"] = len(mctx.seeds)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = measure.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory

@@ -182,10 +182,13 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
 def _constant_output(worker: Worker, master: int) -> bool:
     """The float64 output for original inputs equals those for signed inputs and for original inputs
     of another seed (float64, so that an output constant up to fp32 rounding shows too)."""
-    exact = _run(worker, "original", derive_seed(master, "a"), "fp64")
-    for distribution, key in (("signed", "b"), ("original", "c")):
-        if not _constant(exact, _run(worker, distribution, derive_seed(master, key), "fp64")):
-            return False
+    try:
+        exact = _run(worker, "original", derive_seed(master, "a"), "fp64")
+        for distribution, key in (("signed", "b"), ("original", "c")):
+            if not _constant(exact, _run(worker, distribution, derive_seed(master, key), "fp64")):
+                return False
+    except WorkerFailed as exc:  # e.g. forward makes float32 tensors of its own: no float64 truth
+        raise WorkerFailed(exc.kind, f"in float64 (the verified protocol's truth): {exc.message}", exc.details, role=exc.role) from exc
     return True
 
 
