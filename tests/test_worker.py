@@ -182,3 +182,21 @@ def test_scratch_left_by_a_killed_parent_is_swept(tmp_path, monkeypatch) -> None
         assert (worker.scratch / ".kbv-owner").read_text() == str(os.getpid())
     finally:
         worker.close()
+
+
+def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> None:
+    """The profiler's first use costs seconds per worker; ``standard`` runs no probe and skips it,
+    and under ``verified`` both workers take it, so their timed calls run in processes alike."""
+    from conftest import FOUNDATION, RELU
+
+    from kbv.candidates import load_candidate
+    from kbv.pipeline import worker_specs
+    from kbv.problems import load_problem
+    from kbv.protocol import STANDARD, VERIFIED
+    from kbv.worker import _spec_key
+
+    problem, candidate = load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py")
+    assert [s.warm_probes for s in worker_specs(problem, candidate, VERIFIED, "cpu")] == [True, True]
+    standard = worker_specs(problem, candidate, STANDARD, "cpu")
+    assert [s.warm_probes for s in standard] == [False, False]
+    assert _spec_key(standard[0]) != _spec_key(worker_specs(problem, candidate, VERIFIED, "cpu")[0])  # spares do not mix them

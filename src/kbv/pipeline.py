@@ -228,10 +228,12 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
 
 def worker_specs(problem: Problem, candidate: Candidate, protocol: Protocol, device: str) -> tuple[WorkerSpec, WorkerSpec]:
     """The reference's and the candidate's worker for one evaluation (``protocol`` with its timeout)."""
+    warm = bool(protocol.integrity.dynamic)  # both alike: their timed calls run in processes prepared the same way
     return (
-        WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S),
+        WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S,
+                   warm_probes=warm),
         WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s,
-                   limits=protocol.limits, readable=(str(problem.path), str(candidate.path))),
+                   limits=protocol.limits, readable=(str(problem.path), str(candidate.path)), warm_probes=warm),
     )
 
 

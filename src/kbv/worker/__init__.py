@@ -110,6 +110,9 @@ class WorkerSpec:
     limits: Any = None
     # Files a candidate worker must read (problem, candidate): checked before it drops to its own uid.
     readable: tuple[str, ...] = ()
+    # Take the profiler's (and the reference's FLOP counter's) first use while booting, for the
+    # dynamic probes: seconds per worker, so only where a protocol runs them (``verified``).
+    warm_probes: bool = False
 
 
 class Worker:
@@ -179,7 +182,8 @@ class Worker:
         env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
-        argv, user = self._command([sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role], builds)
+        child = [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role, *(["probes"] if self.spec.warm_probes else [])]
+        argv, user = self._command(child, builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
                 argv,
@@ -539,7 +543,7 @@ def _session_of(pid: int) -> int | None:
 
 def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
     return (spec.build_key, spec.device, spec.visible_devices, spec.role, spec.budget_s, tuple(sorted(spec.extra_env.items())),
-            spec.limits, tuple(spec.readable))
+            spec.limits, tuple(spec.readable), spec.warm_probes)
 
 
 class Spares:

@@ -93,8 +93,10 @@ def main(fd: int) -> None:
 CACHED_BYTES_KEPT = 8 << 30
 
 
-#: The role this process was started for (argv), known before the first request names it.
+#: The role this process was started for (argv), known before the first request names it, and
+#: whether it takes the probes' first-use costs while booting (argv "probes": ``WorkerSpec.warm_probes``).
 _ROLE = ""
+_WARM_PROBES = False
 
 
 def _release_cached_memory() -> None:
@@ -112,9 +114,10 @@ def _environment_facts() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")  # the CUDA context is made now, while the worker boots
-        _warm_profiler()
-        if _ROLE == "reference":  # only the trusted reference worker counts FLOPs (on CUDA)
-            _warm_flop_counter()
+        if _WARM_PROBES:
+            _warm_profiler()
+            if _ROLE == "reference":  # only the trusted reference worker counts FLOPs (on CUDA)
+                _warm_flop_counter()
         props = torch.cuda.get_device_properties(0)
         facts["device"] = {
             "type": "cuda",
@@ -440,4 +443,5 @@ if __name__ == "__main__":
     _register_probes()
     _warm_cpu_kernels()
     _ROLE = sys.argv[2] if len(sys.argv) > 2 else ""
+    _WARM_PROBES = sys.argv[3:4] == ["probes"]
     main(int(sys.argv[1]))
