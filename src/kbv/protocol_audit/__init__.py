@@ -1,0 +1,91 @@
+"""Measure a protocol itself: how often it rejects honest controls, how often it kills mutants.
+
+``audit_protocols`` generates, per problem, honest controls and mutants from the problem's own
+source (``_sources``), checks them on the trusted side (``_generate``: equivalence on the
+problem's declared domain), evaluates the rest under each protocol through the normal batch
+machinery (``kbv.batch.run_batch`` and the store: isolated, stored, resumable) and summarises
+(``_report``). ``docs/protocol-audit.md`` describes the method and the measured figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbv.protocol_audit._generate import Spec, problem_specs
+from kbv.protocol_audit._report import Row, fmt_rate, make_row, summarize, wilson
+
+__all__ = ["AuditResult", "Row", "Spec", "audit_protocols", "fmt_rate", "summarize", "wilson"]
+
+
+@dataclass
+class AuditResult:
+    specs: list[Spec] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # one per protocol, in order
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (what, message): problems or pairs left out
+    records: list[Any] = field(default_factory=list)
+
+
+def audit_protocols(
+    problems: str | Path,
+    protocols: Sequence[str | Path] = ("standard", "verified"),
+    *,
+    device: str | None = None,
+    db: str | Path = "kbv-results/audit.sqlite",
+    work_dir: str | Path | None = None,
+    honest: str | Path | None = None,
+    timeout_s: float | None = None,
+    console: Any = None,
+) -> AuditResult:
+    """Audit each protocol on the problems under ``problems``; candidates are written under
+    ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
+    so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
+    honest candidates (named after their problems), counted as controls."""
+    from kbv import batch
+    from kbv.candidates import load_candidate, scan_candidates
+    from kbv.pipeline import default_device
+    from kbv.problems import load_problems
+    from kbv.protocol import load_protocol
+    from kbv.store import Store, record_key
+
+    device = device or default_device()
+    resolved = [load_protocol(p) for p in protocols]
+    db = Path(db)
+    work = Path(work_dir) if work_dir else db.parent / "audit-candidates"
+    loaded, load_errors = load_problems(problems)
+    result = AuditResult(errors=[(str(f), m) for f, m in load_errors])
+    pairs, owners = [], {}
+    for problem in loaded:
+        try:
+            specs = problem_specs(problem, device, work / device.split(":")[0])
+        except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
+            result.errors.append((problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            continue
+        result.specs.extend(specs)
+        for spec in specs:
+            if spec.status == "evaluate":
+                candidate = load_candidate(spec.path, label=f"audit-{spec.role}")
+                pairs.append((problem, candidate))
+                owners[(problem.source_sha256, candidate.source_sha256)] = spec
+    if honest:
+        for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
+            spec = Spec(problem.name, "control", "user", candidate.path.name, candidate.source, "evaluate", path=str(candidate.path))
+            pairs.append((problem, candidate))
+            owners[(problem.source_sha256, candidate.source_sha256)] = spec
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with Store(db) as store:
+        for protocol in resolved:
+            run_id = store.start_run("protocol-audit", {"problems": str(problems), "device": device, "protocol": protocol.name}, protocol.with_timeout(timeout_s))
+            done = batch.run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+            store.finish_run(run_id)
+            result.errors.extend(done.errors)
+            wanted = {batch.store_key(p, c, protocol, done.env, timeout_s) for p, c in pairs}
+            records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
+            result.records.extend(records)
+            rows = [make_row(owners[key], r) for r in records if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners]
+            info = {"name": protocol.name, "version": protocol.version, "sha256": protocol.with_timeout(timeout_s).sha256()[:12], "device": device}
+            left_out = [s for s in result.specs if s.status != "evaluate"]
+            result.summaries.append({**summarize(info, rows, left_out), "rows": [r.to_dict() for r in rows]})
+    return result
