@@ -26,6 +26,7 @@ class AuditResult:
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per protocol, in order
     errors: list[tuple[str, str]] = field(default_factory=list)  # (what, message): problems or pairs left out
     records: list[Any] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)  # what the workers reported: half of every store key
 
 
 def audit_protocols(
@@ -76,16 +77,31 @@ def audit_protocols(
             owners[(problem.source_sha256, candidate.source_sha256)] = spec
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
+        _evaluate(store, pairs, resolved, device, timeout_s, console, result)
         for protocol in resolved:
-            run_id = store.start_run("protocol-audit", {"problems": str(problems), "device": device, "protocol": protocol.name}, protocol.with_timeout(timeout_s))
-            done = batch.run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
-            store.finish_run(run_id)
-            result.errors.extend(done.errors)
-            wanted = {batch.store_key(p, c, protocol, done.env, timeout_s) for p, c in pairs}
+            wanted = {batch.store_key(p, c, protocol, result.env, timeout_s) for p, c in pairs}
             records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
             result.records.extend(records)
             rows = [make_row(owners[key], r) for r in records if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners]
             info = {"name": protocol.name, "version": protocol.version, "sha256": protocol.with_timeout(timeout_s).sha256()[:12], "device": device}
             left_out = [s for s in result.specs if s.status != "evaluate"]
-            result.summaries.append({**summarize(info, rows, left_out), "rows": [r.to_dict() for r in rows]})
+            result.summaries.append({**summarize(info, rows, left_out), "rows": [r.to_dict() for r in rows], "pairs": len(pairs), "evaluated": len(rows)})
     return result
+
+
+def _evaluate(store: Any, pairs: list[Any], protocols: list[Any], device: str, timeout_s: float | None, console: Any, result: AuditResult) -> None:
+    """One batch per problem and protocol in turn, so that an audit cut short has every protocol's
+    records for the same problems (the next call evaluates only what is missing)."""
+    from kbv import batch
+
+    run_ids = [store.start_run("protocol-audit", {"device": device, "protocol": p.name}, p.with_timeout(timeout_s)) for p in protocols]
+    by_problem: dict[str, list[Any]] = {}
+    for problem, candidate in pairs:
+        by_problem.setdefault(problem.source_sha256, []).append((problem, candidate))
+    for group in by_problem.values():
+        for protocol, run_id in zip(protocols, run_ids, strict=True):
+            done = batch.run_batch(group, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+            result.errors.extend(done.errors)
+            result.env = done.env
+    for run_id in run_ids:
+        store.finish_run(run_id)
