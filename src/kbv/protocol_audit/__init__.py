@@ -39,11 +39,13 @@ def audit_protocols(
     honest: str | Path | None = None,
     timeout_s: float | None = None,
     console: Any = None,
+    evaluate: bool = True,
 ) -> AuditResult:
     """Audit each protocol on the problems under ``problems``; candidates are written under
     ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
     so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
-    honest candidates (named after their problems), counted as controls."""
+    honest candidates (named after their problems), counted as controls. ``evaluate=False``
+    summarises what the store already holds (an audit cut short) without evaluating anything."""
     from kbv import batch
     from kbv.candidates import load_candidate, scan_candidates
     from kbv.pipeline import default_device
@@ -77,7 +79,10 @@ def audit_protocols(
             owners[(problem.source_sha256, candidate.source_sha256)] = spec
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
-        _evaluate(store, pairs, resolved, device, timeout_s, console, result)
+        if evaluate:
+            _evaluate(store, pairs, resolved, device, timeout_s, console, result)
+        else:
+            result.env = batch.probe_environment(device)
         for protocol in resolved:
             wanted = {batch.store_key(p, c, protocol, result.env, timeout_s) for p, c in pairs}
             records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]

@@ -31,6 +31,7 @@ def register(sub: Any) -> None:
     ap.add_argument("--db", default="kbv-results/audit.sqlite", help="results database (default kbv-results/audit.sqlite); the same command again resumes")
     ap.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit")
     ap.add_argument("--html", default=None, metavar="FILE", help="also write the HTML report with the audit section")
+    ap.add_argument("--report-only", action="store_true", help="evaluate nothing: summarise what --db already holds (an audit cut short)")
     ap.add_argument("--json", action="store_true", help="one JSON object per protocol on stdout (rates, kinds, rows)")
     ap.set_defaults(handler=_cmd_audit)
     p.set_defaults(handler=_need_action)
@@ -63,7 +64,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     from kbv.protocol_audit import audit_protocols
 
-    result = audit_protocols(args.problems, protocols, device=args.device, db=args.db, honest=args.honest, timeout_s=args.timeout, console=Console(stderr=True))
+    result = audit_protocols(args.problems, protocols, device=args.device, db=args.db, honest=args.honest, timeout_s=args.timeout, console=Console(stderr=True), evaluate=not args.report_only)
     if args.json:
         for summary in result.summaries:
             sys.stdout.write(json.dumps(summary, default=list) + "\n")
@@ -100,6 +101,8 @@ def render(summaries: list[dict[str, Any]], console: Any) -> None:
     console.print(table)
     for s in summaries:
         name = f"{s['protocol']['name']} v{s['protocol']['version']}"
+        if s["evaluated"] < s["pairs"]:
+            console.print(f"[yellow]{name}: {s['evaluated']} of {s['pairs']} candidates stored[/yellow]; the same command without --report-only evaluates the rest", highlight=False)
         caught = ", ".join(f"{k} {v}" for k, v in list(s["caught_by"].items())[:8])
         console.print(f"[bold]{name}[/bold] caught by: {caught or '-'}", highlight=False)
         for r in s["rejected_controls"]:
