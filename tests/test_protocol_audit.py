@@ -231,3 +231,14 @@ def test_by_design_needs_the_stated_tolerance_to_cover_the_perturbation() -> Non
     assert not by_design("scaled", _record("passed", [("original", True, 0.0)], mode="allclose"))  # rtol 1e-4 only
     assert not by_design("zeros", _record("passed", [("original", True, 1.0)]))  # no bounded perturbation
     assert caught_by(_record("timeout", [])) == ["timeout"] and caught_by(_record("incorrect", [])) == ["structure"]
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kbv.cli import main
+
+    assert main(["protocol", "audit", "--problems", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["protocol", "audit", "--problems", str(tmp_path), "--protocol", "bogus"]) == 2
+    assert "unknown protocol" in capsys.readouterr().err
+    assert main(["protocol"]) == 2
+    assert "kbv protocol audit" in capsys.readouterr().err
