@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--db", type=Path, default=Path("kbv-results/audit.sqlite"))
     ap.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N", help="every N-th sample problem from the K-th")
-    ap.add_argument("--report", action="store_true", help="the whole sample (every part already stored)")
+    ap.add_argument("--report", action="store_true", help="evaluate nothing: the whole sample's figures from what --db holds")
     ap.add_argument("--protocol", action="append", default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
     args = ap.parse_args(argv)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = bundled_suite_dir()
     else:
         problems = sample_dir(args.kernelbench, args.db.parent / "audit-sample", (1, 1) if args.report else args.part)
-    result = audit_protocols(problems, args.protocol or ["standard", "verified"], device=args.device, db=args.db, console=Console(stderr=True))
+    result = audit_protocols(problems, args.protocol or ["standard", "verified"], device=args.device, db=args.db, console=Console(stderr=True), evaluate=not args.report)
     render(result.summaries, Console())
     for what, message in result.errors:
         print(f"left out: {what}: {message}", file=sys.stderr)
