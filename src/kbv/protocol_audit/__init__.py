@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbv.protocol_audit._generate import Spec, problem_specs
+# Only torch-free modules at import: ``kbv --help`` and usage errors must not import torch
+# (``kbv.cli`` registers this package's subcommand); ``_generate`` is imported where it is used.
 from kbv.protocol_audit._report import Row, fmt_rate, make_row, summarize, wilson
 
-__all__ = ["AuditResult", "Row", "Spec", "audit_protocols", "fmt_rate", "summarize", "wilson"]
+__all__ = ["AuditResult", "Row", "audit_protocols", "fmt_rate", "summarize", "wilson"]
 
 
 @dataclass
 class AuditResult:
-    specs: list[Spec] = field(default_factory=list)
+    specs: list[Any] = field(default_factory=list)  # kbv.protocol_audit._generate.Spec
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per protocol, in order
     errors: list[tuple[str, str]] = field(default_factory=list)  # (what, message): problems or pairs left out
     records: list[Any] = field(default_factory=list)
@@ -51,6 +52,7 @@ def audit_protocols(
     from kbv.pipeline import default_device
     from kbv.problems import load_problems
     from kbv.protocol import load_protocol
+    from kbv.protocol_audit._generate import Spec, problem_specs
     from kbv.store import Store, record_key
 
     device = device or default_device()
