@@ -266,6 +266,7 @@ def _optional_registrations() -> list[Callable[[Any], None]]:
         ("kbv._store_cli", "register"),
         ("kbv.generate._cli", "register"),
         ("kbv._extra_cli", "register"),
+        ("kbv.protocol_audit._cli", "register"),
     ):
         try:
             module = __import__(module_name, fromlist=[attr])

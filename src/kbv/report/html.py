@@ -53,11 +53,14 @@ def write_html_report(
     path: str | Path,
     title: str = "kbv report",
     sources: Mapping[str, str] | None = None,
+    sections: Sequence[tuple[str, str, str]] = (),
 ) -> Path:
     """Write one self-contained HTML file summarising ``records`` and return its path.
 
     ``sources`` maps candidate source sha256 to source text (e.g. ``Store.candidate_sources()``);
-    a candidate missing from it is read from its recorded path when that file still exists."""
+    a candidate missing from it is read from its recorded path when that file still exists.
+    ``sections``: (anchor, heading, HTML body) of extra sections shown first, such as the protocol
+    audit's (the caller escapes the body)."""
     jinja2, plt = _require_extras()
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("kbv.report", "templates"),
@@ -66,7 +69,7 @@ def write_html_report(
     )
     env.filters.update(rate=fmt_rate, x=fmt_x)
     records = list(records)
-    context = _context(records, title, dict(sources or {}), plt)
+    context = {**_context(records, title, dict(sources or {}), plt), "sections": list(sections)}
     html = env.get_template("report.html.j2").render(**context)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,101 @@
+"""The protocol audit (``kbv protocol audit``) on the bundled suite or a fixed KernelBench sample.
+
+CPU, the bundled suite (the figures in docs/protocol-audit.md):
+
+    python benchmarks/protocol_audit.py --device cpu --db kbv-results/audit-cpu.sqlite
+
+GPU, the fixed KernelBench sample below (30 level-1 and 10 level-2 files), in parts that each fit a
+10-minute command; every record is stored in ``--db`` as it finishes, so a part cut short resumes
+with the same command, and ``--report`` prints the whole sample's figures once every part is done:
+
+    python benchmarks/protocol_audit.py --kernelbench ../shared/kernelbench --device cuda \\
+        --db $OUT/audit.sqlite --part 1/20
+    python benchmarks/protocol_audit.py --kernelbench ../shared/kernelbench --device cuda \\
+        --db $OUT/audit.sqlite --report --json $OUT/audit.jsonl
+
+Not run on a GPU yet. Estimate from the H200 costs in benchmarks/README.md (standard ~6 s,
+verified ~12 s per evaluation) and ~14 candidates per problem: about 4 minutes per problem, so
+``--part K/20`` (two problems) per command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+#: The fixed KernelBench sample: level-1 and level-2 file names of /work/shared/kernelbench.
+KERNELBENCH_SAMPLE: tuple[str, ...] = (
+    "level1/1_Square_matrix_multiplication_.py", "level1/4_Matrix_vector_multiplication_.py",
+    "level1/9_Tall_skinny_matrix_multiplication_.py", "level1/13_Matmul_for_symmetric_matrices.py",
+    "level1/15_Matmul_for_lower_triangular_matrices.py", "level1/19_ReLU.py", "level1/20_LeakyReLU.py",
+    "level1/21_Sigmoid.py", "level1/22_Tanh.py", "level1/23_Softmax.py", "level1/24_LogSoftmax.py",
+    "level1/26_GELU_.py", "level1/31_ELU.py", "level1/32_HardTanh.py", "level1/33_BatchNorm.py",
+    "level1/36_RMSNorm_.py", "level1/37_FrobeniusNorm_.py", "level1/40_LayerNorm.py", "level1/42_Max_Pooling_2D.py",
+    "level1/47_Sum_reduction_over_a_dimension.py", "level1/48_Mean_reduction_over_a_dimension.py",
+    "level1/51_Argmax_over_a_dimension.py", "level1/63_conv_standard_2D__square_input__square_kernel.py",
+    "level1/89_cumsum.py", "level1/90_cumprod.py", "level1/94_MSELoss.py", "level1/95_CrossEntropyLoss.py",
+    "level1/96_HuberLoss.py", "level1/98_KLDivLoss.py", "level1/100_HingeLoss.py",
+    "level2/1_Conv2D_ReLU_BiasAdd.py", "level2/9_Matmul_Subtract_Multiply_ReLU.py", "level2/12_Gemm_Multiply_LeakyReLU.py",
+    "level2/14_Gemm_Divide_Sum_Scaling.py", "level2/17_Conv2d_InstanceNorm_Divide.py", "level2/29_Matmul_Mish_Mish.py",
+    "level2/30_Gemm_GroupNorm_Hardtanh.py", "level2/33_Gemm_Scale_BatchNorm.py", "level2/40_Matmul_Scaling_ResidualAdd.py",
+    "level2/45_Gemm_Sigmoid_LogSumExp.py",
+)
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    k, n = (int(x) for x in text.split("/"))
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--part K/N needs 1 <= K <= N, not {text}")
+    return k, n
+
+
+def sample_dir(root: Path, work: Path, part: tuple[int, int]) -> Path:
+    """The part's problems copied into ``work`` with their level directories (same sources, so
+    the same store keys whichever part they are evaluated in)."""
+    k, n = part
+    chosen = [name for i, name in enumerate(KERNELBENCH_SAMPLE) if i % n == k - 1]
+    missing = [name for name in chosen if not (root / name).is_file()]
+    if missing:
+        raise SystemExit(f"not in {root}: {', '.join(missing)}; give --kernelbench the KernelBench tree (level1/, level2/)")
+    target = work / f"part-{k}-of-{n}"
+    shutil.rmtree(target, ignore_errors=True)
+    for name in chosen:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / name, target / name)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernelbench", type=Path, default=None, help="a KernelBench tree; default: kbv's bundled suite")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--db", type=Path, default=Path("kbv-results/audit.sqlite"))
+    ap.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N", help="every N-th sample problem from the K-th")
+    ap.add_argument("--report", action="store_true", help="evaluate nothing: the whole sample's figures from what --db holds")
+    ap.add_argument("--protocol", action="append", default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
+    args = ap.parse_args(argv)
+    from rich.console import Console
+
+    from kbv.problems import bundled_suite_dir
+    from kbv.protocol_audit import audit_protocols
+    from kbv.protocol_audit._cli import render
+
+    if args.kernelbench is None:
+        problems = bundled_suite_dir()
+    else:
+        problems = sample_dir(args.kernelbench, args.db.parent / "audit-sample", (1, 1) if args.report else args.part)
+    result = audit_protocols(problems, args.protocol or ["standard", "verified"], device=args.device, db=args.db, console=Console(stderr=True), evaluate=not args.report)
+    render(result.summaries, Console())
+    for what, message in result.errors:
+        print(f"left out: {what}: {message}", file=sys.stderr)
+    if args.json:
+        args.json.write_text("".join(json.dumps(s, default=list) + "\n" for s in result.summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

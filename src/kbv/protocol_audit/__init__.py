@@ -1,0 +1,114 @@
+"""Measure a protocol itself: how often it rejects honest controls, how often it kills mutants.
+
+``audit_protocols`` generates, per problem, honest controls and mutants from the problem's own
+source (``_sources``), checks them on the trusted side (``_generate``: equivalence on the
+problem's declared domain), evaluates the rest under each protocol through the normal batch
+machinery (``kbv.batch.run_batch`` and the store: isolated, stored, resumable) and summarises
+(``_report``). ``docs/protocol-audit.md`` describes the method and the measured figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Only torch-free modules at import: ``kbv --help`` and usage errors must not import torch
+# (``kbv.cli`` registers this package's subcommand); ``_generate`` is imported where it is used.
+from kbv.protocol_audit._report import Row, fmt_rate, make_row, summarize, wilson
+
+__all__ = ["AuditResult", "Row", "audit_protocols", "fmt_rate", "summarize", "wilson"]
+
+
+@dataclass
+class AuditResult:
+    specs: list[Any] = field(default_factory=list)  # kbv.protocol_audit._generate.Spec
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # one per protocol, in order
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (what, message): problems or pairs left out
+    records: list[Any] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)  # what the workers reported: half of every store key
+
+
+def audit_protocols(
+    problems: str | Path,
+    protocols: Sequence[str | Path] = ("standard", "verified"),
+    *,
+    device: str | None = None,
+    db: str | Path = "kbv-results/audit.sqlite",
+    work_dir: str | Path | None = None,
+    honest: str | Path | None = None,
+    timeout_s: float | None = None,
+    console: Any = None,
+    evaluate: bool = True,
+) -> AuditResult:
+    """Audit each protocol on the problems under ``problems``; candidates are written under
+    ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
+    so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
+    honest candidates (named after their problems), counted as controls. ``evaluate=False``
+    summarises what the store already holds (an audit cut short) without evaluating anything."""
+    from kbv import batch
+    from kbv.candidates import load_candidate, scan_candidates
+    from kbv.pipeline import default_device
+    from kbv.problems import load_problems
+    from kbv.protocol import load_protocol
+    from kbv.protocol_audit._generate import Spec, problem_specs
+    from kbv.store import Store, record_key
+
+    device = device or default_device()
+    resolved = [load_protocol(p) for p in protocols]
+    db = Path(db)
+    work = Path(work_dir) if work_dir else db.parent / "audit-candidates"
+    loaded, load_errors = load_problems(problems)
+    result = AuditResult(errors=[(str(f), m) for f, m in load_errors])
+    pairs, owners = [], {}
+    for problem in loaded:
+        try:
+            specs = problem_specs(problem, device, work / device.split(":")[0])
+        except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
+            result.errors.append((problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            continue
+        result.specs.extend(specs)
+        for spec in specs:
+            if spec.status == "evaluate":
+                candidate = load_candidate(spec.path, label=f"audit-{spec.role}")
+                pairs.append((problem, candidate))
+                owners[(problem.source_sha256, candidate.source_sha256)] = spec
+    if honest:
+        for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
+            spec = Spec(problem.name, "control", "user", candidate.path.name, candidate.source, "evaluate", path=str(candidate.path))
+            pairs.append((problem, candidate))
+            owners[(problem.source_sha256, candidate.source_sha256)] = spec
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with Store(db) as store:
+        if evaluate:
+            _evaluate(store, pairs, resolved, device, timeout_s, console, result)
+        else:
+            result.env = batch.probe_environment(device)
+        for protocol in resolved:
+            wanted = {batch.store_key(p, c, protocol, result.env, timeout_s) for p, c in pairs}
+            records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
+            result.records.extend(records)
+            rows = [make_row(owners[key], r) for r in records if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners]
+            info = {"name": protocol.name, "version": protocol.version, "sha256": protocol.with_timeout(timeout_s).sha256()[:12], "device": device}
+            left_out = [s for s in result.specs if s.status != "evaluate"]
+            result.summaries.append({**summarize(info, rows, left_out), "rows": [r.to_dict() for r in rows], "pairs": len(pairs), "evaluated": len(rows)})
+    return result
+
+
+def _evaluate(store: Any, pairs: list[Any], protocols: list[Any], device: str, timeout_s: float | None, console: Any, result: AuditResult) -> None:
+    """One batch per problem and protocol in turn, so that an audit cut short has every protocol's
+    records for the same problems (the next call evaluates only what is missing)."""
+    from kbv import batch
+
+    run_ids = [store.start_run("protocol-audit", {"device": device, "protocol": p.name}, p.with_timeout(timeout_s)) for p in protocols]
+    by_problem: dict[str, list[Any]] = {}
+    for problem, candidate in pairs:
+        by_problem.setdefault(problem.source_sha256, []).append((problem, candidate))
+    for group in by_problem.values():
+        for protocol, run_id in zip(protocols, run_ids, strict=True):
+            done = batch.run_batch(group, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+            result.errors.extend(done.errors)
+            result.env = done.env
+    for run_id in run_ids:
+        store.finish_run(run_id)

@@ -1,0 +1,223 @@
+"""Controls and mutants of one problem, written as candidate files and checked on the trusted side.
+
+Every generated source is run here, in the parent, against the reference (it is made from the
+problem's own source only, so it is as trusted as the problem): a control that fails to run or
+changes the output's structure is a generator defect (reported, not evaluated); a mutant that does
+not run or changes the output's shape or dtype is not viable (every protocol rejects it by shape);
+a mutant whose outputs equal the reference's on the problem's own declared domain and structure is
+equivalent and left out. The domain inputs are the same for every protocol audited: kbv's six input
+families under ``KBV["domain"]`` and the structure of ``kbv.problems.structure``, two seeds each,
+never the distributions of the protocol under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kbv import inputs as kbv_inputs
+from kbv.problems import Problem, load_module
+from kbv.problems.structure import input_structure
+from kbv.protocol_audit import _sources as src
+
+#: A reduction this long or shorter may also be summed sequentially in float32 by a control (the
+#: error model's reduction floor assumes one block of 256 reduced by a tree, partials added after).
+SHORT_REDUCTION = 256
+#: Kept AST mutants per problem and kind (a long chain would otherwise dominate the counts).
+MAX_SITES = 3
+EQUIVALENCE_SEEDS = (1, 2)
+EQUIVALENCE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One generated candidate and what the trusted run made of it."""
+
+    problem: str
+    role: str  # "control" or "mutant"
+    kind: str
+    variant: str  # e.g. the dropped operation
+    source: str
+    status: str  # "evaluate", "equivalent", "not_viable", "generator_error", "skipped"
+    note: str = ""
+    path: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem, "role": self.role, "kind": self.kind, "variant": self.variant,
+                "status": self.status, "note": self.note, "path": self.path, "source_sha256": self.sha256}
+
+
+@dataclass
+class _Draft:
+    role: str
+    kind: str
+    variant: str
+    make: Callable[[], str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
+    """Every control and mutant of ``problem``, written under ``out_dir/<problem>/`` and checked."""
+    sizes = problem.sizes_for(torch.device(device).type)
+    reference = load_module(problem.path, sizes=sizes)
+    draws = _domain_draws(problem, reference, device)
+    expected = _run(reference, "Model", draws)
+    specs: list[Spec] = []
+    for index, draft in enumerate(_drafts(problem, expected[0], draws[0])):
+        kept = sum(1 for s in specs if s.kind == draft.kind and s.status == "evaluate")
+        if draft.kind in ("drop_op", "relu_identity") and kept >= MAX_SITES:
+            specs.append(Spec(problem.name, draft.role, draft.kind, draft.variant, "", "skipped", f"{MAX_SITES} {draft.kind} mutants already kept"))
+            continue
+        specs.append(_check(problem, draft, sizes, reference, draws, expected, out_dir, index))
+    return specs
+
+
+def _drafts(problem: Problem, outputs: list[Any], first_inputs: list[Any]) -> Iterator[_Draft]:
+    text = problem.source
+    yield _Draft("control", "reference", "", lambda: src.reference_control(text))
+    if src.uses_tf32_ops(text):
+        yield _Draft("control", "tf32", "", lambda: src.tf32_control(text))
+    for order in ("blocked", "reversed", "sequential"):
+        yield _Draft("control", "reordered", order, partial(src.reordered_control, text, order), {"order": order})
+    for kind in ("zeros", "constant", "cached", "scaled", "bf16", "fp16", *src.SAMPLINGS):
+        yield _Draft("mutant", kind, "", partial(src.wrapped_mutant, text, kind))
+    index = _same_shape_input(outputs, first_inputs)
+    if index is not None:
+        yield _Draft("mutant", "input", f"input {index}", lambda: src.wrapped_mutant(text, "input", input_index=index))
+    for site, what in enumerate(src.drop_sites(text)):
+        yield _Draft("mutant", "drop_op", what, partial(src.drop_op_mutant, text, site))
+    for site, what in enumerate(src.relu_sites(text)):
+        yield _Draft("mutant", "relu_identity", what, partial(src.relu_identity_mutant, text, site))
+
+
+def _same_shape_input(outputs: list[Any], inputs: list[Any]) -> int | None:
+    """The first input an ``input`` mutant can return: same shape and dtype as the only output."""
+    if len(outputs) != 1 or not isinstance(outputs[0], torch.Tensor):
+        return None
+    out = outputs[0]
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor) and value.shape == out.shape and value.dtype == out.dtype:
+            return i
+    return None
+
+
+def _check(problem: Problem, draft: _Draft, sizes: dict[str, Any], reference: ModuleType, draws: list[list[Any]], expected: list[list[Any]], out_dir: Path, index: int) -> Spec:
+    base = {"problem": problem.name, "role": draft.role, "kind": draft.kind, "variant": draft.variant}
+    try:
+        body = draft.make()
+    except src.SourceError as exc:
+        return Spec(**base, source="", status="skipped", note=str(exc))
+    source = src.header(draft.role, draft.kind + (f" ({draft.variant})" if draft.variant else ""), problem.name) + src.with_sizes(body, sizes)
+    path = out_dir / problem.name / f"{index:02d}_{draft.role}_{draft.kind}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != source:
+        path.write_text(source)
+    status, note = _judge(draft, path, reference, draws, expected)
+    return Spec(**base, source=source, status=status, note=note, path=str(path))
+
+
+def _judge(draft: _Draft, path: Path, reference: ModuleType, draws: list[list[Any]], expected: list[list[Any]]) -> tuple[str, str]:
+    failed = "generator_error" if draft.role == "control" else "not_viable"
+    try:
+        module = _import(path)
+        got = _run(module, "ModelNew", draws, reference)
+    except Exception as exc:  # a generated source that cannot run here would only crash a worker
+        return failed, f"raises on the trusted run ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    shape_note = _structure_difference(got, expected)
+    if shape_note:
+        return failed, shape_note
+    if draft.extra.get("order") == "sequential":
+        longest = max(getattr(module, "_KBV_REDUCTION_LENGTHS", [0]) or [0])
+        if longest > SHORT_REDUCTION:
+            return "skipped", f"a reduction of length {longest} is not short (> {SHORT_REDUCTION}): no sequential float32 control"
+    if draft.role == "mutant" and all(_same_outputs(a, b) for a, b in zip(got, expected, strict=True)):
+        return "equivalent", "equals the reference on the problem's domain and structure"
+    return "evaluate", ""
+
+
+def _domain_draws(problem: Problem, module: ModuleType, device: str) -> list[list[Any]]:
+    """Inputs that cover the problem's declared domain (the same for every protocol audited)."""
+    domain = problem.extras.get("domain", "any")
+    structure = input_structure(problem, device).applied()
+    return [
+        kbv_inputs.make_inputs(module, name, seed, device, domain=domain, structure=structure)
+        for name in kbv_inputs.BASE_DISTRIBUTIONS
+        for seed in EQUIVALENCE_SEEDS
+    ]
+
+
+def _run(module: ModuleType, cls: str, draws: list[list[Any]], reference: ModuleType | None = None) -> list[list[Any]]:
+    """One model instance called on every draw in turn (a cache across calls shows)."""
+    init = (reference or module).get_init_inputs()
+    torch.manual_seed(0)
+    model = getattr(module, cls)(*init)
+    if reference is not None and isinstance(model, torch.nn.Module):
+        torch.manual_seed(0)
+        model.load_state_dict(reference.Model(*init).state_dict(), strict=True)
+    model = model.eval() if isinstance(model, torch.nn.Module) else model
+    outputs = []
+    with torch.no_grad():
+        for draw in draws:
+            out = model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in draw])
+            outputs.append([t.clone() if isinstance(t, torch.Tensor) else t for t in (out if isinstance(out, (tuple, list)) else [out])])
+    return outputs
+
+
+def _import(path: Path) -> ModuleType:
+    name = f"kbv_audit_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _structure_difference(got: list[list[Any]], expected: list[list[Any]]) -> str:
+    for a, b in zip(got[0], expected[0], strict=False):
+        if type(a) is not type(b) or (isinstance(b, torch.Tensor) and (a.shape != b.shape or a.dtype != b.dtype)):
+            return f"changes the output's structure ({_describe(a)} instead of {_describe(b)}): rejected by shape alone"
+    if len(got[0]) != len(expected[0]):
+        return f"returns {len(got[0])} outputs instead of {len(expected[0])}: rejected by structure alone"
+    return ""
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return type(value).__name__
+
+
+def _same_outputs(got: list[Any], expected: list[Any]) -> bool:
+    return all(_same(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal within ``EQUIVALENCE_RTOL`` of the output's scale, NaN and inf positions alike."""
+    if not isinstance(b, torch.Tensor):
+        return bool(a == b)
+    if not b.is_floating_point():
+        return torch.equal(a, b)
+    a, b = a.double(), b.double()
+    finite = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
+        return False
+    if not finite.any():
+        return True
+    diff = (a[finite] - b[finite]).abs().max()
+    return bool(diff <= EQUIVALENCE_RTOL * b[finite].abs().max())

@@ -1,0 +1,244 @@
+"""The protocol audit: its generators, its equivalence rule and its numbers.
+
+The generators are checked on the trusted side only (no worker): each control computes the
+reference's function and each mutant does not; the report's numbers come from fixed records. The
+whole audit through workers is `benchmarks/protocol_audit.py` (and the CPU figures in
+docs/protocol-audit.md).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kbv.problems import bundled_suite_dir, load_problem
+from kbv.protocol_audit import _generate as gen
+from kbv.protocol_audit import _sources as src
+from kbv.protocol_audit._report import by_design, caught_by, make_row, summarize, wilson
+from kbv.records import DistributionResult, Finding, Record
+
+SUITE = bundled_suite_dir()
+
+
+def _specs(path: Path, tmp_path: Path) -> dict[tuple[str, str], gen.Spec]:
+    return {(s.kind, s.variant): s for s in gen.problem_specs(load_problem(path), "cpu", tmp_path)}
+
+
+def _problem(tmp_path: Path, forward: str, domain: str = "any", init: str = "", extra_inputs: str = "") -> Path:
+    path = tmp_path / "p" / "tiny.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(f'''
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        rows = 8
+        cols = 64
+        KBV = {{"domain": "{domain}"}}
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                {init or "pass"}
+
+            def forward(self, x):
+                return {forward}
+
+
+        def get_inputs():
+            return [torch.rand(rows, cols){extra_inputs}]
+
+
+        def get_init_inputs():
+            return []
+    '''))
+    return path
+
+
+# ------------------------------------------------------------------------------------ controls
+def test_controls_compute_the_reference(tmp_path: Path) -> None:
+    specs = _specs(SUITE / "level1" / "14_SumReduction.py", tmp_path)
+    for order in ("blocked", "reversed", "sequential"):
+        spec = specs[("reordered", order)]
+        assert spec.status == "evaluate", spec.note
+        assert "_kbv_reduce(" in spec.source and "torch.sum(" not in spec.source.split("_KBV_REDUCTION_LENGTHS")[0]
+    assert specs[("reference", "")].status == "evaluate"
+    assert "class ModelNew" in specs[("reference", "")].source and "class Model(" not in specs[("reference", "")].source
+    assert ("tf32", "") not in specs  # no matmul or convolution: no TF32 control
+
+
+def test_reordered_sums_agree_with_torch_and_sequential_is_short_only(tmp_path: Path) -> None:
+    namespace: dict[str, object] = {}
+    exec(src.REDUCE_HELPER, namespace)  # noqa: S102 - kbv's own helper, no candidate code
+    reduce = namespace["_kbv_reduce"]
+    x = torch.randn(3, 300, 5)
+    for order in ("blocked", "reversed", "sequential"):
+        got = reduce(x, 1, True, op="mean", order=order)  # type: ignore[operator]
+        torch.testing.assert_close(got, x.mean(1, keepdim=True), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(reduce(x, op="sum", order=order), x.sum(), rtol=1e-4, atol=1e-4)  # type: ignore[operator]
+    specs = _specs(SUITE / "level1" / "20_MSELoss.py", tmp_path)  # a 16384-long mean on the CPU
+    assert specs[("reordered", "sequential")].status == "skipped"
+    assert specs[("reordered", "blocked")].status == "evaluate"
+
+
+def test_helper_classes_are_renamed_and_tf32_control_restores_flags(tmp_path: Path) -> None:
+    source = "import torch.nn as nn\nclass Block(nn.Module):\n    pass\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.b = Block()\n"
+    out = src.reference_control(source)
+    assert "class _KbvBlock" in out and "self.b = _KbvBlock()" in out and "class ModelNew" in out
+    specs = _specs(SUITE / "level1" / "25_Matmul_Square.py", tmp_path)
+    assert specs[("tf32", "")].status == "evaluate" and "finally:" in specs[("tf32", "")].source
+
+
+def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
+    path = _problem(tmp_path, "x.sum(dim=1, keepdim=True)")
+    draft = gen._Draft("control", "reference", "", lambda: "class ModelNew:\n    def __init__(self):\n        raise RuntimeError('broken')\n")
+    problem = load_problem(path)
+    reference = gen.load_module(path)
+    draws = gen._domain_draws(problem, reference, "cpu")
+    spec = gen._check(problem, draft, {}, reference, draws, gen._run(reference, "Model", draws), tmp_path, 0)
+    assert spec.status == "generator_error" and "broken" in spec.note
+
+
+# ------------------------------------------------------------------------------------ mutants
+def test_mutants_of_relu_are_not_equivalent_where_the_domain_has_negatives(tmp_path: Path) -> None:
+    specs = _specs(SUITE / "level1" / "1_ReLU.py", tmp_path)
+    kinds = {k for k, _ in specs}
+    assert {"zeros", "constant", "cached", "scaled", "bf16", "fp16", "first_rows", "stride", "head_tail", "input", "relu_identity"} <= kinds
+    assert all(s.status == "evaluate" for s in specs.values() if s.role == "mutant"), [(s.kind, s.note) for s in specs.values()]
+    assert ("drop_op", "torch.relu(x)") not in specs  # would return the input: that is the input mutant
+
+
+def test_identity_for_relu_is_equivalent_on_a_positive_domain(tmp_path: Path) -> None:
+    specs = _specs(_problem(tmp_path, "torch.relu(x) * 2.0", domain="positive"), tmp_path)
+    assert specs[("relu_identity", "torch.relu(x)")].status == "equivalent"
+    assert specs[("zeros", "")].status == "evaluate"  # zeros are never equivalent to a nonzero output
+
+
+def test_equivalence_holds_for_a_constant_output_and_a_no_op(tmp_path: Path) -> None:
+    specs = _specs(SUITE / "level2" / "6_Gemm_Clamp_Min_Constant.py", tmp_path)
+    assert specs[("constant", "")].status == "equivalent" and specs[("cached", "")].status == "equivalent"
+    assert specs[("zeros", "")].status == "evaluate"
+    dropout = _specs(SUITE / "level2" / "4_Linear_Softmax_Dropout.py", tmp_path / "d")
+    assert dropout[("drop_op", "self.dropout(torch.softmax(self.linear(x), dim=1))")].status == "equivalent"
+    assert dropout[("drop_op", "torch.softmax(self.linear(x), dim=1)")].status == "evaluate"
+
+
+def test_shape_changing_or_raising_mutants_are_not_viable(tmp_path: Path) -> None:
+    specs = _specs(SUITE / "level1" / "16_MaxReduction.py", tmp_path)
+    assert specs[("drop_op", "torch.max(x, dim=self.dim)")].status == "not_viable"
+
+
+def test_wrapped_mutants_compute_what_they_say(tmp_path: Path) -> None:
+    path = _problem(tmp_path, "torch.tanh(x)")
+    x = torch.randn(8, 64)
+    for kind, expect in (
+        ("zeros", torch.zeros_like(x)),
+        ("scaled", torch.tanh(x) * 1.01),
+        ("stride", torch.tanh(x.reshape(-1)[torch.arange(512) - torch.arange(512) % 2].reshape(8, 64))),
+        ("first_rows", torch.tanh(x[torch.arange(8) % 2].reshape(8, 64))),
+    ):
+        model = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), kind), kind)
+        torch.testing.assert_close(model(x), expect)
+    cached = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "cached"), "cached")
+    first = cached(x)
+    torch.testing.assert_close(cached(torch.randn(8, 64)), first)
+    low = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "bf16"), "bf16")
+    out = low(x)
+    assert out.dtype == torch.float32 and 0 < (out - torch.tanh(x)).abs().max() < 1e-2
+    head_tail = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "head_tail"), "head_tail")(x).reshape(-1)
+    k = 512 // 8
+    assert torch.equal(head_tail[:k], torch.tanh(x).reshape(-1)[:k]) and not torch.allclose(head_tail, torch.tanh(x).reshape(-1))
+
+
+def _build(tmp_path: Path, problem: Path, source: str, name: str) -> torch.nn.Module:
+    file = tmp_path / f"{name}.py"
+    file.write_text(source)
+    return gen._import(file).ModelNew().eval()
+
+
+def test_drop_op_and_relu_identity_edit_one_operation() -> None:
+    source = (SUITE / "level2" / "9_Gemm_BiasAdd_Hardtanh_Mish.py").read_text()
+    sites = src.drop_sites(source)
+    assert sites[:3] == ["self.linear(x) + self.bias", "F.hardtanh(y)", "F.mish(y)"]
+    dropped = src.drop_op_mutant(source, sites.index("F.mish(y)"))
+    assert "return y" in dropped and "F.mish" not in dropped
+    relu = src.relu_identity_mutant((SUITE / "level3" / "1_MLP.py").read_text(), 0)
+    assert "_kbv_nn.Identity()" in relu and "nn.ReLU()" not in relu
+    with pytest.raises(IndexError):
+        src.drop_op_mutant(source, len(sites))
+
+
+# ------------------------------------------------------------------------------------ numbers
+def test_wilson_interval_known_values() -> None:
+    low, high = wilson(0, 10)  # type: ignore[misc]
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson(5, 10)  # type: ignore[misc]
+    assert (low, high) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    low, high = wilson(80, 80)  # type: ignore[misc]
+    assert high == pytest.approx(1.0) and low == pytest.approx(0.9542, abs=1e-4)
+    assert wilson(0, 0) is None
+
+
+def _record(outcome: str, dists: list[tuple[str, bool, float]], findings: tuple[str, ...] = (), mode: str = "error_model") -> Record:
+    def tolerance(norm_tol: float) -> dict[str, object]:
+        if mode == "allclose":
+            return {"mode": "allclose", "atol": 1e-4, "rtol": 1e-4}
+        return {"mode": "error_model", "outputs": [{"kind": "float", "norm_tol": norm_tol}]}
+
+    return Record(
+        problem={"name": "p", "source_sha256": "a"}, candidate={"source_sha256": "b"}, protocol={"name": "x"}, device={},
+        outcome=outcome, correct=outcome == "passed",
+        distributions=[DistributionResult(n, True, ok, 0.0, 0.1, tolerance(tol)) for n, ok, tol in dists],
+        findings=[Finding.fail(f, "") for f in findings],
+    )
+
+
+def _spec(role: str, kind: str, problem: str = "p") -> SimpleNamespace:
+    return SimpleNamespace(problem=problem, role=role, kind=kind, variant="")
+
+
+def test_summary_numbers_from_fixed_records() -> None:
+    ok = [("original", True, 1e-6), ("signed", True, 1e-6)]
+    rows = [
+        make_row(_spec("control", "reference"), _record("passed", ok)),
+        make_row(_spec("control", "reordered", "q"), _record("incorrect", [("original", True, 1e-6), ("wide", False, 1e-6)])),
+        make_row(_spec("mutant", "zeros"), _record("incorrect", [("original", False, 1e-6), ("signed", False, 1e-6)])),
+        make_row(_spec("mutant", "input"), _record("hack_detected", ok, ("output_aliases_input",))),
+        make_row(_spec("mutant", "relu_identity", "q"), _record("passed", ok)),
+        make_row(_spec("mutant", "fp16"), _record("passed", [("original", True, 2.4e-3)])),  # TF32-sized tolerance
+        make_row(_spec("mutant", "fp16", "q"), _record("passed", ok)),
+    ]
+    s = summarize({"name": "x", "version": 1}, rows)
+    assert s["false_rejection"]["count"] == 1 and s["false_rejection"]["n"] == 2 and s["false_rejection"]["rate"] == 0.5
+    assert s["false_rejection"]["ci95"] == [pytest.approx(wilson(1, 2)[0]), pytest.approx(wilson(1, 2)[1])]  # type: ignore[index]
+    assert (s["kill"]["count"], s["kill"]["n"]) == (2, 4)  # the by-design fp16 is apart
+    assert s["by_kind"]["fp16"] == {**s["by_kind"]["fp16"], "count": 0, "n": 1, "by_design": 1}
+    assert s["caught_by"] == {"original": 1, "signed": 1, "output_aliases_input": 1}
+    assert [r["kind"] for r in s["surviving_mutants"]] == ["relu_identity", "fp16"]
+    assert s["rejected_controls"][0]["errors"] == [{"name": "wide", "passed": False, "max_abs_err": 0.0, "rel_err": 0.1, "note": ""}]
+    assert s["worst_problems"][0] == {"problem": "q", "rejected_controls": 1, "surviving_mutants": 2}
+
+
+def test_by_design_needs_the_stated_tolerance_to_cover_the_perturbation() -> None:
+    assert by_design("fp16", _record("passed", [("original", True, 2.4e-3), ("signed", True, 1e-3)]))
+    assert not by_design("bf16", _record("passed", [("original", True, 2.4e-3)]))  # 2**-8 > 2.4e-3
+    assert not by_design("fp16", _record("passed", [("original", True, 1e-6)]))
+    assert not by_design("scaled", _record("passed", [("original", True, 0.0)], mode="allclose"))  # rtol 1e-4 only
+    assert not by_design("zeros", _record("passed", [("original", True, 1.0)]))  # no bounded perturbation
+    assert caught_by(_record("timeout", [])) == ["timeout"] and caught_by(_record("incorrect", [])) == ["structure"]
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kbv.cli import main
+
+    assert main(["protocol", "audit", "--problems", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["protocol", "audit", "--problems", str(tmp_path), "--protocol", "bogus"]) == 2
+    assert "unknown protocol" in capsys.readouterr().err
+    assert main(["protocol"]) == 2
+    assert "kbv protocol audit" in capsys.readouterr().err
