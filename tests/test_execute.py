@@ -251,10 +251,10 @@ def keyed_evaluate(problem, candidate, protocol, device, *, timeout_s=None):
 
 
 def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kbv.batch
+    import kbv.execute._sequential
     from kbv.store import Store
 
-    monkeypatch.setattr(kbv.batch, "probe_environment", lambda device: {"device_name": _cpu_name(), "torch": FAKE_TORCH})
+    monkeypatch.setattr(kbv.execute._sequential, "probe_hello", lambda device, visible=None: {"torch": FAKE_TORCH})
     pairs = _pairs(tmp_path / "candidates")
     with Store(tmp_path / "keys.sqlite") as store:
         first = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)

@@ -7,7 +7,6 @@ skips every pair whose record is already stored under the same protocol, device 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,57 +14,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kbv._version import __version__
-from kbv.candidates import NAMING_HINT, Candidate, scan_candidates
-from kbv.pipeline import HarnessError, default_device, evaluate, worker_specs
-from kbv.problems import Problem, ProblemError, load_problems
+from kbv.candidates import NAMING_HINT, scan_candidates
+from kbv.execute import BatchResult, Pair, executor_from_args, make_executor, run_pairs
+from kbv.problems import ProblemError, load_problems
 from kbv.problems._loader import check_importable
-from kbv.protocol import Protocol, load_protocol
+from kbv.protocol import STANDARD, VERIFIED, Protocol, load_protocol
 from kbv.records import Record
-from kbv.worker import SPARE_DEPTH, Spares, Worker, WorkerSpec, visible_devices
-
-Pair = tuple[Problem, Candidate]
-
-
-@dataclass
-class BatchResult:
-    records: list[Record] = field(default_factory=list)
-    skipped: int = 0
-    errors: list[tuple[str, str]] = field(default_factory=list)
-    # What the workers reported (device name, torch): the environment half of every store key.
-    env: dict[str, Any] = field(default_factory=dict)
-
-    def keep(self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None) -> None:
-        """Store a finished record at once (a later crash of the batch cannot lose it)."""
-        if store is not None:
-            store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
-        if jsonl:
-            with open(jsonl, "a") as handle:
-                handle.write(record.to_json() + "\n")
-        self.records.append(record)
-
-
-def probe_environment(device: str) -> dict[str, Any]:
-    """What a worker sees (torch version, device name): part of every record's key."""
-    with Worker(WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible_devices(device), budget_s=120)) as worker:
-        hello = worker.start()
-    name = (hello.get("device") or {}).get("name") if device.startswith("cuda") else None
-    if name is None:
-        import platform
-
-        name = platform.processor() or platform.machine()
-    return {"device_name": name, "torch": hello.get("torch", "")}
-
-
-def store_key(problem: Problem, candidate: Candidate, protocol: Protocol, env: dict[str, Any], timeout_s: float | None = None) -> tuple[str, ...]:
-    """The key a finished pair is stored under (``kbv.store.record_key`` of its record), known
-    before evaluating: it is what lets a batch skip finished work on resume.
-
-    A record's protocol hash covers the timeout it ran under (``evaluate`` applies
-    ``protocol.with_timeout``), so the key is built from the same protocol."""
-    return (problem.source_sha256, candidate.source_sha256, protocol.with_timeout(timeout_s).sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
+from kbv.store import RecordKey, pair_key, record_key
 
 
 def run_batch(
@@ -79,54 +35,38 @@ def run_batch(
     timeout_s: float | None = None,
     jsonl: str | Path | None = None,
     console: Console | None = None,
-    evaluate_fn: Callable[..., Record] = evaluate,
+    evaluate_fn: Callable[..., Record] | None = None,
 ) -> BatchResult:
-    """Evaluate pairs in order, storing each record as it finishes; harness errors are logged, not fatal."""
-    device = device or default_device()
-    console = console or Console(stderr=True)
-    protocol = protocol.with_timeout(timeout_s)  # what the records will carry, so what the keys hash
-    pairs = list(pairs)
-    env = probe_environment(device) if store is not None else {}
-    result = BatchResult(env=env)
-    todo = [store is None or force or not store.has_record(store_key(p, c, protocol, env)) for p, c in pairs]
-    # Prespawned workers serve kbv's own pipeline (or a wrapper of it that says it takes them).
-    uses_spares = evaluate_fn is evaluate or getattr(evaluate_fn, "uses_spares", False)
-    spares = Spares(SPARE_DEPTH["cuda" if device.startswith("cuda") else "cpu"]) if uses_spares else None
-    with progress_bar(console) as progress, spares or contextlib.nullcontext():
-        task = progress.add_task("evaluating", total=len(pairs))
-        for index, (problem, candidate) in enumerate(pairs):
-            progress.update(task, description=f"{problem.name} x {candidate.label}/{candidate.path.name}")
-            if not todo[index] or (store is not None and not force and store.has_record(store_key(problem, candidate, protocol, env))):
-                result.skipped += 1
-            else:
-                extra: dict[str, Any] = {}
-                if spares is not None:
-                    upcoming = [pairs[j] for j in range(index + 1, len(pairs)) if todo[j]][: spares.depth]
-                    spares.expect([list(worker_specs(p, c, protocol, device)) for p, c in upcoming])
-                    extra["spares"] = spares
-                _evaluate_one(problem, candidate, protocol, device, timeout_s, store, run_id, jsonl, result, evaluate_fn, extra)
-            progress.advance(task)
-    return result
+    """Evaluate pairs in order in this process (:func:`kbv.execute.run_pairs` on the sequential
+    executor), storing each record as it finishes; harness errors are listed, not fatal."""
+    with make_executor("sequential", device=device, evaluate_fn=evaluate_fn) as executor:
+        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=force, timeout_s=timeout_s, jsonl=jsonl, console=console)
 
 
-def _evaluate_one(problem: Problem, candidate: Candidate, protocol: Protocol, device: str, timeout_s: float | None, store: Any, run_id: int | None, jsonl: str | Path | None, result: BatchResult, evaluate_fn: Callable[..., Record], extra: dict[str, Any] | None = None) -> None:
-    try:
-        record = evaluate_fn(problem, candidate, protocol, device, timeout_s=timeout_s, **(extra or {}))
-    except (HarnessError, ProblemError) as exc:
-        result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0]))
-        return
-    result.keep(record, candidate, store, run_id, jsonl)
+@dataclass
+class BothProtocols:
+    """What :func:`run_both_protocols` did: each protocol's batch, and the store keys of this
+    invocation's pairs (evaluated or found stored), to keep its records apart from others'."""
+
+    results: list[tuple[Protocol, BatchResult]] = field(default_factory=list)
+    keys: set[RecordKey] = field(default_factory=set)
+
+    def is_mine(self, record: Record) -> bool:
+        return record_key(record) in self.keys
 
 
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
+def run_both_protocols(store: Any, pairs: list[Pair], *, command: str, run_args: dict[str, Any], device: str | None, timeout_s: float | None, console: Console | None = None) -> BothProtocols:
+    """``kbv compare`` and ``kbv demo``: the same pairs under ``standard`` then ``verified``, each a
+    run of ``command`` in ``store`` (``run_args`` saved with it, plus the protocol and timeout)."""
+    both = BothProtocols()
+    for protocol in (STANDARD, VERIFIED):
+        run_id = store.start_run(command, {**run_args, "protocol": protocol.name, "timeout": timeout_s}, protocol.with_timeout(timeout_s))
+        result = run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+        store.finish_run(run_id)
+        both.results.append((protocol, result))
+        # Only these pairs, on this device and these versions: a reused database may hold more.
+        both.keys.update(pair_key(problem, candidate, protocol.with_timeout(timeout_s), result.env) for problem, candidate in pairs)
+    return both
 
 
 @dataclass
@@ -204,12 +144,7 @@ def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: 
 
 def _run_pairs(args: argparse.Namespace, pairs: list[Pair], protocol: Protocol, device: str | None, timeout: float | None, store: Any, run_id: int, console: Console) -> BatchResult:
     """Sequentially in this process, or on an executor (``--executor local|ray``)."""
-    from kbv.execute import executor_from_args, run_pairs
-
-    executor = executor_from_args(args)
-    if executor is None:
-        return run_batch(pairs, protocol, device=device, store=store, run_id=run_id, force=args.force, timeout_s=timeout, jsonl=args.out, console=console)
-    with executor:
+    with executor_from_args(args, device=device) as executor:
         return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=args.force, timeout_s=timeout, jsonl=args.out, console=console)
 
 

@@ -202,9 +202,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kbv import batch
-    from kbv.protocol import STANDARD, VERIFIED
     from kbv.report.terminal import render_comparison
-    from kbv.store import DEFAULT_DB, Store, record_key
+    from kbv.store import DEFAULT_DB, Store
 
     if bool(args.problems) != bool(args.candidates):
         raise UsageError("give both --problems and --candidates, or neither (to compare what --db holds)")
@@ -215,15 +214,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     # With --problems/--candidates only the records of this invocation's pairs are compared: the
     # exact store keys (problem, candidate, protocol incl. timeout, device, versions) it evaluated
     # or found already stored, never unrelated records the database happens to hold.
-    wanted: set[tuple[str, ...]] = set()
+    mine = batch.BothProtocols()
     with Store(db) as store:
         for directory in args.candidates:
             plan = batch.plan_batch(args.problems, directory)
-            for protocol in (STANDARD, VERIFIED):
-                run_id = store.start_run("compare", {"problems": args.problems, "candidates": directory, "protocol": protocol.name, "timeout": args.timeout}, protocol.with_timeout(args.timeout))
-                result = batch.run_batch(plan.pairs, protocol, device=args.device, store=store, run_id=run_id, timeout_s=args.timeout)
-                store.finish_run(run_id)
-                wanted.update(batch.store_key(problem, candidate, protocol, result.env, args.timeout) for problem, candidate in plan.pairs)
+            both = batch.run_both_protocols(store, plan.pairs, command="compare", run_args={"problems": args.problems, "candidates": directory}, device=args.device, timeout_s=args.timeout)
+            mine.keys.update(both.keys)
             for file, message in plan.problem_errors:
                 sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
             for file, message in plan.candidate_errors:
@@ -233,8 +229,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         standard = store.records(protocol="standard", latest=True)
         verified = store.records(protocol="verified", latest=True)
     if args.candidates:
-        standard = [r for r in standard if record_key(r) in wanted]
-        verified = [r for r in verified if record_key(r) in wanted]
+        standard = [r for r in standard if mine.is_mine(r)]
+        verified = [r for r in verified if mine.is_mine(r)]
     if not standard or not verified:
         raise UsageError(f"{db} needs records under both protocols to compare")
     render_comparison(standard, verified, Console())
@@ -380,10 +376,10 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from kbv.batch import progress_bar
     from kbv.pipeline import default_device
     from kbv.problems import bundled_suite_dir, load_problems
     from kbv.problems.audit import iter_audit, unloadable
+    from kbv.report.terminal import progress_bar
 
     root = Path(args.path) if args.path else bundled_suite_dir()
     problems, errors = load_problems(root)

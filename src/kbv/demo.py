@@ -11,10 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kbv.batch import collect_pairs, run_batch, store_key
+from kbv.batch import collect_pairs, run_both_protocols
 from kbv.pipeline import default_device
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir
-from kbv.protocol import STANDARD, VERIFIED
 
 CPU_SETS = ("honest_cpu", "hacks", "broken")
 GPU_SETS = ("honest_cuda", "honest_triton", "hacks", "hacks_gpu", "broken")  # honest_cpu kernels are CPU-only
@@ -67,7 +66,7 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
 def run_demo(device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None) -> int:
     from kbv.report import write_html_report
     from kbv.report.terminal import render_comparison, render_record_ids, render_summary
-    from kbv.store import Store, record_key
+    from kbv.store import Store
 
     device = device or default_device()
     db_path = Path(db or "kbv-results/demo.sqlite")
@@ -78,17 +77,12 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
     timeout = timeout_s or (None if device.startswith("cuda") else CPU_TIMEOUT_S)
     console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
     _prebuild([candidate for _, candidate in pairs], device, console)
-    wanted: set[tuple[str, ...]] = set()
     with Store(db_path) as store:
-        for protocol in (STANDARD, VERIFIED):
-            run_id = store.start_run("demo", {"device": device, "protocol": protocol.name, "timeout": timeout}, protocol.with_timeout(timeout))
-            result = run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout, console=Console(stderr=True))
-            store.finish_run(run_id)
+        both = run_both_protocols(store, pairs, command="demo", run_args={"device": device}, device=device, timeout_s=timeout, console=Console(stderr=True))
+        for _, result in both.results:
             for what, message in result.errors:
                 console.print(f"[red]harness error[/red] {what}: {message}")
-            # Only this demo's pairs, on this device and these versions: a reused database may hold more.
-            wanted.update(store_key(problem, candidate, protocol, result.env, timeout) for problem, candidate in pairs)
-        mine = [(i, r) for i, r in store.records_with_ids(latest=True) if record_key(r) in wanted]
+        mine = [(i, r) for i, r in store.records_with_ids(latest=True) if both.is_mine(r)]
         standard = [r for _, r in mine if r.protocol.get("name") == "standard"]
         verified = [r for _, r in mine if r.protocol.get("name") == "verified"]
         # The same tables as `kbv report` on this database: both protocols, each row or column named.

@@ -7,6 +7,8 @@ torch is imported only when a CUDA device is asked for.
 
 from __future__ import annotations
 
+from typing import Any
+
 HINT = "use cpu, cuda or cuda:N"
 
 
@@ -28,3 +30,18 @@ def check_device(device: str | None) -> None:
     count = torch.cuda.device_count()
     if device.startswith("cuda:") and int(device[5:]) >= count:
         raise DeviceError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
+def cpu_name() -> str:
+    """What a record calls this machine's CPU (``device.name``)."""
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str, hello: dict[str, Any]) -> str:
+    """The one rule for a record's ``device.name``: the GPU's name as a worker on ``device`` reports
+    it in its hello, else (the CPU, or a worker that named no GPU) :func:`cpu_name`. Records and
+    resume keys must agree on it, or a resumed batch redoes its stored pairs."""
+    name = (hello.get("device") or {}).get("name") if device.startswith("cuda") else None
+    return name or cpu_name()

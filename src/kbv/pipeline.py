@@ -21,6 +21,7 @@ from kbv import correctness, inputs, measure
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
+from kbv.devices import cpu_name
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -653,7 +654,7 @@ def _versions(hello: dict[str, Any]) -> dict[str, Any]:
 def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
     if ctx.device.startswith("cuda") and hello.get("device"):
         return {**hello["device"], "index": visible_devices(ctx.device)}
-    return {"type": "cpu", "name": platform.processor() or platform.machine(), "threads": hello.get("intra_op_threads")}
+    return {"type": "cpu", "name": cpu_name(), "threads": hello.get("intra_op_threads")}
 
 
 def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:

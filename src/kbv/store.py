@@ -19,15 +19,24 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from kbv._version import __version__
 from kbv.metrics import as_number, fail_findings, label_of, sample_index, speedup_of
+from kbv.protocol import Protocol
 from kbv.records import Record
 
 DEFAULT_DB = Path("kbv-results") / "kbv.sqlite"
 
-RecordKey = tuple[str, str, str, str, str, str]
-"""(problem sha, candidate sha, protocol sha, device name, kbv version, torch version)."""
+class RecordKey(NamedTuple):
+    """What makes two evaluations the same work item: a batch skips a pair whose key is stored."""
+
+    problem_sha: str
+    candidate_sha: str
+    protocol_sha: str
+    device_name: str
+    kbv_version: str
+    torch_version: str
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -121,9 +130,9 @@ def now_iso() -> str:
 
 
 def record_key(record: Record) -> RecordKey:
-    """What makes two evaluations the same work item (used to skip finished pairs on resume)."""
+    """The key of a finished evaluation (used to skip finished pairs on resume)."""
     versions = record.versions or {}
-    return (
+    return RecordKey(
         str(record.problem.get("source_sha256", "")),
         str(record.candidate.get("source_sha256", "")),
         str(record.protocol.get("sha256", "")),
@@ -131,6 +140,15 @@ def record_key(record: Record) -> RecordKey:
         str(versions.get("kbv", "")),
         str(versions.get("torch", "")),
     )
+
+
+def pair_key(problem: Any, candidate: Any, protocol: Protocol, env: dict[str, Any]) -> RecordKey:
+    """The :func:`record_key` a pair's record will have, known before evaluating it.
+
+    ``protocol`` must be the one the record will carry, its timeout applied
+    (``protocol.with_timeout``, as ``evaluate`` does); ``env`` is ``kbv.execute.environment``: the
+    device name and torch version a worker reports, under the one rule of ``kbv.devices.device_name``."""
+    return RecordKey(problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
 
 
 # Fields where ``Record.to_json`` may have written NaN/inf as strings; read them back as floats.

@@ -1,78 +1,62 @@
-"""Executors: many evaluations at once, on every GPU of a host (``local``) or a Ray cluster (``ray``).
+"""Executors: where and when evaluations run, and the one batch loop that drives them.
 
-An executor only schedules. Each evaluation is still ``kbv.pipeline.evaluate`` with its own fresh,
-scrubbed reference and candidate worker processes; the executor decides where and when it runs and
-hands every finished pair back to the driver, which alone writes the store::
+An executor only schedules: one pair at a time in this process (``sequential``, the default), on
+every GPU of a host (``local``) or on a Ray cluster (``ray``). Each evaluation is still
+``kbv.pipeline.evaluate`` with its own fresh, scrubbed reference and candidate worker processes;
+the executor hands every finished pair back to :func:`run_pairs`, which alone skips stored pairs,
+keeps records (store and JSONL) and shows progress::
 
-    executor = make_executor("local", device="cuda", gpus="all")
-    executor.map(pairs, protocol, timeout_s=None, on_record=store_it, should_skip=already_stored)
+    with make_executor("local", device="cuda", gpus="all") as executor:
+        result = run_pairs(executor, pairs, protocol, store=store)
 
-``run_pairs`` is ``kbv.batch.run_batch`` on an executor: same store keys, same resume semantics.
 See docs/scale-out.md for the design.
 """
 
 from __future__ import annotations
 
-import abc
 import argparse
-import datetime as _dt
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kbv.candidates import Candidate
+from kbv.execute._base import (
+    Executor,
+    ExecutorError,
+    OnRecord,
+    OnStart,
+    Pair,
+    ShouldSkip,
+    crashed_record,
+    environment,
+    is_harness_error,
+    probe_hello,
+)
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import Outcome, Record
 
-Pair = tuple[Problem, Candidate]
-OnRecord = Callable[[Problem, Candidate, "Record | None", "Exception | None"], None]
-ShouldSkip = Callable[[Problem, Candidate], bool]
-
 EXECUTORS = ("local", "ray")
 
 
-class ExecutorError(RuntimeError):
-    """The executor cannot run (bad --gpus, Ray missing or unreachable); the message says what to do."""
+@dataclass
+class BatchResult:
+    records: list[Record] = field(default_factory=list)
+    skipped: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    # What the workers reported (device name, torch): the environment half of every store key.
+    env: dict[str, Any] = field(default_factory=dict)
 
-
-class Executor(abc.ABC):
-    """Runs evaluations concurrently; ``on_record`` is always called in the caller's thread."""
-
-    #: What a record of this executor's devices calls the device (set by ``probe``); used for the
-    #: ``device`` field of records the executor writes itself (``crashed``).
-    device_name: str = ""
-
-    @abc.abstractmethod
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip) -> None:
-        """Evaluate every pair not skipped; each finished pair goes to ``on_record`` exactly once.
-
-        ``on_record(problem, candidate, record, None)`` for an evaluation (any outcome, ``crashed``
-        included), ``on_record(problem, candidate, None, exc)`` for a harness error (the problem's
-        reference failed, ...), exactly like the sequential path reports them.
-        """
-
-    @abc.abstractmethod
-    def probe(self) -> dict[str, Any]:
-        """``{"device_name", "torch"}`` as a worker on this executor's devices sees them."""
-
-    def health(self) -> dict[str, Any]:
-        """Per-slot state: evaluations, CUDA errors, slots taken out of the pool and why."""
-        return {}
-
-    def stats(self) -> dict[str, Any]:
-        """Throughput figures of the last ``map`` (busy and idle time per slot, compile results)."""
-        return {}
-
-    def close(self) -> None:  # noqa: B027 - most executors hold nothing to release
-        """Release processes (and a Ray instance this executor started)."""
-
-    def __enter__(self) -> Executor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def keep(self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None) -> None:
+        """Store a finished record at once (a later crash of the batch cannot lose it)."""
+        if store is not None:
+            store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
+        if jsonl:
+            with open(jsonl, "a") as handle:
+                handle.write(record.to_json() + "\n")
+        self.records.append(record)
 
 
 def make_executor(
@@ -84,9 +68,14 @@ def make_executor(
     address: str | None = None,
     evaluate_fn: Callable[..., Record] | None = None,
 ) -> Executor:
-    """``local`` or ``ray``. ``device`` is ``cpu`` or ``cuda`` (default: cuda when available)."""
+    """``sequential``, ``local`` or ``ray``. ``device`` is ``cpu`` or ``cuda`` (default: cuda when
+    available); the sequential executor keeps ``cuda:N``."""
     from kbv.pipeline import default_device, evaluate
 
+    if name == "sequential":
+        from kbv.execute._sequential import SequentialExecutor
+
+        return SequentialExecutor(device=device, evaluate_fn=evaluate_fn)
     device = (device or default_device()).split(":", 1)[0]
     evaluate_fn = evaluate_fn or evaluate
     if name == "local":
@@ -132,28 +121,6 @@ def _all_gpus() -> list[int]:
     return list(range(count))
 
 
-def crashed_record(problem: Problem, candidate: Candidate, protocol: Protocol, device: dict[str, Any], message: str, attempts: list[str]) -> Record:
-    """The record for a pair whose evaluation died twice (its process or node, not its candidate)."""
-    return Record(
-        problem=problem.ref(),
-        candidate=candidate.ref(),
-        protocol={"name": protocol.name, "version": protocol.version, "sha256": protocol.sha256(), "settings": protocol.to_dict()},
-        device=device,
-        outcome=Outcome.CRASHED.value,
-        correct=False,
-        error={"kind": "crashed", "message": message, "attempts": attempts},
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    )
-
-
-def is_harness_error(exc: BaseException) -> bool:
-    """Errors the sequential path reports per pair and does not retry: they would fail again."""
-    from kbv.pipeline import HarnessError
-    from kbv.problems import ProblemError
-
-    return isinstance(exc, (HarnessError, ProblemError))
-
-
 # --- the command line -------------------------------------------------------------------------
 
 
@@ -165,14 +132,15 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--address", default=None, metavar="RAY_ADDRESS", help="ray executor: an existing cluster (default: start a local Ray)")
 
 
-def executor_from_args(args: argparse.Namespace) -> Executor | None:
-    """The executor the flags ask for, or None for the sequential path."""
+def executor_from_args(args: argparse.Namespace, device: str | None = None) -> Executor:
+    """The executor the flags ask for; without ``--executor`` the sequential one, on ``device``
+    (a resumed run's) or else ``--device``."""
     name = getattr(args, "executor", None)
     if not name:
         for flag in ("gpus", "workers", "address"):
             if getattr(args, flag, None) is not None:
                 raise ExecutorError(f"--{flag} needs --executor local or --executor ray")
-        return None
+        return make_executor("sequential", device=device or getattr(args, "device", None))
     return make_executor(name, device=getattr(args, "device", None), gpus=args.gpus, workers=args.workers, address=args.address)
 
 
@@ -187,12 +155,15 @@ def run_pairs(
     timeout_s: float | None = None,
     jsonl: str | Path | None = None,
     console: Any = None,
-) -> Any:
-    """``kbv.batch.run_batch`` on an executor: returns a ``BatchResult``; the store is written here only."""
+) -> BatchResult:
+    """The batch loop: evaluate ``pairs`` on ``executor``, skipping pairs already stored (unless
+    ``force``), keeping each record the moment it is finished; harness errors are listed in the
+    result, not fatal. The store is written here only."""
     from rich.console import Console
 
     from kbv._version import __version__
-    from kbv.batch import BatchResult, progress_bar, store_key
+    from kbv.report.terminal import progress_bar
+    from kbv.store import RecordKey, pair_key
 
     console = console or Console(stderr=True)
     # What the records carry (evaluate applies the timeout; crashed records get it here), so what
@@ -203,8 +174,8 @@ def run_pairs(
     executor.device_name = env.get("device_name", executor.device_name)
     result = BatchResult(env=env)
 
-    def key(problem: Problem, candidate: Candidate) -> tuple[str, ...]:
-        return store_key(problem, candidate, protocol, env)  # the same key as run_batch: either resumes the other
+    def key(problem: Problem, candidate: Candidate) -> RecordKey:
+        return pair_key(problem, candidate, protocol, env)  # what record_key of its record will be
 
     with progress_bar(console) as progress:
         task = progress.add_task("evaluating", total=len(pairs))
@@ -216,8 +187,11 @@ def run_pairs(
                 progress.advance(task)
             return skip
 
-        def on_record(problem: Problem, candidate: Candidate, record: Record | None, exc: Exception | None) -> None:
+        def on_start(problem: Problem, candidate: Candidate) -> None:
             progress.update(task, description=f"{problem.name} x {candidate.label}/{candidate.path.name}")
+
+        def on_record(problem: Problem, candidate: Candidate, record: Record | None, exc: Exception | None) -> None:
+            on_start(problem, candidate)
             progress.advance(task)
             if record is None:
                 result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
@@ -228,7 +202,7 @@ def run_pairs(
                 record.versions = {"kbv": __version__, "torch": env.get("torch", ""), **(record.versions or {})}
             result.keep(record, candidate, store, run_id, jsonl)
 
-        executor.map(pairs, protocol, timeout_s=timeout_s, on_record=on_record, should_skip=should_skip)
+        executor.map(pairs, protocol, timeout_s=timeout_s, on_record=on_record, should_skip=should_skip, on_start=on_start)
     for slot, state in executor.health().get("removed", {}).items():
         console.print(f"[red]removed from the pool[/red] {slot}: {state}")
     return result
@@ -236,10 +210,18 @@ def run_pairs(
 
 __all__ = [
     "EXECUTORS",
+    "BatchResult",
     "Executor",
     "ExecutorError",
+    "OnRecord",
+    "OnStart",
+    "Pair",
+    "ShouldSkip",
     "add_executor_arguments",
     "crashed_record",
+    "environment",
+    "is_harness_error",
+    "probe_hello",
     "executor_from_args",
     "make_executor",
     "parse_gpus",

@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import multiprocessing
 import os
-import platform
 import queue
 import signal
 import threading
@@ -37,12 +36,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kbv.candidates import Candidate
-from kbv.execute import Executor, ExecutorError, OnRecord, Pair, ShouldSkip, crashed_record, is_harness_error
+from kbv.devices import cpu_name
+from kbv.execute._base import (
+    Executor,
+    ExecutorError,
+    OnRecord,
+    OnStart,
+    Pair,
+    ShouldSkip,
+    crashed_record,
+    environment,
+    is_harness_error,
+    probe_hello,
+)
 from kbv.execute._compile import CompileResult, CompileStage, arch_list_for
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import Record
-from kbv.worker import Worker, WorkerSpec, cache_root
+from kbv.worker import cache_root
 
 MAX_CUDA_ERRORS = 3
 ATTEMPTS = 2  # the first try and one retry elsewhere
@@ -126,7 +137,7 @@ class LocalExecutor(Executor):
         # Leave CPUs to the timed evaluations: compilation shares the host with them.
         self.compile_workers = compile_workers or max(1, min(16, cpus - 2 * len(self.slots)))
         self.max_cuda_errors = max_cuda_errors
-        self.device_name = (platform.processor() or platform.machine()) if device == "cpu" else ""
+        self.device_name = cpu_name() if device == "cpu" else ""
         self._hello: dict[str, Any] | None = None
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -141,16 +152,14 @@ class LocalExecutor(Executor):
         if self._hello is None:
             device = self.slots[0].device
             visible = device.split(":", 1)[1] if ":" in device else None
-            with Worker(WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible, budget_s=120)) as worker:
-                self._hello = worker.start()
+            self._hello = probe_hello(device, visible)
         return self._hello
 
     def probe(self) -> dict[str, Any]:
-        """Same answer as ``kbv.batch.probe_environment`` for the first slot's device."""
-        hello = self._probe_hello()
-        name = (hello.get("device") or {}).get("name") if self.device == "cuda" else None
-        self.device_name = name or platform.processor() or platform.machine()
-        return {"device_name": self.device_name, "torch": hello.get("torch", "")}
+        """What a worker on the first slot's device sees (``kbv.execute.environment``)."""
+        env = environment(self.device, self._probe_hello())
+        self.device_name = env["device_name"]
+        return env
 
     def _arch_list(self) -> str | None:
         if self.device != "cuda":
@@ -159,7 +168,7 @@ class LocalExecutor(Executor):
 
     # --- map -----------------------------------------------------------------------------------
 
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip) -> None:
+    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
         stage = CompileStage(self.compile_workers, arch_list=self._arch_list())
         jobs = [_Job(p, c, stage.submit(c)) for p, c in pairs if not should_skip(p, c)]
         for job in jobs:

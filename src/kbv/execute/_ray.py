@@ -20,7 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from kbv.candidates import Candidate
-from kbv.execute import Executor, ExecutorError, OnRecord, Pair, ShouldSkip, crashed_record, is_harness_error
+from kbv.execute._base import (
+    Executor,
+    ExecutorError,
+    OnRecord,
+    OnStart,
+    Pair,
+    ShouldSkip,
+    crashed_record,
+    environment,
+    is_harness_error,
+    probe_hello,
+)
 from kbv.execute._compile import arch_list_for, compile_candidate, needs_build
 from kbv.problems import Problem
 from kbv.protocol import Protocol
@@ -62,7 +73,7 @@ def _task_evaluate(evaluate_fn: Callable[..., Record], problem: Problem, candida
         try:
             record = evaluate_fn(local_problem, local_candidate, protocol, device, timeout_s=timeout_s)
         except Exception as exc:
-            if is_harness_error(exc):  # a value, so the driver reports it exactly as run_batch does
+            if is_harness_error(exc):  # a value, so the driver reports it as for any executor
                 return {**placement, "error": exc}
             raise
     # The record names the files the driver knows, not this node's temporary copies.
@@ -78,10 +89,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _task_probe(device: str) -> dict[str, Any]:
-    from kbv.worker import Worker, WorkerSpec
-
-    with Worker(WorkerSpec(build_key="probe", device=device, role="probe", budget_s=120)) as worker:
-        return worker.start()
+    return probe_hello(device)
 
 
 # --- the driver -------------------------------------------------------------------------------
@@ -134,14 +142,11 @@ class RayExecutor(Executor):
         if self._hello is None:
             self._connect()
             self._hello = self.ray.get(self._remote["probe"].remote(self.device))
-        hello = self._hello
-        import platform
+        env = environment(self.device, self._hello)
+        self.device_name = env["device_name"]
+        return env
 
-        name = (hello.get("device") or {}).get("name") if self.device == "cuda" else None
-        self.device_name = name or platform.processor() or platform.machine()
-        return {"device_name": self.device_name, "torch": hello.get("torch", "")}
-
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip) -> None:
+    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
         self._connect()
         arch_list = arch_list_for(((self._hello or {}).get("device") or {}).get("capability")) if self.device == "cuda" else None
         started = time.monotonic()

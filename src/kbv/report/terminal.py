@@ -8,6 +8,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.padding import Padding
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -226,3 +227,15 @@ def render_record_ids(stored: Sequence[tuple[int, Record]], db: Any, console: Co
     order = {name: i for i, name in enumerate(metrics.outcome_counts([r for _, r in stored]))}
     for protocol, outcome in sorted(groups, key=lambda key: (key[0], order.get(key[1], 99))):
         console.print(f"  {protocol} {outcome}: {id_ranges(groups[(protocol, outcome)])}", highlight=False, soft_wrap=True)
+
+
+def progress_bar(console: Console) -> Progress:
+    """The progress bar of batches and audits: what runs, how many of how many, time elapsed."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
