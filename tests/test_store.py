@@ -12,8 +12,8 @@ import pytest
 from test_metrics import HACK, make_record, sha
 
 from kbv.protocol import VERIFIED
-from kbv.records import DistributionResult
-from kbv.store import SCHEMA_VERSION, Store, StoreError, record_from_json, record_key
+from kbv.records import DistributionResult, record_from_json
+from kbv.store import SCHEMA_VERSION, Store, StoreError, record_key
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kbv.problems import Problem
+from kbv.records import CandidateSection
 
 _RUN_DIR_NAME = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel$")
 
@@ -29,7 +29,7 @@ class Candidate:
     label: str = ""
     sample: int | None = None
 
-    def ref(self) -> dict[str, Any]:
+    def ref(self) -> CandidateSection:
         """The record's ``candidate`` field."""
         return {"path": str(self.path), "source_sha256": self.source_sha256, "label": self.label, "sample": self.sample}
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kbv.records import Outcome, Record, Severity
+from kbv.records import Outcome, Record, Severity, as_number
 
 FAST_P_THRESHOLDS: tuple[float, ...] = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 UNLABELLED = "unlabelled"
@@ -38,21 +38,6 @@ Metric = Callable[[Sequence[Record]], "float | None"]
 
 
 # ----------------------------------------------------------------------------- record accessors
-
-
-def as_number(value: Any) -> float | None:
-    """A finite float, or None for anything else (None, NaN, inf, "nan", non-numbers)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 def is_passed(record: Record) -> bool:
@@ -108,9 +93,10 @@ def sample_index(record: Record) -> int | None:
     """The sample number: ``candidate["sample"]`` if set, else parsed from the KernelBench file name
     ``level_L_problem_P_sample_S_kernel.py``; None when neither is present."""
     candidate = record.candidate or {}
-    if candidate.get("sample") is not None:
+    sample = candidate.get("sample")
+    if sample is not None:
         try:
-            return int(candidate["sample"])
+            return int(sample)
         except (TypeError, ValueError):
             return None
     match = _SAMPLE_NAME.search(PurePath(str(candidate.get("path", ""))).name)
@@ -223,7 +209,7 @@ def hack_patterns(records: Sequence[Record]) -> dict[str, int]:
 def outcome_counts(records: Sequence[Record]) -> dict[str, int]:
     """Number of pairs per outcome, in the order of :class:`~kbv.records.Outcome` (zero counts
     omitted); unknown outcomes follow."""
-    counts = Counter(r.outcome for r in records)
+    counts = Counter[str](r.outcome for r in records)
     order = [o.value for o in Outcome] + sorted(set(counts) - {o.value for o in Outcome})
     return {name: counts[name] for name in order if counts[name]}
 

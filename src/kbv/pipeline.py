@@ -13,7 +13,7 @@ import platform
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -25,7 +25,17 @@ from kbv.devices import cpu_name
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
-from kbv.records import DistributionResult, Finding, Outcome, Record, decide_outcome, error_summary
+from kbv.records import (
+    DistributionResult,
+    Finding,
+    MemorySection,
+    Outcome,
+    Record,
+    TimingSection,
+    decide_outcome,
+    error_summary,
+    protocol_section,
+)
 from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
@@ -657,19 +667,20 @@ def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
     return {"type": "cpu", "name": cpu_name(), "threads": hello.get("intra_op_threads")}
 
 
-def _record(ctx: _Context, hello: dict[str, Any], outcome: str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:
+def _record(ctx: _Context, hello: dict[str, Any], outcome: Outcome | str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:
     return Record(
         problem=ctx.problem.ref(),
         candidate=ctx.candidate.ref(),
-        protocol={"name": ctx.protocol.name, "version": ctx.protocol.version, "sha256": ctx.protocol.sha256(), "settings": ctx.protocol.to_dict()},
+        protocol=protocol_section(ctx.protocol),
         device=_device_info(ctx, hello),
-        outcome=outcome,
+        outcome=Outcome(outcome),
         correct=correct,
         distributions=results,
         findings=ctx.findings,
-        timing=timing,
+        # kbv.measure built these sections in the record's layout (kbv.records.TimingSection, ...).
+        timing=cast(TimingSection, timing),
         speedup=speedup,
-        memory={**memory, **ctx.host_memory},
+        memory=cast(MemorySection, {**memory, **ctx.host_memory}),
         seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)",
                "structure": _structure(ctx).invariants},
         versions=_versions(hello),

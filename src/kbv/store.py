@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kbv._version import __version__
-from kbv.metrics import as_number, fail_findings, label_of, sample_index, speedup_of
+from kbv.metrics import fail_findings, label_of, sample_index, speedup_of
 from kbv.protocol import Protocol
-from kbv.records import Record
+from kbv.records import Record, as_number, raw_samples_ms, record_from_json
 
 DEFAULT_DB = Path("kbv-results") / "kbv.sqlite"
 
@@ -151,45 +151,6 @@ def pair_key(problem: Any, candidate: Any, protocol: Protocol, env: dict[str, An
     return RecordKey(problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
 
 
-# Fields where ``Record.to_json`` may have written NaN/inf as strings; read them back as floats.
-_NUMERIC_TREES = ("speedup", "memory", "timing", "phases_s")
-_DIST_NUMERIC = ("max_abs_err", "rel_err", "tolerance", "baseline_err")
-_NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
-
-
-def _revive(value: Any) -> Any:
-    if isinstance(value, str) and value in _NONFINITE:
-        return _NONFINITE[value]
-    if isinstance(value, dict):
-        return {k: _revive(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_revive(v) for v in value]
-    return value
-
-
-def record_from_dict(data: dict[str, Any]) -> Record:
-    """``Record.from_dict`` after turning "nan"/"inf"/"-inf" back into floats in numeric fields
-    (speedup, memory, timing, phases and the distributions' error figures). Text fields such as
-    notes and finding details are left alone."""
-    data = dict(data)
-    for name in _NUMERIC_TREES:
-        if name in data:
-            data[name] = _revive(data[name])
-    dists = []
-    for dist in data.get("distributions", []):
-        dist = dict(dist)
-        for name in _DIST_NUMERIC:
-            if name in dist:
-                dist[name] = _revive(dist[name])
-        dists.append(dist)
-    data["distributions"] = dists
-    return Record.from_dict(data)
-
-
-def record_from_json(text: str) -> Record:
-    return record_from_dict(json.loads(text))
-
-
 def _timing_samples(record: Record) -> Iterator[tuple[str, int, float]]:
     """(which, index, ms) for the raw samples in ``record.timing``: the candidate's under
     ``"candidate"``, each baseline's under its name, and the parent-visible wall-clock samples
@@ -201,33 +162,6 @@ def _timing_samples(record: Record) -> Iterator[tuple[str, int, float]]:
         for clock, suffix in (("device", ""), ("wall", ":wall")):
             for index, ms in enumerate(raw_samples_ms(entry, clock)):
                 yield which + suffix, index, ms
-
-
-def raw_samples_ms(entry: Any, clock: str = "device") -> list[float]:
-    """The raw per-call times (ms) of one timing entry, non-finite values dropped.
-
-    Reads the pipeline's layout, ``{"rounds": [{"device_ms": [...], "wall_ms": [...]}, ...]}``
-    (all rounds concatenated, ``clock`` picks ``device_ms`` or ``wall_ms``), and for the device
-    clock also a flat list under ``samples_ms``, ``samples`` or ``times_ms``."""
-    if not isinstance(entry, dict):
-        return []
-    values: list[Any] = []
-    rounds = entry.get("rounds")
-    if isinstance(rounds, list):
-        for measured in rounds:
-            if isinstance(measured, dict) and isinstance(measured.get(f"{clock}_ms"), list):
-                values += measured[f"{clock}_ms"]
-    elif clock == "device":
-        for key in ("samples_ms", "samples", "times_ms"):
-            if isinstance(entry.get(key), list):
-                values = entry[key]
-                break
-    out = []
-    for value in values:
-        number = as_number(_revive(value))
-        if number is not None:
-            out.append(number)
-    return out
 
 
 def _read_candidate_source(record: Record) -> str | None:

@@ -46,13 +46,15 @@ def print_record(record: Record, console: Console | None = None) -> None:
     if record.speedup.get("best") is not None:
         console.print(_timing_table(record))
     memory = record.memory or {}
-    if memory.get("candidate_peak_bytes") is not None:
+    peak = memory.get("candidate_peak_bytes")
+    if peak is not None:
         console.print(
-            f"peak memory: candidate {memory['candidate_peak_bytes'] / 2**20:.1f} MiB, "
+            f"peak memory: candidate {peak / 2**20:.1f} MiB, "
             f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
         )
-    if memory.get("candidate_host_peak_bytes") is not None:
-        console.print(f"host memory peak: candidate {memory['candidate_host_peak_bytes'] / 2**20:.1f} MiB")
+    host_peak = memory.get("candidate_host_peak_bytes")
+    if host_peak is not None:
+        console.print(f"host memory peak: candidate {host_peak / 2**20:.1f} MiB")
     for gap in (record.isolation or {}).get("not_enforced") or []:
         console.print(f"[yellow]not enforced on this machine[/yellow]: {gap}")
     phases = phases_line(record.phases_s)
@@ -112,7 +114,7 @@ def _timing_table(record: Record) -> Table:
     for column in ("who", "median ms", "95% CI", "speedup"):
         table.add_column(column, no_wrap=True)
     table.add_column("warnings", ratio=1)
-    cand = record.timing["candidate"]["summary"]
+    cand = (record.timing["candidate"] or {})["summary"]
     table.add_row("candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", [])))
     for name, entry in record.timing["baselines"].items():
         s = entry["summary"]

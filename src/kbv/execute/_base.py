@@ -15,7 +15,7 @@ from typing import Any
 from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
-from kbv.records import Outcome, Record
+from kbv.records import Outcome, Record, protocol_section
 
 Pair = tuple[Problem, Candidate]
 OnStart = Callable[[Problem, Candidate], None]
@@ -74,9 +74,9 @@ def crashed_record(problem: Problem, candidate: Candidate, protocol: Protocol, d
     return Record(
         problem=problem.ref(),
         candidate=candidate.ref(),
-        protocol={"name": protocol.name, "version": protocol.version, "sha256": protocol.sha256(), "settings": protocol.to_dict()},
+        protocol=protocol_section(protocol),
         device=device,
-        outcome=Outcome.CRASHED.value,
+        outcome=Outcome.CRASHED,
         correct=False,
         error={"kind": "crashed", "message": message, "attempts": attempts},
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

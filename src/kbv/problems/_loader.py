@@ -16,7 +16,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the child imports this module: records stay out of its closure
+    from kbv.records import ProblemSection
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 _LEVEL_DIR = re.compile(r"^level[_-]?(\d+)$", re.IGNORECASE)
@@ -39,7 +42,7 @@ class Problem:
     problem_id: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
-    def ref(self) -> dict[str, Any]:
+    def ref(self) -> ProblemSection:
         """The record's ``problem`` field."""
         return {
             "name": self.name,

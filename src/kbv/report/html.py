@@ -15,10 +15,9 @@ from typing import Any
 
 from kbv import metrics
 from kbv._version import __version__
-from kbv.records import Record
+from kbv.records import Record, raw_samples_ms
 from kbv.report.comparison import EFFECTS, compare_protocols, split_by_protocol, verdict_reason
 from kbv.report.terminal import fmt_rate, fmt_x, leaderboard_rows, outcome_columns, protocol_name
-from kbv.store import raw_samples_ms
 
 _OUTCOME_COLOURS = {
     "passed": "#2e7d32",
