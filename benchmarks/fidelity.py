@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from kbv.candidates import load_candidate
-from kbv.pipeline import evaluate
+from kbv.evaluation import evaluate
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir, check_importable, load_problem
 from kbv.protocol import load_protocol
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv.batch import collect_pairs
-from kbv.pipeline import evaluate
+from kbv.evaluation import evaluate
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 from kbv.protocol import load_protocol
 
@@ -178,7 +178,7 @@ def _appending(results: Path, protocol: str) -> Any:
     """``evaluate`` that appends each finished row to the results file the moment it is done."""
     import functools
 
-    from kbv.pipeline import evaluate
+    from kbv.evaluation import evaluate
 
     @functools.wraps(evaluate)
     def run(problem: Any, candidate: Any, protocol_obj: Any, device: Any, **kwargs: Any) -> Any:

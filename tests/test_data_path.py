@@ -88,7 +88,7 @@ def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it
 
 
 def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
-    from kbv.summary import phases_line
+    from kbv.report.explain import phases_line
 
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     phases = record.phases_s

@@ -221,7 +221,7 @@ def test_prebuilt_extension_is_reused_by_the_evaluation(tmp_path: Path, monkeypa
     built = list((tmp_path / "cache" / "builds").rglob("*.so"))
     assert len(built) == 1
     before = built[0].stat().st_mtime_ns
-    from kbv.pipeline import evaluate
+    from kbv.evaluation import evaluate
 
     record = evaluate(load_problem(SUITE / "level1" / "1_ReLU.py"), candidate, FAST, "cpu")
     assert record.outcome == "passed"

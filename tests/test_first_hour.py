@@ -281,8 +281,8 @@ def test_tables_at_80_columns_wrap_no_word(tmp_path: Path) -> None:
     from rich.console import Console
 
     from kbv.records import DistributionResult
+    from kbv.report.explain import print_record
     from kbv.report.terminal import render_comparison, render_summary
-    from kbv.summary import print_record
 
     name = "8_Softmax_WideRow_WithALongName"
     std = [_record("passed", "standard", "honest_triton_and_more", speedup=2.0, problem=name)]
@@ -367,7 +367,7 @@ def test_a_cpu_worker_runs_one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) 
 def test_every_worker_but_the_timed_one_is_paused() -> None:
     from contextlib import contextmanager
 
-    from kbv.measure import _others_paused
+    from kbv.performance import _others_paused
 
     log: list[str] = []
 
@@ -390,7 +390,7 @@ def test_every_worker_but_the_timed_one_is_paused() -> None:
 
 
 def test_rounds_that_disagree_are_named_in_the_warnings() -> None:
-    from kbv.measure import _entry
+    from kbv.performance import _entry
     from kbv.protocol import TimingSettings
 
     settings = TimingSettings(bootstrap_resamples=50)

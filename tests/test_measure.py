@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
-from kbv import measure
+from kbv import performance as measure
 from kbv.api import evaluate_paths
 from kbv.protocol import TimingSettings
 from kbv.worker import WorkerFailed
@@ -203,7 +203,7 @@ def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyP
 
 
 def test_a_throttled_round_is_named_in_the_timing_warnings() -> None:
-    from kbv.measure import _entry
+    from kbv.performance import _entry
     from kbv.protocol import TimingSettings
 
     settings = TimingSettings(bootstrap_resamples=50)

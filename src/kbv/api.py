@@ -8,7 +8,7 @@ from typing import Any
 
 from kbv.candidates import CandidateError, load_candidate
 from kbv.devices import check_device
-from kbv.pipeline import evaluate
+from kbv.evaluation import evaluate
 from kbv.problems import check_importable, load_problem
 from kbv.protocol import Protocol, load_protocol, protocol_from_dict
 from kbv.records import Record

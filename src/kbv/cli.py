@@ -157,7 +157,7 @@ def _add_explain(sub: Any) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from kbv.summary import print_record
+    from kbv.report.explain import print_record
 
     print_record(_find_record(args.record, args.db))
     return EXIT_OK
@@ -312,7 +312,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(record.to_json() + "\n")
     else:
-        from kbv.summary import print_record
+        from kbv.report.explain import print_record
 
         print_record(record)
     return EXIT_OK
@@ -376,7 +376,7 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from kbv.pipeline import default_device
+    from kbv.evaluation import default_device
     from kbv.problems import bundled_suite_dir, load_problems
     from kbv.problems.audit import iter_audit, unloadable
     from kbv.report.terminal import progress_bar

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kbv.batch import collect_pairs, run_both_protocols
-from kbv.pipeline import default_device
+from kbv.evaluation import default_device
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 
 CPU_SETS = ("honest_cpu", "hacks", "broken")

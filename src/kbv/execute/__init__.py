@@ -2,7 +2,7 @@
 
 An executor only schedules: one pair at a time in this process (``sequential``, the default), on
 every GPU of a host (``local``) or on a Ray cluster (``ray``). Each evaluation is still
-``kbv.pipeline.evaluate`` with its own fresh, scrubbed reference and candidate worker processes;
+``kbv.evaluation.evaluate`` with its own fresh, scrubbed reference and candidate worker processes;
 the executor hands every finished pair back to :func:`run_pairs`, which alone skips stored pairs,
 keeps records (store and JSONL) and shows progress::
 
@@ -70,7 +70,7 @@ def make_executor(
 ) -> Executor:
     """``sequential``, ``local`` or ``ray``. ``device`` is ``cpu`` or ``cuda`` (default: cuda when
     available); the sequential executor keeps ``cuda:N``."""
-    from kbv.pipeline import default_device, evaluate
+    from kbv.evaluation import default_device, evaluate
 
     if name == "sequential":
         from kbv.execute._sequential import SequentialExecutor

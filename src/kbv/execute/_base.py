@@ -85,7 +85,7 @@ def crashed_record(problem: Problem, candidate: Candidate, protocol: Protocol, d
 
 def is_harness_error(exc: BaseException) -> bool:
     """Errors the sequential path reports per pair and does not retry: they would fail again."""
-    from kbv.pipeline import HarnessError
+    from kbv.evaluation import HarnessError
     from kbv.problems import ProblemError
 
     return isinstance(exc, (HarnessError, ProblemError))

@@ -6,7 +6,7 @@ Shape (docs/scale-out.md has the why)::
          ^                          │ futures
          │ on_record                v
     results queue <── slot threads: one per GPU (or per CPU worker), each owning one warm
-                      "host" process (spawn) that runs kbv.pipeline.evaluate, which starts the
+                      "host" process (spawn) that runs kbv.evaluation.evaluate, which starts the
                       fresh scrubbed reference and candidate workers pinned to that GPU
 
 - A slot takes the first pending pair whose compilation has finished, so a GPU does not wait on a

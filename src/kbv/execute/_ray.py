@@ -3,7 +3,7 @@
 - Compilation runs first as a CPU task on some node; the evaluation is then scheduled on that same
   node (soft node affinity) so it finds the build in that node's cache.
 - A task carries the problem and candidate sources (paths need not exist on other nodes) and writes
-  them to a node-local temporary directory, file names kept, before ``kbv.pipeline.evaluate`` starts
+  them to a node-local temporary directory, file names kept, before ``kbv.evaluation.evaluate`` starts
   its fresh scrubbed workers there. Ray's ``CUDA_VISIBLE_DEVICES`` pins those workers to the task's GPU.
 - Results stream back with ``ray.wait``; the driver alone calls ``on_record`` and writes the store.
 - A task whose worker process or node dies is resubmitted once (Ray's own retries are off, so the

@@ -26,7 +26,7 @@ from kbv.records import Record
 
 class SequentialExecutor(Executor):
     def __init__(self, *, device: str | None = None, evaluate_fn: Callable[..., Record] | None = None) -> None:
-        from kbv.pipeline import default_device, evaluate
+        from kbv.evaluation import default_device, evaluate
 
         self.device = device or default_device()
         self.evaluate_fn = evaluate_fn or evaluate
@@ -41,7 +41,7 @@ class SequentialExecutor(Executor):
         return env
 
     def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
-        from kbv.pipeline import worker_specs
+        from kbv.evaluation import worker_specs
         from kbv.worker import SPARE_DEPTH, Spares
 
         pairs = list(pairs)

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import torch
 
-from kbv import correctness, inputs, measure
+from kbv import correctness, inputs, performance
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
@@ -610,7 +610,7 @@ def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return (
         {"candidate": None, "baselines": {}},
         {"best": None},
-        dict(measure.EMPTY_MEMORY),
+        dict(performance.EMPTY_MEMORY),
     )
 
 
@@ -632,7 +632,7 @@ def timing_input_sets(wanted: int, input_numels: list[int], element_bytes: int =
 
 def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
-    mctx = measure.MeasureContext(
+    mctx = performance.MeasureContext(
         problem=ctx.problem,
         device=ctx.device,
         settings=settings,
@@ -647,10 +647,10 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
         build=lambda: _build_for_timing(ctx, reference, subject),
         check_round=ctx.protocol.integrity.dynamic,  # timed_output_check reads that round
     )
-    timing, speedup = measure.measure_pair(mctx, reference, subject)
+    timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing["input_sets"] = len(mctx.seeds)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
-    memory = measure.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
+    memory = performance.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
 
 
@@ -677,7 +677,7 @@ def _record(ctx: _Context, hello: dict[str, Any], outcome: Outcome | str, correc
         correct=correct,
         distributions=results,
         findings=ctx.findings,
-        # kbv.measure built these sections in the record's layout (kbv.records.TimingSection, ...).
+        # kbv.performance built these sections in the record's layout (kbv.records.TimingSection, ...).
         timing=cast(TimingSection, timing),
         speedup=speedup,
         memory=cast(MemorySection, {**memory, **ctx.host_memory}),
