@@ -256,20 +256,12 @@ def _add_problems(sub: Any) -> None:
 
 
 def _optional_registrations() -> list[Callable[[Any], None]]:
-    """Subcommands that live with their features (generate, store/report, audit, ...)."""
-    found: list[Callable[[Any], None]] = []
-    for module_name, attr in (
-        ("kbv._store_cli", "register"),
-        ("kbv.generate._cli", "register"),
-        ("kbv._extra_cli", "register"),
-        ("kbv.protocol_audit._cli", "register"),
-    ):
-        try:
-            module = __import__(module_name, fromlist=[attr])
-        except ImportError:
-            continue
-        found.append(getattr(module, attr))
-    return found
+    """Subcommands that live with their features (store and report, generate, protocol audit)."""
+    from kbv import _store_cli
+    from kbv.generate import _cli as generate_cli
+    from kbv.protocol_audit import _cli as protocol_audit_cli
+
+    return [_store_cli.register, generate_cli.register, protocol_audit_cli.register]
 
 
 def _fail_usage(message: str) -> int:
