@@ -255,7 +255,7 @@ def _add_problems(sub: Any) -> None:
     p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list|audit [PATH]"))
 
 
-def _optional_registrations() -> list[Callable[[Any], None]]:
+def _optional_registrations() -> list[Callable[[Any], object]]:
     """Subcommands that live with their features (store and report, generate, protocol audit)."""
     from kbv import _store_cli
     from kbv.generate import _cli as generate_cli
