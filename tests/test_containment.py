@@ -120,7 +120,7 @@ def test_call_recorder_sees_own_functions_extension_calls_and_swallowed_errors(t
     """The recorder in this process, with ``math`` standing in for a compiled extension."""
     import math
 
-    from kbv.worker._calls import CallRecorder
+    from kbv.child.calls import CallRecorder
 
     source = tmp_path / "cand.py"
     source.write_text(textwrap.dedent("""

@@ -7,8 +7,8 @@ import base64
 import pytest
 import torch
 
-from kbv.worker import _handoff
-from kbv.worker._handoff import HandoffError, receive
+from kbv import handoff as _handoff
+from kbv.handoff import HandoffError, receive
 
 
 def _descriptor(**changes):

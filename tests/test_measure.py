@@ -108,7 +108,7 @@ class _FakeWorker:
         return {}
 
     def receive_outputs(self, description):
-        from kbv.worker._handoff import receive
+        from kbv.handoff import receive
 
         return receive(description, "cpu")
 

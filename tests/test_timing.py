@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from kbv import timing
-from kbv.protocol import TimingSettings
-from kbv.timing import (
+from kbv.child import timing
+from kbv.child.timing import (
     Clock,
     CpuTimer,
     Measurement,
@@ -29,6 +28,7 @@ from kbv.timing import (
     verify_identities,
     wall_vs_device_disagreement,
 )
+from kbv.protocol import TimingSettings
 
 # Durations are binary fractions, so sums on the fake clock are exact.
 CALL_S = 1 / 64  # 15.625 ms
@@ -666,7 +666,7 @@ def test_cache_key_requires_device_name_and_driver() -> None:
 @needs_cuda
 @pytest.mark.gpu
 def test_cuda_measure_events_flush_and_graph() -> None:
-    from kbv.timing import CudaTimer
+    from kbv.child.timing import CudaTimer
 
     dev = torch.device("cuda")
     timer = CudaTimer(dev)
@@ -693,7 +693,7 @@ def test_cuda_measure_events_flush_and_graph() -> None:
 @needs_cuda
 @pytest.mark.gpu
 def test_cuda_side_stream_is_caught() -> None:
-    from kbv.timing import CudaTimer
+    from kbv.child.timing import CudaTimer
 
     dev = torch.device("cuda")
     timer = CudaTimer(dev)

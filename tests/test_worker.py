@@ -134,7 +134,7 @@ def test_reference_worker_refuses_to_redraw_for_candidates() -> None:
 def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:
     import pickle
 
-    from kbv.worker._handoff import HandoffError, receive
+    from kbv.handoff import HandoffError, receive
 
     class Evil:
         def __reduce__(self):

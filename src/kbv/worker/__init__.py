@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbv import channel as _channel
 from kbv import telemetry
-from kbv.worker import _channel, _contain, _privileges
+from kbv.worker import _contain, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -182,7 +183,7 @@ class Worker:
         env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
-        child = [sys.executable, "-m", "kbv.worker._child", str(child_end.fileno()), self.spec.role, *(["probes"] if self.spec.warm_probes else [])]
+        child = [sys.executable, "-m", "kbv.child.main", str(child_end.fileno()), self.spec.role, *(["probes"] if self.spec.warm_probes else [])]
         argv, user = self._command(child, builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
@@ -239,7 +240,9 @@ class Worker:
     def receive_outputs(self, description: Any) -> list[Any]:
         """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
         the evaluation's device. Something unreadable is the worker's failure."""
-        from kbv.worker import _handoff  # torch: not needed before a worker has answered (fast usage errors)
+        from kbv import (
+            handoff as _handoff,  # torch: not needed before a worker has answered (fast usage errors)
+        )
 
         try:
             return _handoff.receive(description, self.spec.device)

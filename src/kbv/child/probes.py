@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
-from kbv import timing as kbv_timing
-from kbv.worker import _handoff
+from kbv.child import timing as kbv_timing
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
 _active_count = threading.active_count

@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
+from kbv import channel as _channel
+from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import telemetry
-from kbv import timing as kbv_timing
+from kbv.child import timing as kbv_timing
 from kbv.problems._loader import load_module
 from kbv.protocol import timing_settings_from_dict
-from kbv.worker import _channel, _handoff
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
 
@@ -368,11 +369,11 @@ _HANDLERS = {
 def _register_probes() -> None:
     """Integrity probes (kbv.worker._probes) add their own requests to this worker."""
     try:
-        from kbv.worker import _probes  # type: ignore[attr-defined,unused-ignore]
+        from kbv.child import probes as _probes  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return
     _HANDLERS.update(_probes.HANDLERS)
-    from kbv.worker import _calls
+    from kbv.child import calls as _calls
 
     _HANDLERS.update(_calls.HANDLERS)
 
@@ -436,7 +437,8 @@ def _warm_cpu_kernels() -> None:
 
 
 if __name__ == "__main__":
-    from kbv.worker import _guard, harden_process
+    from kbv.child import guard as _guard
+    from kbv.worker import harden_process
 
     _guard.install()  # subreaper for the candidate's orphans; exit at once when the parent dies
     harden_process()  # another worker (a candidate) must not read this one's memory or files
