@@ -1,4 +1,5 @@
-"""Tests for kbv.timing: the recipe runs against a fake clock, so every count and order is exact."""
+"""Tests for the timing recipe (kbv.child.timing) and its statistics (kbv.statistics): the recipe
+runs against a fake clock, so every count and order is exact."""
 
 from __future__ import annotations
 
@@ -11,24 +12,27 @@ from typing import Any
 import pytest
 import torch
 
+from kbv import statistics
 from kbv.child import timing
 from kbv.child.timing import (
     Clock,
     CpuTimer,
-    Measurement,
-    baseline_cache_key,
-    bracket_check,
     make_l2_flush,
     make_timer,
     measure,
-    paired_speedup,
-    quality_warnings,
     snapshot_identities,
-    summarize,
     verify_identities,
-    wall_vs_device_disagreement,
 )
 from kbv.protocol import TimingSettings
+from kbv.samples import Measurement
+from kbv.statistics import (
+    baseline_cache_key,
+    bracket_check,
+    paired_speedup,
+    quality_warnings,
+    summarize,
+    wall_vs_device_disagreement,
+)
 
 # Durations are binary fractions, so sums on the fake clock are exact.
 CALL_S = 1 / 64  # 15.625 ms
@@ -381,10 +385,10 @@ def test_summarize_rejects_non_finite() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "warning"),
     [
-        ({"n": timing.MIN_SAMPLES - 1}, "few_samples"),
-        ({"cv": timing.NOISY_CV * 1.01}, "noisy"),
-        ({"median": timing.OVERHEAD_DOMINATED_MS * 0.99, "maximum": timing.OVERHEAD_DOMINATED_MS}, "overhead_dominated"),
-        ({"maximum": timing.OUTLIER_FACTOR * 1.01}, "outliers"),
+        ({"n": statistics.MIN_SAMPLES - 1}, "few_samples"),
+        ({"cv": statistics.NOISY_CV * 1.01}, "noisy"),
+        ({"median": statistics.OVERHEAD_DOMINATED_MS * 0.99, "maximum": statistics.OVERHEAD_DOMINATED_MS}, "overhead_dominated"),
+        ({"maximum": statistics.OUTLIER_FACTOR * 1.01}, "outliers"),
     ],
 )
 def test_warning_fires_past_its_threshold(kwargs: dict[str, float], warning: str) -> None:
@@ -395,10 +399,10 @@ def test_warning_fires_past_its_threshold(kwargs: dict[str, float], warning: str
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"n": timing.MIN_SAMPLES},
-        {"cv": timing.NOISY_CV},
-        {"median": timing.OVERHEAD_DOMINATED_MS, "maximum": timing.OVERHEAD_DOMINATED_MS},
-        {"maximum": timing.OUTLIER_FACTOR},
+        {"n": statistics.MIN_SAMPLES},
+        {"cv": statistics.NOISY_CV},
+        {"median": statistics.OVERHEAD_DOMINATED_MS, "maximum": statistics.OVERHEAD_DOMINATED_MS},
+        {"maximum": statistics.OUTLIER_FACTOR},
     ],
 )
 def test_warning_silent_at_its_threshold(kwargs: dict[str, float]) -> None:
@@ -453,7 +457,7 @@ def test_wall_vs_device_thresholds() -> None:
     def m(device: float, wall: float) -> Measurement:
         return Measurement(recipe="x", device_ms=[device] * 10, wall_ms=[wall] * 10)
 
-    allowed = max(0.02, timing.WALL_DEVICE_REL_TOLERANCE * 1.0) + timing.WALL_DEVICE_SLACK_MS
+    allowed = max(0.02, statistics.WALL_DEVICE_REL_TOLERANCE * 1.0) + statistics.WALL_DEVICE_SLACK_MS
     assert wall_vs_device_disagreement(m(1.0, 1.0 + allowed * 0.99), overhead_ms=0.02)["disagrees"] is False
     assert wall_vs_device_disagreement(m(1.0, 1.0 + allowed * 1.01), overhead_ms=0.02)["disagrees"] is True
     # honest tiny kernel: the wall clock pays the sync overhead and nothing more
@@ -499,7 +503,7 @@ def test_bracket_check_accepts_honest_worker() -> None:
 
 
 def test_bracket_check_thresholds_and_overreport() -> None:
-    allowed = 10.0 + timing.BRACKET_SLACK_ABS_MS + timing.BRACKET_SLACK_REL * 100.0
+    allowed = 10.0 + statistics.BRACKET_SLACK_ABS_MS + statistics.BRACKET_SLACK_REL * 100.0
     assert bracket_check(100.0, 100.0 + allowed * 0.99, 10.0)["disagrees"] is False
     assert bracket_check(100.0, 100.0 + allowed * 1.01, 10.0)["disagrees"] is True
     impossible = bracket_check(100.0, 50.0, 10.0)
@@ -530,12 +534,13 @@ def test_identities_detect_patched_perf_counter_and_timer_keeps_real_one(
     assert timer.now() > first > 0.0  # the timer still reads the real clock
 
 
-def test_identities_detect_patched_cuda_event_and_own_stats(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_identities_detect_patched_cuda_event_and_own_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The statistics are no longer in the worker (kbv.statistics runs in the parent); the recipe is.
     snap = snapshot_identities()
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(timing, "summarize", lambda *a, **k: {})
-    assert verify_identities(snap) == ["kbv.timing.summarize", "torch.cuda.Event.elapsed_time",
+    monkeypatch.setattr(timing, "measure", lambda *a, **k: {})
+    assert verify_identities(snap) == ["kbv.child.timing.measure", "torch.cuda.Event.elapsed_time",
                                        "torch.cuda.synchronize"]
     monkeypatch.undo()
     assert verify_identities(snap) == []
@@ -555,9 +560,9 @@ def test_honest_warmup_fits_the_recipe_bound_and_the_trusted_per_call_time(calls
     s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
     m = measure(make_fn(clock, seconds=calls_s), settings=s, n_input_sets=1, timer=CpuTimer(clock))
     warmup_ms = m.total_wall_s * 1e3 - sum(m.wall_ms)
-    assert warmup_ms <= timing.warmup_bound_ms(s, max(m.wall_ms)) + 1e-9
-    assert timing.accounted_batch_ms(m.wall_ms, m.warmup_calls, s) == pytest.approx(m.total_wall_s * 1e3, rel=0.05)
-    assert timing.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(calls_s * 1e3, rel=0.05)
+    assert warmup_ms <= statistics.warmup_bound_ms(s, max(m.wall_ms)) + 1e-9
+    assert statistics.accounted_batch_ms(m.wall_ms, m.warmup_calls, s) == pytest.approx(m.total_wall_s * 1e3, rel=0.05)
+    assert statistics.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(calls_s * 1e3, rel=0.05)
 
 
 def test_one_outsized_sample_cannot_account_for_the_bracket() -> None:
@@ -565,24 +570,24 @@ def test_one_outsized_sample_cannot_account_for_the_bracket() -> None:
     claims 0.01 ms per call: the outsized sample counts 20 medians, so the bracket check disagrees."""
     s = settings(warmup_calls=3, warmup_seconds=0.0, repeats=30)
     lying = [0.01] * 29 + [50.0]
-    accounted = timing.accounted_batch_ms(lying, 3, s)
-    assert accounted == pytest.approx(29 * 0.01 + timing.SAMPLE_CAP * 0.01 + 3 * 0.01)
-    assert timing.bracket_check(accounted, 50.4, 0.0)["disagrees"]
+    accounted = statistics.accounted_batch_ms(lying, 3, s)
+    assert accounted == pytest.approx(29 * 0.01 + statistics.SAMPLE_CAP * 0.01 + 3 * 0.01)
+    assert statistics.bracket_check(accounted, 50.4, 0.0)["disagrees"]
     honest = [1.0] * 29 + [15.0]  # a hiccup within the cap counts in full
-    assert timing.accounted_batch_ms(honest, 3, s) == pytest.approx(29.0 + 15.0 + 3.0)
-    assert not timing.bracket_check(timing.accounted_batch_ms(honest, 3, s), 47.5, 0.0)["disagrees"]
+    assert statistics.accounted_batch_ms(honest, 3, s) == pytest.approx(29.0 + 15.0 + 3.0)
+    assert not statistics.bracket_check(statistics.accounted_batch_ms(honest, 3, s), 47.5, 0.0)["disagrees"]
 
 
 def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
     wall = [0.01] * 30
-    honest = timing.accounted_batch_ms(wall, 5000, s)  # 5000 x 0.01 ms = the 50 ms budget
-    lying = timing.accounted_batch_ms(wall, 100_000, s)  # claims 1 s of warm-up
-    bound = timing.warmup_bound_ms(s, 0.01)
+    honest = statistics.accounted_batch_ms(wall, 5000, s)  # 5000 x 0.01 ms = the 50 ms budget
+    lying = statistics.accounted_batch_ms(wall, 100_000, s)  # claims 1 s of warm-up
+    bound = statistics.warmup_bound_ms(s, 0.01)
     assert honest == pytest.approx(0.3 + 50.0)
     assert lying == pytest.approx(0.3 + bound) and bound == pytest.approx(50.0 + 4 * 0.01)
     graph = replace(s, cuda_graph=True)
-    assert timing.warmup_bound_ms(graph, 0.01, n_input_sets=3) > 2 * 50.0  # two warm-ups, three captures
+    assert statistics.warmup_bound_ms(graph, 0.01, n_input_sets=3) > 2 * 50.0  # two warm-ups, three captures
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -596,9 +601,9 @@ def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     ({"device_ms": "1.0", "wall_ms": [1.0]}, "lists"),
 ])
 def test_invalid_samples_names_what_no_clock_produces(bad: dict[str, Any], reason: str) -> None:
-    problem = timing.invalid_samples({"warmup_calls": 3, **bad}, settings(repeats=30))
+    problem = statistics.invalid_samples({"warmup_calls": 3, **bad}, settings(repeats=30))
     assert problem is not None and re.search(reason, problem), problem
-    assert timing.invalid_samples({"device_ms": [0.5], "wall_ms": [0.6], "warmup_calls": 3}, settings(repeats=30)) is None
+    assert statistics.invalid_samples({"device_ms": [0.5], "wall_ms": [0.6], "warmup_calls": 3}, settings(repeats=30)) is None
 
 
 # ------------------------------------------------------------------------------------------

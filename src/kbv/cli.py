@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     from kbv.errors import USAGE_ERRORS
-    from kbv.worker import harden_process
+    from kbv.processes import harden_process
 
     harden_process()  # keep this process's environment (API keys) out of the candidates' reach
     try:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from kbv import statistics as kbv_timing
 from kbv import telemetry
 from kbv._version import __version__
-from kbv.child import timing as kbv_timing
 from kbv.protocol import TimingSettings
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, visible_devices
 

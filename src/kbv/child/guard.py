@@ -52,7 +52,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def _kill_descendants() -> None:
-    from kbv.worker import _contain
+    from kbv import processes as _contain
 
     me = os.getpid()
     for _ in range(5):  # a process forking while being killed leaves a child behind for the next round

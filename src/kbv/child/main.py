@@ -438,7 +438,7 @@ def _warm_cpu_kernels() -> None:
 
 if __name__ == "__main__":
     from kbv.child import guard as _guard
-    from kbv.worker import harden_process
+    from kbv.processes import harden_process
 
     _guard.install()  # subreaper for the candidate's orphans; exit at once when the parent dies
     harden_process()  # another worker (a candidate) must not read this one's memory or files

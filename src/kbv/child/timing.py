@@ -1,82 +1,47 @@
-"""Timing: clocks, the timing recipe, L2 flush, statistics with confidence intervals, cache keys.
+"""The timing recipe, run inside the worker: clocks, timers, the L2 flush, the timed loop, and the
+identity snapshot of every timing-relevant function.
 
-Two processes use this module:
+The candidate worker runs hostile code. It constructs a timer *before* importing the candidate,
+so the timer holds references to the real ``time.perf_counter``, ``torch.cuda.Event``,
+``torch.cuda.synchronize`` ... and a later monkey-patch of those names does not reach it. It also
+takes :func:`snapshot_identities` then, and :func:`verify_identities` afterwards reports which
+names the candidate replaced. None of this stops a determined candidate (it shares the process and
+can find the timer with ``gc``); it raises the bar, and the real defence is in the trusted parent,
+which never imports candidate code: every statistic is computed there from the raw samples, and
+each timed batch is bracketed by the parent's own clock (``kbv.statistics``).
 
-- the candidate **worker**, which runs hostile code. It constructs a timer *before* importing the
-  candidate, so the timer holds references to the real ``time.perf_counter``, ``torch.cuda.Event``,
-  ``torch.cuda.synchronize`` ... and a later monkey-patch of those names does not reach it. It
-  also takes :func:`snapshot_identities` then, and :func:`verify_identities` afterwards reports
-  which names the candidate replaced. None of this stops a determined candidate (it shares the
-  process and can find the timer with ``gc``); it raises the bar, and the real defence is below.
-- the trusted **parent**, which never imports candidate code. It computes every statistic from the
-  raw samples (:func:`summarize`, :func:`paired_speedup`), compares the two clocks the worker
-  reports (:func:`wall_vs_device_disagreement`), and brackets each timed batch with its own clock,
-  which the candidate cannot reach (:func:`bracket_check`).
+The recipe keeps raw per-call samples (a :class:`~kbv.samples.Measurement`); statistics are
+derived later. Everything is testable on the CPU: a :class:`Clock` is injectable, and
+:class:`CpuTimer` uses it as both the wall and the device clock.
 
-The recipe keeps raw per-call samples; statistics are derived later and carry named quality
-warnings whose thresholds are module constants. Everything is testable on the CPU: a
-:class:`Clock` is injectable, and :class:`CpuTimer` uses it as both the wall and the device clock.
-
-Import discipline: stdlib, numpy, torch and :mod:`kbv.protocol` only (the worker imports this
-module before the candidate), and nothing from ``torch.cuda`` is touched at import time.
+Import discipline: stdlib, torch, :mod:`kbv.protocol` and :mod:`kbv.samples` only (the worker
+imports this module before the candidate), and nothing from ``torch.cuda`` is touched at import
+time.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import math
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from kbv.protocol import TimingSettings
+from kbv.samples import Measurement, recipe_name
 
 # --------------------------------------------------------------------------------------------
 # Named thresholds. Each is written into a warning's meaning; change them here, nowhere else.
 # --------------------------------------------------------------------------------------------
-
-#: "noisy": the coefficient of variation (stdev / mean) of the samples exceeds this.
-NOISY_CV = 0.10
-#: "overhead_dominated": the median is below this (ms). A CUDA launch plus event recording costs
-#: a few microseconds, so below ~20 us the measurement says more about the launch path than the
-#: kernel, and speedups between such kernels are mostly noise.
-OVERHEAD_DOMINATED_MS = 0.02
-#: "few_samples": fewer samples than this (the time budget cut the run short).
-MIN_SAMPLES = 10
-#: "outliers": the largest sample exceeds this multiple of the median.
-OUTLIER_FACTOR = 3.0
-
-#: wall_vs_device_disagreement: the wall clock may exceed the device timer by the measured
-#: per-call overhead or by this fraction of the device time, whichever is larger ...
-WALL_DEVICE_REL_TOLERANCE = 0.5
-#: ... plus this absolute slack (ms), which absorbs the two synchronisations and the clock reads.
-#: On an H200 (torch 2.11) an empty call measured wall - device = 0.010 ms and 256..4096 matmuls
-#: 0.009..0.030 ms, while 3 side-stream 4096 matmuls measured 7.96 ms.
-WALL_DEVICE_SLACK_MS = 0.05
-
-#: bracket_check: the parent's bracket may exceed the worker's reported total by the expected
-#: overhead plus this absolute slack (ms: process scheduling, the private channel's latency) ...
-BRACKET_SLACK_ABS_MS = 2.0
-#: ... plus this fraction of the reported total (timer granularity and jitter that grow with the
-#: batch). An under-report smaller than this fraction goes unnoticed; that is the price of no
-#: false alarms.
-BRACKET_SLACK_REL = 0.10
 
 #: Warm-up stops after this many calls even if the time budget is not spent (guards against a
 #: clock that does not advance).
 MAX_WARMUP_CALLS = 100_000
 #: If ``L2_cache_size`` is missing from the device properties, assume this many bytes of L2.
 FALLBACK_L2_BYTES = 50 * 1024 * 1024
-#: Bootstrap resamples are drawn in chunks of at most this many elements, to bound memory.
-_BOOTSTRAP_CHUNK_ELEMENTS = 2_000_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,8 +239,8 @@ _TIME_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "
 _CUDA_NAMES = ("Event", "synchronize", "current_stream", "Stream", "stream", "graph", "CUDAGraph",
                "device", "_lazy_init")
 _EVENT_METHODS = ("record", "elapsed_time", "synchronize", "query", "wait")
-_OWN_NAMES = ("measure", "summarize", "paired_speedup", "wall_vs_device_disagreement", "bracket_check",
-              "make_l2_flush", "Measurement", "CudaTimer", "CpuTimer", "WallClock")
+# The statistics are not here: the parent computes them (kbv.statistics), out of the candidate's reach.
+_OWN_NAMES = ("measure", "make_l2_flush", "Measurement", "CudaTimer", "CpuTimer", "WallClock")
 # Holding the objects keeps their ids from being reused by a replacement after they are freed.
 _PINNED: list[object] = []
 
@@ -294,7 +259,7 @@ def _identity_targets() -> dict[str, object]:
     targets["torch.Tensor.zero_"] = torch.Tensor.zero_
     own = sys.modules[__name__]
     for name in _OWN_NAMES:
-        targets[f"kbv.timing.{name}"] = getattr(own, name, None)
+        targets[f"{__name__}.{name}"] = getattr(own, name, None)
     return targets
 
 
@@ -318,39 +283,6 @@ def verify_identities(snapshot: dict[str, int]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # The recipe
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Measurement:
-    """Raw per-call samples of one timed run, plus the regime they were taken under."""
-
-    recipe: str
-    device_ms: list[float] = field(default_factory=list)
-    wall_ms: list[float] = field(default_factory=list)
-    warmup_calls: int = 0
-    n_input_sets: int = 1
-    l2_flush: bool = False
-    total_wall_s: float = 0.0
-    timer: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown Measurement fields {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(data)
-        values["device_ms"] = [float(x) for x in values.get("device_ms", [])]
-        values["wall_ms"] = [float(x) for x in values.get("wall_ms", [])]
-        return cls(**values)
-
-
-def recipe_name(settings: TimingSettings) -> str:
-    """The regime's name as written into a measurement: graph replays are their own regime."""
-    return settings.recipe + ("+graph" if settings.cuda_graph else "")
 
 
 def measure(
@@ -457,309 +389,3 @@ def _timed_calls(fn: Callable[[int], object], settings: TimingSettings, n_input_
 
 # --------------------------------------------------------------------------------------------
 # Statistics (pure functions over raw samples; run them in the trusted parent)
-# --------------------------------------------------------------------------------------------
-
-
-def _as_array(samples: Sequence[float]) -> np.ndarray:
-    arr = np.asarray(samples, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("timing samples must be finite numbers")
-    return arr
-
-
-def _bootstrap_medians(arr: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    n = arr.size
-    per_chunk = max(1, _BOOTSTRAP_CHUNK_ELEMENTS // n)
-    out = np.empty(resamples)
-    for lo in range(0, resamples, per_chunk):
-        hi = min(resamples, lo + per_chunk)
-        idx = rng.integers(0, n, size=(hi - lo, n))
-        out[lo:hi] = np.median(arr[idx], axis=1)
-    return out
-
-
-def quality_warnings(n: int, median: float, cv: float, maximum: float) -> list[str]:
-    """Named warnings for a sample set; each compares against one module-level threshold."""
-    found = []
-    if n < MIN_SAMPLES:
-        found.append("few_samples")
-    if cv > NOISY_CV:
-        found.append("noisy")
-    if median < OVERHEAD_DOMINATED_MS:
-        found.append("overhead_dominated")
-    if maximum > OUTLIER_FACTOR * median:
-        found.append("outliers")
-    return found
-
-
-def summarize(samples_ms: Sequence[float], *, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Descriptive statistics of raw samples (ms), a bootstrap CI of the median, and warnings.
-
-    The CI is a percentile bootstrap: ``resamples`` resamples with replacement from a generator
-    seeded with ``seed`` (so a record can be recomputed exactly), 2.5th and 97.5th percentiles of
-    the resampled medians. ``stdev`` is the sample standard deviation (ddof=1); ``cv`` is
-    stdev / mean. Warnings: ``few_samples`` (n < MIN_SAMPLES), ``noisy`` (cv > NOISY_CV),
-    ``overhead_dominated`` (median < OVERHEAD_DOMINATED_MS), ``outliers`` (max > OUTLIER_FACTOR x
-    median). No samples gives None statistics and the warning ``no_samples``.
-    """
-    arr = _as_array(samples_ms)
-    n = int(arr.size)
-    if n == 0:
-        empty: dict[str, Any] = dict.fromkeys(
-            ("median", "mean", "min", "max", "stdev", "iqr", "cv", "ci95_low", "ci95_high"))
-        return {"n": 0, **empty, "n_outliers": 0, "resamples": resamples, "seed": seed,
-                "warnings": ["no_samples"]}
-    median = float(np.median(arr))
-    mean = float(arr.mean())
-    stdev = float(arr.std(ddof=1)) if n > 1 else 0.0
-    q25, q75 = np.percentile(arr, [25, 75])
-    cv = stdev / mean if mean > 0 else 0.0
-    boot = _bootstrap_medians(arr, resamples, np.random.default_rng(seed))
-    ci_low, ci_high = np.percentile(boot, [2.5, 97.5])
-    return {
-        "n": n,
-        "median": median,
-        "mean": mean,
-        "min": float(arr.min()),
-        "max": float(arr.max()),
-        "stdev": stdev,
-        "iqr": float(q75 - q25),
-        "cv": cv,
-        "ci95_low": float(ci_low),
-        "ci95_high": float(ci_high),
-        "n_outliers": int(np.sum(arr > OUTLIER_FACTOR * median)),
-        "resamples": resamples,
-        "seed": seed,
-        "warnings": quality_warnings(n, median, cv, float(arr.max())),
-    }
-
-
-def paired_speedup(
-    baseline_rounds: Sequence[Sequence[float]],
-    candidate_rounds: Sequence[Sequence[float]],
-    resamples: int = 1000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Speedup of the candidate over the baseline from interleaved rounds (A B A B ...).
-
-    Round ``r`` of the baseline and round ``r`` of the candidate were measured back to back, so
-    they share the machine's state (clocks, temperature, neighbours); the bootstrap keeps them
-    paired. ``speedup`` = median(all baseline samples) / median(all candidate samples). The 95%
-    interval is a two-level percentile bootstrap: draw rounds with replacement (the same round
-    indices for both sides), then samples with replacement within each drawn round, and take the
-    ratio of pooled medians. With one round only the sample level varies. ``per_round`` holds each
-    round's own median ratio; a spread among them shows drift the pooled number hides.
-    """
-    base = [_as_array(r) for r in baseline_rounds]
-    cand = [_as_array(r) for r in candidate_rounds]
-    if len(base) != len(cand) or not base:
-        raise ValueError(
-            f"paired_speedup needs the same, non-zero number of rounds on both sides; "
-            f"got {len(base)} baseline and {len(cand)} candidate rounds")
-    if any(r.size == 0 for r in base + cand):
-        raise ValueError("every round needs at least one sample")
-    if any(np.any(r <= 0) for r in base + cand):
-        raise ValueError("timing samples must be positive to form a speedup")
-    base_median = float(np.median(np.concatenate(base)))
-    cand_median = float(np.median(np.concatenate(cand)))
-    rng = np.random.default_rng(seed)
-    boot = np.empty(resamples)
-    k = len(base)
-    for j in range(resamples):
-        rounds = rng.integers(0, k, size=k)
-        b = np.concatenate([base[r][rng.integers(0, base[r].size, base[r].size)] for r in rounds])
-        c = np.concatenate([cand[r][rng.integers(0, cand[r].size, cand[r].size)] for r in rounds])
-        boot[j] = np.median(b) / np.median(c)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return {
-        "speedup": base_median / cand_median,
-        "ci95_low": float(low),
-        "ci95_high": float(high),
-        "per_round": [float(np.median(b) / np.median(c)) for b, c in zip(base, cand, strict=True)],
-        "baseline_median": base_median,
-        "candidate_median": cand_median,
-        "n_rounds": k,
-        "resamples": resamples,
-        "seed": seed,
-    }
-
-
-def wall_vs_device_disagreement(measurement: Measurement, overhead_ms: float) -> dict[str, Any]:
-    """Compare the device-wide wall clock with the device timer; flag work the events missed.
-
-    The events are recorded on the timed stream, so work the candidate enqueues on another stream
-    (or a background thread launches) lies outside them: the end event fires early and the device
-    time looks small. The wall samples synchronise the whole device before and after, so they
-    include that work. An honest call's wall time exceeds its device time only by fixed overhead
-    (``overhead_ms``: what the caller measured for an empty call, i.e. sync and launch costs).
-    ``disagrees`` when median(wall) - median(device) > max(overhead_ms, WALL_DEVICE_REL_TOLERANCE
-    x median(device)) + WALL_DEVICE_SLACK_MS; the relative term tolerates host-side launch gaps
-    that grow with the call. On the CPU the two clocks are the same, so this never fires there.
-    """
-    if not measurement.device_ms or not measurement.wall_ms:
-        raise ValueError("wall_vs_device_disagreement needs a measurement with samples")
-    device = float(np.median(measurement.device_ms))
-    wall = float(np.median(measurement.wall_ms))
-    allowed = max(overhead_ms, WALL_DEVICE_REL_TOLERANCE * device) + WALL_DEVICE_SLACK_MS
-    excess = wall - device
-    return {
-        "device_median_ms": device,
-        "wall_median_ms": wall,
-        "ratio": wall / device if device > 0 else math.inf,
-        "excess_ms": excess,
-        "allowed_excess_ms": allowed,
-        "disagrees": bool(excess > allowed),
-    }
-
-
-def bracket_check(reported_total_ms: float, parent_bracket_ms: float, expected_overhead_ms: float,
-                  *, n_calls: int = 1) -> dict[str, Any]:
-    """Compare the worker's reported total with the trusted parent's own bracket of the batch.
-
-    The parent reads its monotonic clock before it asks the worker to run a timed batch and after
-    the result arrives. Whatever the worker reports (the sum of its per-call wall samples, say),
-    real time passed in between, and the candidate cannot touch the parent's clock. An honest
-    worker's report falls short of the bracket only by the batch's untimed work
-    (``expected_overhead_ms``: warm-up, flushes, syncs, the channel), up to a slack of
-    BRACKET_SLACK_ABS_MS + BRACKET_SLACK_REL x reported_total_ms. A larger gap means the worker
-    under-reported (its clock or stats were tampered with): ``disagrees``. A report larger than
-    the bracket by more than the absolute slack is impossible: ``overreports``.
-
-    ``trusted_per_call_ms`` = (bracket - expected overhead) / n_calls, an upper-bound estimate of a
-    call's time that needs no trust in the worker; use it instead of the report when they disagree.
-    """
-    if n_calls < 1:
-        raise ValueError(f"n_calls must be >= 1, not {n_calls}")
-    gap = parent_bracket_ms - reported_total_ms
-    allowed = expected_overhead_ms + BRACKET_SLACK_ABS_MS + BRACKET_SLACK_REL * reported_total_ms
-    return {
-        "reported_total_ms": reported_total_ms,
-        "parent_bracket_ms": parent_bracket_ms,
-        "gap_ms": gap,
-        "allowed_gap_ms": allowed,
-        "trusted_per_call_ms": max(0.0, parent_bracket_ms - expected_overhead_ms) / n_calls,
-        "disagrees": bool(gap > allowed),
-        "overreports": bool(-gap > BRACKET_SLACK_ABS_MS),
-    }
-
-
-def warmup_bound_ms(settings: TimingSettings, largest_sample_ms: float, n_input_sets: int = 1) -> float:
-    """The longest an honest warm-up under ``settings`` lasts, from the recipe, not the worker's word.
-
-    :func:`_warm_up` stops at the first check after ``settings.warmup_calls`` calls were made and
-    ``settings.warmup_seconds`` passed, so it lasts at most warmup_seconds + (warmup_calls + 1) x the
-    slowest call. With ``cuda_graph`` there are two warm-ups (eager, covering every input set, then
-    replays) and one capture per input set. ``largest_sample_ms`` is the largest timed sample.
-    """
-    largest = max(0.0, float(largest_sample_ms))
-    budget_ms = settings.warmup_seconds * 1e3
-    bound = budget_ms + (settings.warmup_calls + 1) * largest
-    if settings.cuda_graph:
-        eager = budget_ms + (max(settings.warmup_calls, n_input_sets) + 1) * largest
-        bound += eager + n_input_sets * largest
-    return bound
-
-
-def accounted_batch_ms(wall_ms: Sequence[float], claimed_warmup_calls: int, settings: TimingSettings,
-                       n_input_sets: int = 1) -> float:
-    """How much of a timed batch the worker's report accounts for: the timed samples plus the warm-up.
-
-    The warm-up the worker implies (its claimed number of warm-up calls x its median sample, at
-    least the recipe's ``warmup_seconds``) is accepted only up to :func:`warmup_bound_ms`: a worker
-    that claims 100000 warm-up calls cannot stretch its account to cover a gap in the parent's bracket.
-    Each sample counts at most :data:`SAMPLE_CAP` times the median: one outsized sample (29 calls
-    of 0.01 ms and one of 50 ms) cannot account for a 50 ms bracket while the median says 0.01 ms.
-    """
-    wall = [float(x) for x in wall_ms]
-    if not wall:
-        return 0.0
-    median = float(np.median(wall))
-    capped = [min(x, SAMPLE_CAP * median) for x in wall]
-    claimed = max(settings.warmup_seconds * 1e3, max(0, int(claimed_warmup_calls)) * median)
-    return sum(capped) + min(claimed, warmup_bound_ms(settings, max(capped), n_input_sets))
-
-
-#: A sample beyond this multiple of its batch's median counts only as this multiple when the
-#: worker's report is held against the parent's bracket (an honest hiccup is smaller, or rare).
-SAMPLE_CAP = 20.0
-
-
-def trusted_per_call_ms(bracket_ms: float, overhead_ms: float, n_timed: int, settings: TimingSettings) -> float:
-    """A call's time from the parent's bracket and the recipe alone (no worker-reported count).
-
-    The bracket minus the expected overhead (``B``) holds the warm-up and ``n_timed`` calls of time
-    ``T``. The warm-up is either time-bound (it lasts ``warmup_seconds``: T = (B - warmup_seconds) /
-    n_timed) or count-bound (``warmup_calls`` calls: T = B / (warmup_calls + n_timed)); for an honest
-    batch the smaller of the two is its per-call time. ``n_timed`` is capped at ``settings.repeats``.
-    """
-    budget = max(0.0, float(bracket_ms) - float(overhead_ms))
-    n = max(1, min(int(n_timed), settings.repeats))
-    estimates = [budget / (settings.warmup_calls + n)]
-    if budget > settings.warmup_seconds * 1e3:
-        estimates.append((budget - settings.warmup_seconds * 1e3) / n)
-    return min(estimates)
-
-
-def invalid_samples(measurement: dict[str, Any], settings: TimingSettings) -> str | None:
-    """Why a worker-reported measurement cannot have come from the recipe's clocks, or None.
-
-    Samples must be finite and positive (a call takes time), there must be 1..``settings.repeats``
-    of each kind and as many wall samples as device samples, and the warm-up count must be a
-    non-negative integer. The parent checks this before any statistic, so a hostile worker's zero
-    or NaN becomes the candidate's outcome instead of an exception in the statistics.
-    """
-    device, wall = measurement.get("device_ms"), measurement.get("wall_ms")
-    if not isinstance(device, list) or not isinstance(wall, list):
-        return "device_ms and wall_ms must be lists of samples"
-    if not 1 <= len(device) <= settings.repeats or len(wall) != len(device):
-        return f"{len(device)} device and {len(wall)} wall samples (expected 1..{settings.repeats} of each, as many of both)"
-    for kind, samples in (("device_ms", device), ("wall_ms", wall)):
-        for i, x in enumerate(samples):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
-                return f"{kind}[{i}] = {x!r}: a timed call takes a finite, positive time"
-    warm = measurement.get("warmup_calls", 0)
-    if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
-        return f"warmup_calls = {warm!r} is not a non-negative integer"
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Baseline cache key
-# --------------------------------------------------------------------------------------------
-
-
-def baseline_cache_key(
-    problem_sha: str,
-    input_spec: dict[str, Any],
-    device: dict[str, Any],
-    torch_version: str,
-    timing_settings: TimingSettings | dict[str, Any],
-    baseline_name: str,
-    versions: dict[str, Any] | None = None,
-) -> str:
-    """sha256 of the canonical JSON of everything a cached baseline timing depends on.
-
-    ``device`` must name the GPU (``name``) and the driver (``driver_version``); other keys (CUDA
-    version, clocks, MIG profile) are included as given. Every timing setting is included, even
-    those that do not change a baseline's samples: a needless cache miss costs a re-measurement,
-    a wrong hit costs a wrong speedup. ``versions`` names the other software the measurement ran on
-    (``kbv``, whose timing recipe may change between releases, and ``triton`` when importable, which
-    the compiled baseline generates kernels with).
-    """
-    missing = [k for k in ("name", "driver_version") if k not in device]
-    if missing:
-        raise ValueError(f"baseline_cache_key: device needs {missing}; pass e.g. "
-                         "{'name': 'NVIDIA H200', 'driver_version': '580.65'}")
-    settings = (dataclasses.asdict(timing_settings) if isinstance(timing_settings, TimingSettings)
-                else dict(timing_settings))
-    payload = {
-        "problem_sha": problem_sha,
-        "input_spec": input_spec,
-        "device": device,
-        "torch_version": torch_version,
-        "timing_settings": settings,
-        "baseline": baseline_name,
-        "versions": dict(versions or {}),
-    }
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()

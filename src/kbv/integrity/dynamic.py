@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kbv.child import timing as kbv_timing
+from kbv import statistics as kbv_timing
 from kbv.integrity._registry import get_check, register_check
 from kbv.records import Finding
 from kbv.worker import WorkerFailed

@@ -27,6 +27,7 @@ from typing import Any
 
 from kbv import channel as _channel
 from kbv import telemetry
+from kbv.processes import harden_process as harden_process  # kbv.worker.harden_process, as documented
 from kbv.worker import _contain, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
 
@@ -69,25 +70,6 @@ def visible_devices(device: str) -> str | None:
 def worker_device(device: str) -> str:
     """The device name a worker uses: ``cuda`` for any ``cuda:N`` (it sees only that GPU)."""
     return "cuda" if device.startswith("cuda") else device
-
-
-def harden_process() -> bool:
-    """Make this process non-dumpable (Linux): its ``/proc/<pid>`` files (environ, mem, fd) become
-    root-owned, so a candidate running as the same non-root user cannot read the parent's API keys
-    or a reference worker's memory. No effect against a candidate running as root (see
-    docs/architecture.md, "What isolation does not cover"). Returns whether it was applied."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-_PR_SET_DUMPABLE = 4
 
 
 def cache_root() -> Path:

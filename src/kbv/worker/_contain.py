@@ -6,7 +6,7 @@ process, so nothing the candidate does in its own interpreter undoes it:
 
 - a cgroup (v2) per worker where the kernel lets this process create one: every process the worker
   starts stays in it whatever session or group it makes, and ``cgroup.kill`` ends them at once;
-- the worker is a child subreaper (``kbv.worker._guard``), so orphans of its children stay its
+- the worker is a child subreaper (``kbv.child.guard``), so orphans of its children stay its
   descendants in ``/proc``, and every worker carries a marker in its environment
   (:data:`MARKER_ENV`) that its children inherit; the parent's sweep at close kills all three sets
   (cgroup members, ``/proc`` descendants, marked processes);
@@ -25,68 +25,19 @@ import functools
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kbv.processes import Proc, kill_pids, process_table
+from kbv.processes import descendants as descendants  # the parent's callers read them here too
+from kbv.processes import read_proc as read_proc
+
 #: Environment variable every worker carries (``<owner pid>:<worker tag>``); children inherit it.
 MARKER_ENV = "KBV_WORKER_TAG"
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _CGROUP_PREFIX = "kbv-"
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One live (non-zombie) process as ``/proc`` shows it."""
-
-    pid: int
-    ppid: int
-    session: int
-    rss_bytes: int
-
-
-def process_table() -> dict[int, Proc]:
-    """Every live process this one can see, zombies excluded (they hold no memory and do no work)."""
-    table: dict[int, Proc] = {}
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return table
-    for entry in entries:
-        proc = read_proc(int(entry))
-        if proc is not None:
-            table[proc.pid] = proc
-    return table
-
-
-def read_proc(pid: int) -> Proc | None:
-    """One process from ``/proc/<pid>/stat``; None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # fields[0] is the state (field 3 of stat(5)); ppid is field 4, session 6, rss (pages) 24.
-    if fields[0] in ("Z", "X"):
-        return None
-    return Proc(pid, int(fields[1]), int(fields[3]), int(fields[21]) * _PAGE)
-
-
-def descendants(root: int, table: dict[int, Proc]) -> list[int]:
-    """Pids below ``root`` in the parent-child tree (``root`` itself excluded)."""
-    children: dict[int, list[int]] = {}
-    for proc in table.values():
-        children.setdefault(proc.ppid, []).append(proc.pid)
-    found: list[int] = []
-    frontier = [root]
-    while frontier:
-        nxt = [c for pid in frontier for c in children.get(pid, []) if c != root and c not in found]
-        found.extend(nxt)
-        frontier = nxt
-    return found
 
 
 def marked(marker: str, table: dict[int, Proc]) -> list[int]:
@@ -129,12 +80,6 @@ def peak_rss_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def kill_pids(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------------------
