@@ -40,7 +40,7 @@ def check(candidate_path: Path, problem_path: Path, protocol_name: str = "standa
     import torch
 
     from kbv.candidates import load_candidate
-    from kbv.execute._compile import arch_list_for, build_dir, compile_candidate
+    from kbv.worker.builds import arch_list_for, build_dir, compile_candidate
     from kbv.evaluation import evaluate
     from kbv.problems import load_problem
     from kbv.protocol import load_protocol

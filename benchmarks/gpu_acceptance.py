@@ -23,7 +23,7 @@ import torch
 
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
-from kbv.execute._compile import compile_candidate
+from kbv.worker.builds import compile_candidate
 from kbv.evaluation import evaluate
 from kbv.problems import (
     bundled_candidates_dir,

@@ -50,7 +50,7 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
     """On a GPU run, build every CUDA source the GPU tests use once, side by side, ahead of them:
     built one after another inside the tests, eight builds of 40-70 s each took the whole
     5-minute budget on the H200. The build cache is the one evaluation workers read
-    (``kbv.execute._compile``), so the tests then build nothing."""
+    (``kbv.worker.builds``), so the tests then build nothing."""
     if not any("gpu" in item.keywords for item in request.session.items):
         return
     import torch
@@ -61,7 +61,7 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
 
     from kbv import telemetry
     from kbv.candidates import load_candidate
-    from kbv.execute._compile import arch_list_for, compile_candidate, needs_build
+    from kbv.worker.builds import arch_list_for, compile_candidate, needs_build
 
     sources = [p for d in _GPU_BUILDS for p in sorted(d.glob("*.py")) if needs_build(p.read_text())]
     arch = arch_list_for(telemetry.compute_capability("cuda:0"))
@@ -72,6 +72,6 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
 def extensions_dir_of(path: Path) -> Path:
     """Where the prebuild put a source's extensions: an in-process import that builds there reuses them."""
     from kbv.candidates import load_candidate
-    from kbv.execute._compile import build_dir
+    from kbv.worker.builds import build_dir
 
     return build_dir(load_candidate(path, label="prebuild").source_sha256) / "torch_extensions"

@@ -18,10 +18,10 @@ from conftest import SUITE
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
 from kbv.execute import crashed_record, make_executor, run_pairs
-from kbv.execute._compile import CompileStage, compile_candidate
 from kbv.problems import load_problem
 from kbv.protocol import protocol_from_dict
 from kbv.records import Record
+from kbv.worker.builds import CompileStage, compile_candidate
 
 FAST = protocol_from_dict(
     {

@@ -40,7 +40,7 @@ def test_a_build_killed_midway_does_not_hang_later_evaluations() -> None:
     """torch leaves its build ``lock`` file behind when a build is killed; the next import would wait
     on it forever. kbv clears it under its own build lock, so the evaluation passes."""
     from kbv.candidates import load_candidate
-    from kbv.execute._compile import build_dir
+    from kbv.worker.builds import build_dir
 
     sha = load_candidate(FOUNDATION / "relu_cpp.py").source_sha256
     stale = build_dir(sha) / "torch_extensions" / "kbv_fixture_relu_cpp" / "lock"
@@ -54,7 +54,7 @@ def test_a_build_killed_midway_does_not_hang_later_evaluations() -> None:
 def test_build_lock_clears_stale_torch_locks_and_excludes_other_holders(tmp_path, monkeypatch) -> None:
     import fcntl
 
-    from kbv.execute._compile import build_dir, build_lock
+    from kbv.worker.builds import build_dir, build_lock
 
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path))
     stale = build_dir("ab" * 32) / "torch_extensions" / "ext" / "lock"
@@ -132,7 +132,7 @@ def test_record_round_trips_through_json() -> None:
 
 def test_a_build_that_failed_ahead_of_time_is_a_compile_error_without_rebuilding() -> None:
     from kbv.candidates import load_candidate
-    from kbv.execute._compile import compile_candidate
+    from kbv.worker.builds import compile_candidate
 
     candidate = load_candidate(FOUNDATION / "relu_cpp_broken.py")
     assert compile_candidate(candidate).status == "failed"

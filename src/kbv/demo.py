@@ -47,7 +47,7 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
     """Build every C++/CUDA extension once, in parallel, into the cache the workers use."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kbv.execute._compile import arch_list_for, compile_candidate, needs_build
+    from kbv.worker.builds import arch_list_for, compile_candidate, needs_build
 
     todo = [c for c in candidates if needs_build(c.source)]
     if not todo:

@@ -412,7 +412,7 @@ def _structure(ctx: _Context) -> InputStructure:
 
 
 def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
-    from kbv.execute._compile import build_lock, known_build_failure
+    from kbv.worker.builds import build_lock, known_build_failure
 
     message = known_build_failure(ctx.candidate.source_sha256)
     if message is not None:  # built (and failed) ahead of time by the compile stage

@@ -49,11 +49,11 @@ from kbv.execute._base import (
     is_harness_error,
     probe_hello,
 )
-from kbv.execute._compile import CompileResult, CompileStage, arch_list_for
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import Record
 from kbv.worker import cache_root
+from kbv.worker.builds import CompileResult, CompileStage, arch_list_for
 
 MAX_CUDA_ERRORS = 3
 ATTEMPTS = 2  # the first try and one retry elsewhere

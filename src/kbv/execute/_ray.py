@@ -32,10 +32,10 @@ from kbv.execute._base import (
     is_harness_error,
     probe_hello,
 )
-from kbv.execute._compile import arch_list_for, compile_candidate, needs_build
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import Record
+from kbv.worker.builds import arch_list_for, compile_candidate, needs_build
 
 ATTEMPTS = 2
 MAX_CUDA_ERRORS = 3

@@ -1,4 +1,4 @@
-"""Build-only entry point: ``python -m kbv.execute._build_child CANDIDATE.py``.
+"""Build-only entry point: ``python -m kbv.child.build CANDIDATE.py``.
 
 Imports the candidate so that its ``load_inline``/``load`` calls compile into ``TORCH_EXTENSIONS_DIR``
 (the same directory the evaluation worker will use), then exits. It runs with the worker's scrubbed

@@ -1,6 +1,6 @@
 """Ahead-of-time compilation: build a candidate's extensions before a GPU slot needs them.
 
-A build runs ``kbv.execute._build_child`` in a fresh process with the worker's scrubbed environment
+A build runs ``kbv.child.build`` in a fresh process with the worker's scrubbed environment
 and the very ``TORCH_EXTENSIONS_DIR`` / ``TRITON_CACHE_DIR`` that ``kbv.worker.Worker`` gives the
 candidate worker (``cache_root()/builds/<source sha[:32]>``), so the evaluation worker later finds
 the build done and ninja has nothing to do.
@@ -157,7 +157,7 @@ def _run_build_child(candidate: Candidate, extensions: Path, triton_dir: Path, a
         log = home / "build.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kbv.execute._build_child", str(source)],
+                [sys.executable, "-m", "kbv.child.build", str(source)],
                 env=env,
                 cwd=home,
                 stdin=subprocess.DEVNULL,

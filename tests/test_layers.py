@@ -1,0 +1,142 @@
+"""The import graph of src/kbv, imports inside functions included (grimp): every module sits in one
+layer, no import points from a lower layer to a higher one, there is no import cycle, and the trust
+boundary holds (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+grimp = pytest.importorskip("grimp", reason="the dev extra installs grimp")
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: Highest first. A module may import its own layer or any layer below it, never one above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("command line", ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.errors")),
+    ("commands", ("kbv.demo", "kbv.batch", "kbv.generate", "kbv.generate.*")),
+    ("executors", ("kbv.execute", "kbv.execute.*")),
+    ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation")),
+    ("measurement and judgement", ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit")),
+    ("results", ("kbv.store", "kbv.report", "kbv.report.*", "kbv.metrics")),
+    ("parent side of the worker", ("kbv.worker", "kbv.worker.*", "kbv.statistics")),
+    ("child side of the worker", ("kbv.child", "kbv.child.*")),
+    ("shared by both sides", ("kbv.channel", "kbv.handoff", "kbv.processes", "kbv.samples", "kbv.inputs", "kbv.telemetry", "kbv.problems", "kbv.problems._loader", "kbv.problems.structure", "kbv.candidates")),
+    ("foundation", ("kbv.protocol", "kbv.records", "kbv.devices", "kbv._version")),
+]
+
+#: What the worker process must never hold: verdicts, comparisons, statistics and the store.
+TRUSTED_ONLY = ("kbv.evaluation", "kbv.api", "kbv.correctness", "kbv.integrity", "kbv.metrics", "kbv.statistics", "kbv.performance", "kbv.store", "kbv.report", "kbv.execute", "kbv.batch", "kbv.worker")
+
+
+@pytest.fixture(scope="module")
+def graph() -> object:
+    import sys
+
+    sys.path.insert(0, str(SRC))  # the tree under test, whatever kbv is installed
+    try:
+        return grimp.build_graph("kbv", include_external_packages=False, cache_dir=None)
+    finally:
+        sys.path.remove(str(SRC))
+
+
+def _modules(graph: object) -> list[str]:
+    return sorted(m for m in graph.modules if not m.startswith("kbv.suite"))  # type: ignore[attr-defined]
+
+
+def _layer(module: str) -> int | None:
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if module == pattern or (pattern.endswith(".*") and module.startswith(pattern[:-1])):
+                return index
+    return None
+
+
+def test_every_module_is_in_a_layer(graph: object) -> None:
+    assert [m for m in _modules(graph) if _layer(m) is None] == []
+
+
+def test_no_import_goes_up_a_layer(graph: object) -> None:
+    upward = []
+    for module in _modules(graph):
+        for imported in graph.find_modules_directly_imported_by(module):  # type: ignore[attr-defined]
+            if imported.startswith("kbv.suite"):
+                continue
+            if (_layer(imported) or 0) < (_layer(module) or 0):
+                upward.append(f"{module} ({LAYERS[_layer(module) or 0][0]}) imports {imported} ({LAYERS[_layer(imported) or 0][0]})")
+    assert upward == []
+
+
+def test_there_is_no_import_cycle(graph: object) -> None:
+    modules = set(_modules(graph))
+    cycles = []
+    for module in sorted(modules):
+        for imported in graph.find_modules_directly_imported_by(module):  # type: ignore[attr-defined]
+            if imported in modules and graph.chain_exists(imported, module):  # type: ignore[attr-defined]
+                cycles.append(f"{module} -> {imported} -> ... -> {module}")
+    assert cycles == []
+
+
+def _runtime_closure(graph: object, roots: list[str]) -> set[str]:
+    """What importing ``roots`` runs: their imports (inside functions too, not under TYPE_CHECKING)
+    and every package above each module reached, whose ``__init__`` runs first."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        for imported in graph.find_modules_directly_imported_by(module):  # type: ignore[attr-defined]
+            details = graph.get_import_details(importer=module, imported=imported)  # type: ignore[attr-defined]
+            if any("TYPE_CHECKING" not in (d.get("line_contents") or "") for d in details) and not _only_type_checking(module, imported):
+                todo.append(imported)
+    return seen
+
+
+def _only_type_checking(importer: str, imported: str) -> bool:
+    """Whether every import of ``imported`` in ``importer`` sits under ``if TYPE_CHECKING:``."""
+    import ast
+
+    path = SRC.joinpath(*importer.split("."))
+    source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
+    guarded, anywhere = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            guarded.update(id(n) for child in node.body for n in ast.walk(child))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            if imported in names:
+                anywhere.add(id(node))
+    return bool(anywhere) and anywhere <= guarded
+
+
+def test_the_worker_process_holds_no_verdict_store_or_comparison(graph: object) -> None:
+    children = [m for m in _modules(graph) if m == "kbv.child" or m.startswith("kbv.child.")]
+    closure = _runtime_closure(graph, children)
+    assert sorted(m for m in closure if any(m == t or m.startswith(t + ".") for t in TRUSTED_ONLY)) == []
+
+
+def test_no_trusted_module_imports_the_child_side(graph: object) -> None:
+    """Candidate code is loaded only by the worker's own modules (kbv.child): no module outside that
+    package imports any of it, so the parent never runs what a candidate worker runs."""
+    importers = []
+    for module in _modules(graph):
+        if module == "kbv.child" or module.startswith("kbv.child."):
+            continue
+        importers += [f"{module} imports {m}" for m in graph.find_modules_directly_imported_by(module) if m.startswith("kbv.child")]  # type: ignore[attr-defined]
+    assert importers == []
+
+
+def test_only_the_child_loads_candidate_code() -> None:
+    """The loader that executes a candidate's module is called from kbv.child only."""
+    callers = []
+    for path in sorted((SRC / "kbv").rglob("*.py")):
+        if "suite" in path.parts or "child" in path.parts:
+            continue
+        if "load_module(" in path.read_text() and path.name != "_loader.py" and path.parent.name != "problems":
+            callers.append(str(path.relative_to(SRC)))
+    assert callers == []
