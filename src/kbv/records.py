@@ -196,7 +196,7 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types: the enums as their strings."""
         data = dataclasses.asdict(self)
-        data["outcome"] = self.outcome.value
+        data["outcome"] = Outcome(self.outcome).value  # also when a caller assigned a plain string
         for finding in data["findings"]:
             finding["severity"] = Severity(finding["severity"]).value
         return data
