@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation")),
     ("measurement and judgement", ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit")),
     ("results", ("kbv.store", "kbv.report", "kbv.report.*", "kbv.metrics")),
-    ("parent side of the worker", ("kbv.worker", "kbv.worker.*", "kbv.statistics")),
+    ("parent side of the worker", ("kbv.worker", "kbv.worker.*", "kbv.statistics", "kbv.device_lock")),
     ("child side of the worker", ("kbv.child", "kbv.child.*")),
     ("shared by both sides", ("kbv.channel", "kbv.handoff", "kbv.processes", "kbv.samples", "kbv.inputs", "kbv.telemetry", "kbv.problems", "kbv.problems._loader", "kbv.problems.structure", "kbv.candidates")),
     ("foundation", ("kbv.protocol", "kbv.records", "kbv.devices", "kbv._version")),

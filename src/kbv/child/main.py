@@ -64,7 +64,7 @@ def main(fd: int) -> None:
     state = _State()
     facts = _environment_facts()
     with contextlib.suppress(ImportError):
-        from kbv.worker import _probes  # type: ignore[attr-defined,unused-ignore]
+        from kbv.child import probes as _probes  # type: ignore[attr-defined,unused-ignore]
 
         _probes.note_boot_modules()  # what booting imported (the profiler may import Triton) is not the candidate's
     _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
