@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grimp  # the dev extra installs it
 import pytest
 
-grimp = pytest.importorskip("grimp", reason="the dev extra installs grimp")
+import kbv
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(kbv.__file__).resolve().parents[1]  # the tree grimp analyses: the kbv that is imported
 
 #: Highest first. A module may import its own layer or any layer below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -32,13 +33,7 @@ TRUSTED_ONLY = ("kbv.evaluation", "kbv.api", "kbv.correctness", "kbv.integrity",
 
 @pytest.fixture(scope="module")
 def graph() -> object:
-    import sys
-
-    sys.path.insert(0, str(SRC))  # the tree under test, whatever kbv is installed
-    try:
-        return grimp.build_graph("kbv", include_external_packages=False, cache_dir=None)
-    finally:
-        sys.path.remove(str(SRC))
+    return grimp.build_graph("kbv", include_external_packages=False, cache_dir=None)
 
 
 def _modules(graph: object) -> list[str]:
@@ -79,8 +74,8 @@ def test_there_is_no_import_cycle(graph: object) -> None:
 
 
 def _runtime_closure(graph: object, roots: list[str]) -> set[str]:
-    """What importing ``roots`` runs: their imports (inside functions too, not under TYPE_CHECKING)
-    and every package above each module reached, whose ``__init__`` runs first."""
+    """What importing ``roots`` runs: their imports (inside functions too, not those under
+    ``if TYPE_CHECKING:``) and every package above each module reached, whose ``__init__`` runs first."""
     seen: set[str] = set()
     todo = list(roots)
     while todo:
@@ -90,10 +85,7 @@ def _runtime_closure(graph: object, roots: list[str]) -> set[str]:
         seen.add(module)
         parts = module.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        for imported in graph.find_modules_directly_imported_by(module):  # type: ignore[attr-defined]
-            details = graph.get_import_details(importer=module, imported=imported)  # type: ignore[attr-defined]
-            if any("TYPE_CHECKING" not in (d.get("line_contents") or "") for d in details) and not _only_type_checking(module, imported):
-                todo.append(imported)
+        todo.extend(m for m in graph.find_modules_directly_imported_by(module) if not _only_type_checking(module, m))  # type: ignore[attr-defined]
     return seen
 
 
@@ -132,11 +124,18 @@ def test_no_trusted_module_imports_the_child_side(graph: object) -> None:
 
 
 def test_only_the_child_loads_candidate_code() -> None:
-    """The loader that executes a candidate's module is called from kbv.child only."""
-    callers = []
+    """Candidate files are executed by kbv.child only (the worker's entry point and the build
+    process). The parent executes problem files alone: through kbv.problems' loader, on a problem's
+    own path."""
+    import re
+
+    executes, loads = [], []
     for path in sorted((SRC / "kbv").rglob("*.py")):
-        if "suite" in path.parts or "child" in path.parts:
+        relative = path.relative_to(SRC).as_posix()
+        if relative.startswith(("kbv/suite/", "kbv/child/")):
             continue
-        if "load_module(" in path.read_text() and path.name != "_loader.py" and path.parent.name != "problems":
-            callers.append(str(path.relative_to(SRC)))
-    assert callers == []
+        text = path.read_text()
+        if ("spec_from_file_location" in text or "exec_module(" in text) and relative != "kbv/problems/_loader.py":
+            executes.append(relative)
+        loads += [f"{relative}: {m.group(0)}" for m in re.finditer(r"(?<!def )\bload_module\((?!problem\.path\b)[^)]*\)", text)]
+    assert (executes, loads) == ([], [])
