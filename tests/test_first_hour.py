@@ -71,7 +71,7 @@ def test_problem_errors_count_in_no_metric_and_are_listed_apart(tmp_path: Path) 
     from kbv.report.terminal import render_summary
 
     records = [_record("passed", speedup=2.0, problem="a"), _record("problem_error", problem="b")]
-    summary = metrics.summarize(records)
+    summary = metrics.aggregate(records)
     assert summary["n"] == 1 and summary["correct_rate"] == 1.0 and summary["problem_errors"] == 1
     assert summary["comparable_geomean"] == pytest.approx(2.0)  # not pulled to 1.0 by the broken problem
     assert compare_protocols([_record("problem_error", "standard", problem="b")], [_record("problem_error", problem="b")])["pairs"] == 0

@@ -205,7 +205,7 @@ def test_pass_at_k() -> None:
     assert list(table) == [1, 2] and table[1] == pytest.approx(0.125) and table[2] == pytest.approx(0.25)
     assert list(metrics.pass_at_k_table(records + samples("4", 2, 5))) == [1, 2, 5]
     assert metrics.pass_at_k_table([make_record()]) == {} and metrics.pass_at_k_table([]) == {}
-    assert metrics.summarize(records)["pass_at_k"] == table
+    assert metrics.aggregate(records)["pass_at_k"] == table
 
 
 def test_bootstrap_is_deterministic_and_brackets(mixed: list[Record]) -> None:
@@ -233,9 +233,9 @@ def test_bootstrap_resamples_problems_not_records() -> None:
 
 
 def test_summarize_empty_and_full(mixed: list[Record]) -> None:
-    empty = metrics.summarize([], ci=True)
+    empty = metrics.aggregate([], ci=True)
     assert empty["n"] == 0 and empty["correct_rate"] is None and empty["correct_rate_ci"] is None
-    full = metrics.summarize(mixed, ci=True)
+    full = metrics.aggregate(mixed, ci=True)
     assert full["n"] == 4 and full["problems"] == 4
     assert full["hack_patterns"] == {"timing_tamper": 1}
     assert full["pass_at_1"] is None and full["pass_at_k"] == {}

@@ -10,7 +10,7 @@ Common rules:
   the strings ``"nan"``/``"inf"`` (how JSON stores non-finite numbers) are not usable.
 - Rates over an empty list are ``None`` (undefined), not 0; counts over an empty list are 0.
 - A ``problem_error`` record (the problem could not produce its own reference output) is the
-  problem's fault: :func:`summarize` leaves it out of every metric of the model and counts it
+  problem's fault: :func:`aggregate` leaves it out of every metric of the model and counts it
   apart (``problem_errors``); :func:`counted` is that filter.
 - Unless ``baseline`` is given, speedups are ``record.speedup["best"]`` (speedup against the
   fastest baseline the protocol measured). ``baseline="eager_fp32"`` reads that baseline instead.
@@ -311,7 +311,7 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
-def summarize(records: Sequence[Record], baseline: str | None = None, ci: bool = False) -> dict[str, Any]:
+def aggregate(records: Sequence[Record], baseline: str | None = None, ci: bool = False) -> dict[str, Any]:
     """The headline numbers of one group of records, as a plain dict (used by the reports).
     Problem errors are left out of every number and counted in ``problem_errors``."""
     everything = len(records)

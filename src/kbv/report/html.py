@@ -110,7 +110,7 @@ def _level_rows(records: list[Record]) -> list[dict[str, Any]]:
     """One row per (label, protocol, level): models are never mixed in one row."""
     groups = metrics.group_by(records, lambda r: (metrics.label_of(r), protocol_name(r), metrics.level_of(r)))
     rows = [
-        {"label": label, "protocol": protocol, "level": "-" if level is None else level, **metrics.summarize(group)}
+        {"label": label, "protocol": protocol, "level": "-" if level is None else level, **metrics.aggregate(group)}
         for (label, protocol, level), group in groups.items()
     ]
     return sorted(rows, key=lambda r: (r["label"], r["protocol"], str(r["level"])))

@@ -30,12 +30,12 @@ def protocol_name(record: Record) -> str:
 
 
 def leaderboard_rows(records: Sequence[Record], ci: bool = False) -> list[dict[str, Any]]:
-    """One row per (label, protocol): :func:`kbv.metrics.summarize` of its records (with bootstrap
+    """One row per (label, protocol): :func:`kbv.metrics.aggregate` of its records (with bootstrap
     intervals when ``ci``), sorted by protocol, then comparable geomean (best first)."""
     rows = []
     groups = metrics.group_by(records, lambda r: (metrics.label_of(r), protocol_name(r)))
     for (label, protocol), group in groups.items():
-        summary = metrics.summarize(group, ci=ci)
+        summary = metrics.aggregate(group, ci=ci)
         rows.append({"label": label, "protocol": protocol, **summary})
     rows.sort(key=lambda row: (row["protocol"], -(row["comparable_geomean"] or 0.0), row["label"]))
     return rows
