@@ -6,7 +6,7 @@ The public facade. Everything else is private and may change between releases::
     record = kbv.evaluate_paths("problem.py", "candidate.py", protocol="verified")
     print(record.outcome, record.speedup["best"])
 
-Names are imported lazily so that a worker process, which imports ``kbv.worker._child``, loads only
+Names are imported lazily so that a worker process, which imports ``kbv.child.main``, loads only
 what running a model needs and never the trusted side's comparison or verdict code.
 """
 

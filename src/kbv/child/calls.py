@@ -38,7 +38,7 @@ _KEEP = 50
 
 
 def candidate_files() -> set[str]:
-    """Source files of the candidate module(s) loaded in this worker (``kbv.worker._child`` names them)."""
+    """Source files of the candidate module(s) loaded in this worker (``kbv.child.main`` names them)."""
     files: set[str] = set()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None) if name.startswith("kbv_candidate_") else None

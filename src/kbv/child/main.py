@@ -1,4 +1,4 @@
-"""The worker's entry point: ``python -m kbv.worker._child FD``.
+"""The worker's entry point: ``python -m kbv.child.main FD ROLE``.
 
 This process executes; it never decides. It loads a problem (and, in a candidate worker, the
 candidate), makes inputs from per-call seeds with kbv's own generator, runs forward calls and timing
@@ -367,7 +367,7 @@ _HANDLERS = {
 
 
 def _register_probes() -> None:
-    """Integrity probes (kbv.worker._probes) add their own requests to this worker."""
+    """Integrity probes (kbv.child.probes) add their own requests to this worker."""
     try:
         from kbv.child import probes as _probes  # type: ignore[attr-defined,unused-ignore]
     except ImportError:

@@ -1,6 +1,6 @@
 """Integrity probes: extra worker requests that report raw observations, never verdicts.
 
-``kbv.worker._child`` merges :data:`HANDLERS` into its request table at start-up, before any
+``kbv.child.main`` merges :data:`HANDLERS` into its request table at start-up, before any
 candidate code is imported. Each probe runs the loaded model in a controlled way and reports what it
 saw (checksums, storage ranges, thread and process counts, numeric flags, outputs handed over).
 The trusted parent (``kbv.integrity.dynamic``) compares those observations with the reference
@@ -417,7 +417,7 @@ def _uses_triton_since_boot() -> bool:
 def _frozen(handlers: dict[str, Any]) -> dict[str, Any]:
     """Copies of the probes whose global names resolve in a private copy of this module's namespace.
 
-    A candidate that rebinds ``kbv.worker._probes._checksum`` (or any helper here) after import
+    A candidate that rebinds ``kbv.child.probes._checksum`` (or any helper here) after import
     changes the module, not the copies the worker calls. It could still reach the copies through
     ``gc``; nothing in-process is safe from a determined candidate, which is why verdicts on outputs
     are made in the parent.
