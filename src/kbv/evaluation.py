@@ -302,6 +302,9 @@ class Session:
     rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
+    # The per-call time the parent's bracket supports, once timing_disagreement has corrected the
+    # speedup with it; plausibility reads it.
+    trusted_candidate_ms: float | None = None
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
