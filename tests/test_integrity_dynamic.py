@@ -182,7 +182,7 @@ def test_triton_imported_while_booting_is_not_the_candidates_custom_code(monkeyp
     import sys
     import types
 
-    from kbv.worker import _probes
+    from kbv.child import probes as _probes
 
     fake_triton = types.ModuleType("triton")
     monkeypatch.setitem(sys.modules, "triton", fake_triton)
