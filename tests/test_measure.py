@@ -272,7 +272,7 @@ def test_the_cpu_times_eager_tf32_not_at_all_and_the_gpu_times_both() -> None:
 
 
 def test_timing_input_sets_shrink_only_for_inputs_too_large_to_rotate() -> None:
-    from kbv.pipeline import TIMING_SETS_BYTES, timing_input_sets
+    from kbv.evaluation import TIMING_SETS_BYTES, timing_input_sets
 
     assert timing_input_sets(3, [4096 * 4096, 4096 * 4096]) == 3  # 128 MiB per set
     assert timing_input_sets(3, [1_600_000_000]) == 1  # 6.4 GB in + 6.4 GB out per set

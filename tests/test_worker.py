@@ -190,7 +190,7 @@ def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> N
     from conftest import FOUNDATION, RELU
 
     from kbv.candidates import load_candidate
-    from kbv.pipeline import worker_specs
+    from kbv.evaluation import worker_specs
     from kbv.problems import load_problem
     from kbv.protocol import STANDARD, VERIFIED
     from kbv.worker import _spec_key
