@@ -15,8 +15,8 @@ SRC = Path(kbv.__file__).resolve().parents[1]  # the tree grimp analyses: the kb
 
 #: Highest first. A module may import its own layer or any layer below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("command line", ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.errors")),
-    ("commands", ("kbv.demo", "kbv.batch", "kbv.generate", "kbv.generate.*")),
+    ("command line", ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.protocol_audit._cli", "kbv.errors")),
+    ("commands", ("kbv.demo", "kbv.batch", "kbv.generate", "kbv.generate.*", "kbv.protocol_audit", "kbv.protocol_audit.*")),
     ("executors", ("kbv.execute", "kbv.execute.*")),
     ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation")),
     ("measurement and judgement", ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit")),
@@ -125,9 +125,12 @@ def test_no_trusted_module_imports_the_child_side(graph: object) -> None:
 
 def test_only_the_child_loads_candidate_code() -> None:
     """Candidate files are executed by kbv.child only (the worker's entry point and the build
-    process). The parent executes problem files alone: through kbv.problems' loader, on a problem's
-    own path."""
+    process). The parent executes problem files alone (kbv.problems' loader, on a problem's own
+    path) and the protocol audit's controls and mutants, which kbv writes from a problem's own
+    source only (as trusted as the problem)."""
     import re
+
+    parent_may_execute = {"kbv/problems/_loader.py", "kbv/protocol_audit/_generate.py"}
 
     executes, loads = [], []
     for path in sorted((SRC / "kbv").rglob("*.py")):
@@ -135,7 +138,7 @@ def test_only_the_child_loads_candidate_code() -> None:
         if relative.startswith(("kbv/suite/", "kbv/child/")):
             continue
         text = path.read_text()
-        if ("spec_from_file_location" in text or "exec_module(" in text) and relative != "kbv/problems/_loader.py":
+        if ("spec_from_file_location" in text or "exec_module(" in text) and relative not in parent_may_execute:
             executes.append(relative)
         loads += [f"{relative}: {m.group(0)}" for m in re.finditer(r"(?<!def )\bload_module\((?!problem\.path\b)[^)]*\)", text)]
     assert (executes, loads) == ([], [])

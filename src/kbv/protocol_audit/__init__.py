@@ -47,13 +47,13 @@ def audit_protocols(
     so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
     honest candidates (named after their problems), counted as controls. ``evaluate=False``
     summarises what the store already holds (an audit cut short) without evaluating anything."""
-    from kbv import batch
     from kbv.candidates import load_candidate, scan_candidates
-    from kbv.pipeline import default_device
+    from kbv.evaluation import default_device
+    from kbv.execute import make_executor
     from kbv.problems import load_problems
     from kbv.protocol import load_protocol
     from kbv.protocol_audit._generate import Spec, problem_specs
-    from kbv.store import Store, record_key
+    from kbv.store import Store, pair_key, record_key
 
     device = device or default_device()
     resolved = [load_protocol(p) for p in protocols]
@@ -84,9 +84,9 @@ def audit_protocols(
         if evaluate:
             _evaluate(store, pairs, resolved, device, timeout_s, console, result)
         else:
-            result.env = batch.probe_environment(device)
+            result.env = make_executor("sequential", device=device).probe()
         for protocol in resolved:
-            wanted = {batch.store_key(p, c, protocol, result.env, timeout_s) for p, c in pairs}
+            wanted = {pair_key(p, c, protocol.with_timeout(timeout_s), result.env) for p, c in pairs}
             records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
             result.records.extend(records)
             rows = [make_row(owners[key], r) for r in records if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners]
