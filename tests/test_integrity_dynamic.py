@@ -97,7 +97,9 @@ def test_timing_disagreement_corrects_the_speedup() -> None:
     ctx = _ctx(timing=_timing(cand, base), speedup=speedup)
     findings = dynamic.check_timing_disagreement(ctx)
     assert findings and findings[0].severity == "fail"
-    assert speedup["best"] < 13.0  # corrected in place: 1 ms / ((400 - 5) ms / 5030 calls)
+    assert ctx.corrections["speedup"]["best"] < 13.0  # corrected: 1 ms / ((400 - 5) ms / 5030 calls)
+    assert speedup["best"] == 100.0  # the check returns the correction; the session is left alone
+    assert ctx.speedup()["best"] == ctx.corrections["speedup"]["best"]  # what plausibility reads
 
 
 def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -> None:
@@ -105,10 +107,10 @@ def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -
     1.8 ms trusted), but a claim within LIE_FACTOR of the trusted figure is not called a hack."""
     base = [_round(0.085, 1.0)] * 3
     busy = [_round(0.110, 1.0)] * 3  # 30 ms of samples + 50 ms warm-up, bracketed at 110 ms
-    speedup = {"eager_fp32": 1.0, "best": 1.0}
-    findings = dynamic.check_timing_disagreement(_ctx(timing=_timing(busy, base), speedup=speedup))
+    ctx = _ctx(timing=_timing(busy, base), speedup={"eager_fp32": 1.0, "best": 1.0})
+    findings = dynamic.check_timing_disagreement(ctx)
     assert [f.severity for f in findings] == ["warn"]
-    assert 0.4 < speedup["best"] < 1.0
+    assert 0.4 < ctx.corrections["speedup"]["best"] < 1.0
 
 
 def test_timing_agreement_and_one_noisy_round_do_not_fire() -> None:
@@ -122,10 +124,10 @@ def test_a_claimed_huge_warmup_does_not_hide_a_gap() -> None:
     the speedup is corrected from the bracket and the recipe, not from the claimed count."""
     base = [_round(0.085, 1.0)] * 3
     lying = [_round(0.400, 0.01, warmup_calls=100_000)] * 3
-    speedup = {"eager_fp32": 100.0, "best": 100.0}
-    findings = dynamic.check_timing_disagreement(_ctx(timing=_timing(lying, base), speedup=speedup))
+    ctx = _ctx(timing=_timing(lying, base), speedup={"eager_fp32": 100.0, "best": 100.0})
+    findings = dynamic.check_timing_disagreement(ctx)
     assert [f.severity for f in findings] == ["fail"]
-    assert speedup["best"] < 0.2  # (400 - 5 - 50) ms / 30 calls = 11.5 ms per call against 1 ms
+    assert ctx.corrections["speedup"]["best"] < 0.2  # (400 - 5 - 50) ms / 30 calls = 11.5 ms per call against 1 ms
     honest = [_round(0.056, 0.01, warmup_calls=5000)] * 3  # 50 ms warm-up + 0.3 ms + 5 ms overhead
     assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 100.0})) == []
 
@@ -141,7 +143,7 @@ def test_wrong_timed_call_outputs_fail_and_keep_the_speedup_withdrawn() -> None:
     assert [f.severity for f in findings] == ["fail"] and "round 2, call 29" in findings[0].detail
     assert dynamic.timed_call_findings(timing) == findings  # what the pipeline reports without dynamic checks
     dynamic.check_timing_disagreement(ctx)  # the lying clock fires, yet nothing brings a speedup back
-    assert speedup == {"eager_fp32": None, "best": None}
+    assert speedup == {"eager_fp32": None, "best": None} and ctx.speedup() == speedup
 
 
 def test_plausibility_warns_on_large_speedup_on_cpu() -> None:

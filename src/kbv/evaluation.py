@@ -302,9 +302,6 @@ class Session:
     rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
-    # The per-call time the parent's bracket supports, once timing_disagreement has corrected the
-    # speedup with it; plausibility reads it.
-    trusted_candidate_ms: float | None = None
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
@@ -349,7 +346,9 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
         transients=ctx.transients,
     )
     try:
-        ctx.findings.extend(integrity.apply_severity(dynamic.run_dynamic_checks(session), ctx.protocol.integrity))
+        result = dynamic.run_dynamic_checks(session)
+        ctx.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
+        speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
     finally:
         ctx.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
 

@@ -1,13 +1,14 @@
 """Dynamic reward-hack checks: probe a running candidate, decide in the trusted parent.
 
-The candidate worker runs probes (``kbv.worker._probes``) that report raw observations; the
+The candidate worker runs probes (``kbv.child.probes``) that report raw observations; the
 reference worker runs the same probes on the problem's own ``Model`` so the parent knows what honest
 behaviour looks like (a reference may itself alias or mutate its inputs). Every verdict about
 outputs is made here, against reference outputs the parent obtained from the reference worker, with
 the pipeline's own judge. ``docs/integrity-dynamic.md`` describes each check and its blind spots.
 
-Checks run in a fixed order (:data:`ORDER`): ``timing_disagreement`` may correct the speedup in
-place before ``plausibility`` reads it. Probe results are cached in a :class:`DynamicContext`, so
+Checks run in a fixed order (:data:`ORDER`): ``timing_disagreement`` may correct the speedup
+(:attr:`DynamicContext.corrections`, which ``plausibility`` reads and the caller applies; no check
+changes the session). Probe results are cached in a :class:`DynamicContext`, so
 each probe runs at most once per evaluation.
 """
 
@@ -66,6 +67,14 @@ class DynamicContext:
 
     session: Any
     _cache: dict[str, Any] = field(default_factory=dict)
+    #: What checks correct, for the caller to apply (checks never change the session): ``speedup``
+    #: (the corrected speedups) and ``trusted_candidate_ms`` (the per-call time the parent's
+    #: bracket supports), both from timing_disagreement; later checks read them here.
+    corrections: dict[str, Any] = field(default_factory=dict)
+
+    def speedup(self) -> dict[str, Any]:
+        """The speedups as the checks so far leave them (corrected, else the session's)."""
+        return dict(self.corrections.get("speedup") or self.session.speedup or {})
 
     # -- plumbing -------------------------------------------------------------------------------
     def once(self, key: str, compute: Any) -> Any:
@@ -381,7 +390,7 @@ def check_global_flags(ctx: DynamicContext) -> list[Finding]:
     kind="dynamic",
     default_severity="fail",
     doc="""Timing functions (time.perf_counter and friends, torch.cuda.Event and synchronize,
-    kbv.timing's own functions) replaced since the worker took their identity snapshot before
+    kbv.child.timing's own functions) replaced since the worker took their identity snapshot before
     importing the candidate.""",
 )
 def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
@@ -584,7 +593,7 @@ def _rounds(entry: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 def _accounted_ms(measurement: dict[str, Any], settings: Any) -> float:
     """Time the worker's report accounts for: timed samples plus the warm-up they imply, the warm-up
-    bounded by the recipe (kbv.timing.accounted_batch_ms), never by the worker's claimed count."""
+    bounded by the recipe (kbv.statistics.accounted_batch_ms), never by the worker's claimed count."""
     wall = [float(x) for x in measurement.get("wall_ms") or []]
     return kbv_timing.accounted_batch_ms(wall, int(measurement.get("warmup_calls", 0) or 0), settings, max(1, settings.input_sets))
 
@@ -622,7 +631,7 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     default_severity="fail",
     doc="""The parent brackets every timed batch with its own monotonic clock, which the candidate
     cannot reach. The time the worker's samples account for (timed samples plus the warm-up they
-    imply) is compared with that bracket by kbv.timing.bracket_check, the expected overhead being
+    imply) is compared with that bracket by kbv.statistics.bracket_check, the expected overhead being
     the baselines' own gap. When they disagree the speedup is corrected in place to the slow,
     trusted per-call figure. It fires only when every candidate round disagrees, with the largest
     baseline gap as the expected overhead, so it sees large lies only (about 2 ms + 10 % of a batch
@@ -654,7 +663,9 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
         return []
     worst = min(results, key=lambda r: r["gap_ms"])
     claimed = (session.speedup or {}).get("best")
-    corrected = _correct_speedup(session, worst["trusted_per_call_ms"])
+    full = _corrected_speedup(session, worst["trusted_per_call_ms"])
+    ctx.corrections.update(speedup=full, trusted_candidate_ms=worst["trusted_per_call_ms"])
+    corrected = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in full.items()}
     # The correction already takes any lie out of the speedup; the finding fails only when the claim
     # was grossly inflated, so a busy machine's scheduling delays (which also widen the bracket)
     # cost an honest candidate some speedup, not its verdict.
@@ -663,17 +674,17 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     return [_finding("timing_disagreement", f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} (claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)", severity)]
 
 
-def _correct_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
-    speedup = session.speedup
-    session.trusted_candidate_ms = trusted_ms
+def _corrected_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
+    """The speedups recomputed with the trusted per-call time (the session's are left alone)."""
+    speedup = dict(session.speedup or {})
     if (session.timing or {}).get("speedup_withdrawn"):  # wrong timed outputs: no speedup to correct
-        return dict(speedup)
+        return speedup
     for name, entry in (session.timing.get("baselines") or {}).items():
         base = (entry.get("summary") or {}).get("median")
         speedup[name] = base / trusted_ms if base and trusted_ms > 0 else None
     finite = [v for k, v in speedup.items() if k != "best" and v is not None]
     speedup["best"] = min(finite) if finite else None
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in speedup.items()}
+    return speedup
 
 
 @register_check(
@@ -681,7 +692,7 @@ def _correct_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
     kind="dynamic",
     default_severity="fail",
     doc="""CUDA only: the device-wide wall clock (synchronise everything before and after each call)
-    against the events on the timed stream (kbv.timing.wall_vs_device_disagreement), with the
+    against the events on the timed stream (kbv.statistics.wall_vs_device_disagreement), with the
     baselines' own wall-minus-device excess as overhead. Work on another stream or thread makes the
     end event fire early.""",
 )
@@ -746,7 +757,7 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
     kind="dynamic",
     default_severity="fail",
     doc="""A kernel that never runs is no kernel. On every device, one forward runs under a call
-    recorder (kbv.worker._calls: a profile hook for calls into the candidate's functions, its
+    recorder (kbv.child.calls: a profile hook for calls into the candidate's functions, its
     compiled extensions, custom operators and Triton launches; a trace hook on the candidate's own
     frames for exceptions raised and caught there). It fails when the candidate built a kernel of
     its own (an extension, a Triton kernel) and none of them ran, or when its code caught an
@@ -819,11 +830,11 @@ def _peaks(ctx: DynamicContext) -> tuple[float, float, str]:
 def check_plausibility(ctx: DynamicContext) -> list[Finding]:
     session = ctx.session
     summary = ((session.timing or {}).get("candidate") or {}).get("summary") or {}
-    cand_ms = getattr(session, "trusted_candidate_ms", None) or summary.get("median")
+    cand_ms = ctx.corrections.get("trusted_candidate_ms") or summary.get("median")
     if not session.correct or not cand_ms:
         return []
     findings = []
-    best = (session.speedup or {}).get("best")
+    best = ctx.speedup().get("best")
     if best is not None and best > SUSPICIOUS_SPEEDUP:
         findings.append(_finding("plausibility", f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)", "warn"))
     if not ctx.on_cuda:
@@ -848,8 +859,17 @@ ORDER = (
 )
 
 
-def run_dynamic_checks(session: Any) -> list[Finding]:
-    """Run every dynamic check against a live session, in :data:`ORDER`; return their findings.
+@dataclass
+class DynamicResult:
+    """The dynamic checks' findings, and their corrections (:attr:`DynamicContext.corrections`)."""
+
+    findings: list[Finding]
+    corrections: dict[str, Any]
+
+
+def run_dynamic_checks(session: Any) -> DynamicResult:
+    """Run every dynamic check against a live session, in :data:`ORDER`; return their findings and
+    the corrections they make (the caller applies them: a corrected speedup replaces its own).
 
     Both workers are rebuilt first with the same seed, so the candidate and the reference hold the
     same parameters. A candidate that raises inside a probe (after passing the same kind of call
@@ -882,7 +902,7 @@ def run_dynamic_checks(session: Any) -> list[Finding]:
         finally:
             for probe in [p for p, reader in last_reader.items() if reader == name]:
                 ctx.release(probe)
-    return findings
+    return DynamicResult(findings, dict(ctx.corrections))
 
 
 #: Checks that read a probe's outputs: the probe is released after the last of them has run.

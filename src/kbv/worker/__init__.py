@@ -1,6 +1,6 @@
 """Worker processes, seen from the trusted parent.
 
-Each worker is a fresh interpreter (``python -m kbv.worker._child``) started in its own process
+Each worker is a fresh interpreter (``python -m kbv.child.main``) started in its own process
 group with a scrubbed environment, a private home and build directory, and one end of a socket pair
 as its only channel back. Its stdout and stderr go to log files that the parent keeps but never
 parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup where the kernel
@@ -157,7 +157,7 @@ class Worker:
             visible_devices=self.spec.visible_devices,
         )
         arch = arch_list_for(telemetry.compute_capability(self.spec.device)) if self.spec.device.startswith("cuda") else None
-        if arch:  # the flags an ahead-of-time build used (kbv.execute._compile): its build is reused
+        if arch:  # the flags an ahead-of-time build used (kbv.worker.builds): its build is reused
             env["TORCH_CUDA_ARCH_LIST"] = arch
         if self.spec.device == "cpu":
             env.setdefault("OMP_NUM_THREADS", CPU_INTRA_OP_THREADS)
