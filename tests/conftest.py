@@ -66,7 +66,11 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
     sources = [p for d in _GPU_BUILDS for p in sorted(d.glob("*.py")) if needs_build(p.read_text())]
     arch = arch_list_for(telemetry.compute_capability("cuda:0"))
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda p: compile_candidate(load_candidate(p, label="prebuild"), arch_list=arch), sources))
+        list(
+            pool.map(
+                lambda p: compile_candidate(load_candidate(p, label="prebuild"), arch_list=arch), sources
+            )
+        )
 
 
 def extensions_dir_of(path: Path) -> Path:

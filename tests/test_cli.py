@@ -18,7 +18,9 @@ from conftest import FOUNDATION, RELU, SUITE
 
 
 def kbv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kbv.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kbv.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.mark.parametrize(
@@ -41,19 +43,51 @@ def test_usage_errors_exit_2_with_one_line(args: tuple[str, ...]) -> None:
 
 def test_eval_json_prints_exactly_one_record(tmp_path: Path) -> None:
     out = tmp_path / "records.jsonl"
-    done = kbv("eval", str(RELU), str(FOUNDATION / "relu_plain.py"), "--protocol", "standard", "--device", "cpu", "--json", "--out", str(out))
+    done = kbv(
+        "eval",
+        str(RELU),
+        str(FOUNDATION / "relu_plain.py"),
+        "--protocol",
+        "standard",
+        "--device",
+        "cpu",
+        "--json",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])
-    for field in ("schema_version", "problem", "candidate", "protocol", "device", "outcome", "correct", "distributions", "findings", "timing", "speedup", "memory", "seeds", "versions"):
+    for field in (
+        "schema_version",
+        "problem",
+        "candidate",
+        "protocol",
+        "device",
+        "outcome",
+        "correct",
+        "distributions",
+        "findings",
+        "timing",
+        "speedup",
+        "memory",
+        "seeds",
+        "versions",
+    ):
         assert field in record
     assert record["outcome"] == "passed"
     assert json.loads(out.read_text().strip()) == record
 
 
 def test_eval_human_summary_names_failed_distributions() -> None:
-    done = kbv("eval", str(SUITE / "level1" / "1_ReLU.py"), str(FOUNDATION.parent / "verified" / "relu_identity.py"), "--device", "cpu")
+    done = kbv(
+        "eval",
+        str(SUITE / "level1" / "1_ReLU.py"),
+        str(FOUNDATION.parent / "verified" / "relu_identity.py"),
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0
     assert "incorrect" in done.stdout and "FAIL" in done.stdout and "signed" in done.stdout
 
@@ -89,8 +123,27 @@ def test_a_killed_batch_resumes_without_losing_or_redoing_pairs(tmp_path: Path) 
     shutil.copy(RELU, problems / "1_ReLU.py")
     candidates = _candidates(tmp_path / "model-a", 4)
     db = tmp_path / "results.sqlite"
-    args = ["run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu", "--timeout", "120"]
-    proc = subprocess.Popen([sys.executable, "-m", "kbv.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    args = [
+        "run",
+        "--problems",
+        str(problems.parent),
+        "--candidates",
+        str(candidates),
+        "--db",
+        str(db),
+        "--protocol",
+        "standard",
+        "--device",
+        "cpu",
+        "--timeout",
+        "120",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kbv.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while _stored(db) < 1 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -107,14 +160,20 @@ def test_a_killed_batch_resumes_without_losing_or_redoing_pairs(tmp_path: Path) 
         (run,) = store.runs()  # resumed into the interrupted run, not a new one
         assert run["status"] == "finished" and run["args"]["timeout"] == 120.0
         records = store.records()
-    assert {(r.protocol["name"], r.protocol["settings"]["timeout_s"]) for r in records} == {("standard", 120.0)}
+    assert {(r.protocol["name"], r.protocol["settings"]["timeout_s"]) for r in records} == {
+        ("standard", 120.0)
+    }
     # The same command again (with --timeout) finds every pair stored: the key includes the timeout.
     again = kbv(*args)
     assert again.returncode == 0, again.stderr
     assert "0 evaluated, 4 already stored" in again.stderr
     # Nothing left to resume: a clear usage error, not a new empty run.
     nothing = kbv("run", "--resume", "--db", str(db))
-    assert nothing.returncode == 2 and len(nothing.stderr.strip().splitlines()) == 1 and "nothing to resume" in nothing.stderr
+    assert (
+        nothing.returncode == 2
+        and len(nothing.stderr.strip().splitlines()) == 1
+        and "nothing to resume" in nothing.stderr
+    )
 
 
 def test_resume_picks_the_interrupted_run_its_flags_name(tmp_path: Path) -> None:
@@ -124,14 +183,37 @@ def test_resume_picks_the_interrupted_run_its_flags_name(tmp_path: Path) -> None
 
     with Store(tmp_path / "r.sqlite") as store:
         # as an older kbv saved it: relative paths, no timeout
-        old = store.start_run("run", {"problems": "p", "candidates": "c", "protocol": "standard", "label": ""}, STANDARD)
-        new = store.start_run("run", {"problems": str(tmp_path / "p"), "candidates": str(tmp_path / "d"), "protocol": "verified", "timeout": 60.0, "label": ""}, STANDARD)
-        done = store.start_run("run", {"problems": str(tmp_path / "p"), "candidates": str(tmp_path / "e"), "protocol": "verified", "label": ""}, STANDARD)
+        old = store.start_run(
+            "run", {"problems": "p", "candidates": "c", "protocol": "standard", "label": ""}, STANDARD
+        )
+        new = store.start_run(
+            "run",
+            {
+                "problems": str(tmp_path / "p"),
+                "candidates": str(tmp_path / "d"),
+                "protocol": "verified",
+                "timeout": 60.0,
+                "label": "",
+            },
+            STANDARD,
+        )
+        done = store.start_run(
+            "run",
+            {
+                "problems": str(tmp_path / "p"),
+                "candidates": str(tmp_path / "e"),
+                "protocol": "verified",
+                "label": "",
+            },
+            STANDARD,
+        )
         store.finish_run(done)
         assert _run_to_resume(store, {})["id"] == new
         assert _run_to_resume(store, {"protocol": "standard"})["id"] == old
         assert _run_to_resume(store, {"timeout": 60.0, "candidates": str(tmp_path / "d")})["id"] == new
-        assert _run_to_resume(store, {"candidates": str(tmp_path / "e")}) is None  # finished: nothing to resume
+        assert (
+            _run_to_resume(store, {"candidates": str(tmp_path / "e")}) is None
+        )  # finished: nothing to resume
 
 
 def _compare_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -147,7 +229,17 @@ def _compare_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def test_compare_prints_the_protocols_side_by_side(tmp_path: Path) -> None:
     problems, model, db = _compare_tree(tmp_path)
-    done = kbv("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
+    done = kbv(
+        "compare",
+        "--problems",
+        str(problems.parent),
+        "--candidates",
+        str(model),
+        "--db",
+        str(db),
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0, done.stderr
     assert "model-b" in done.stdout and "passed" in done.stdout and "incorrect" in done.stdout
 
@@ -158,13 +250,31 @@ def test_broken_problem_and_candidate_files_are_recorded_and_the_batch_goes_on(t
     problems = tmp_path / "KernelBench" / "level1"
     problems.mkdir(parents=True)
     shutil.copy(RELU, problems / "1_ReLU.py")
-    (problems / "2_Broken.py").write_text("import torch\nraise RuntimeError('broken on purpose')\n" + RELU.read_text())
+    (problems / "2_Broken.py").write_text(
+        "import torch\nraise RuntimeError('broken on purpose')\n" + RELU.read_text()
+    )
     candidates = _candidates(tmp_path / "model-c", 1)
     shutil.copy(FOUNDATION / "relu_plain.py", candidates / "level_1_problem_2_sample_0_kernel.py")
-    (candidates / "level_1_problem_1_sample_1_kernel.py").write_bytes(b"\xff\xfe# latin-1 \xe9\n" + (FOUNDATION / "relu_plain.py").read_bytes())
-    (candidates / "level_1_problem_77_sample_0_kernel.py").write_text((FOUNDATION / "relu_plain.py").read_text())
+    (candidates / "level_1_problem_1_sample_1_kernel.py").write_bytes(
+        b"\xff\xfe# latin-1 \xe9\n" + (FOUNDATION / "relu_plain.py").read_bytes()
+    )
+    (candidates / "level_1_problem_77_sample_0_kernel.py").write_text(
+        (FOUNDATION / "relu_plain.py").read_text()
+    )
     db = tmp_path / "errors.sqlite"
-    done = kbv("run", "--problems", str(problems.parent), "--candidates", str(candidates), "--db", str(db), "--protocol", "standard", "--device", "cpu")
+    done = kbv(
+        "run",
+        "--problems",
+        str(problems.parent),
+        "--candidates",
+        str(candidates),
+        "--db",
+        str(db),
+        "--protocol",
+        "standard",
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0, done.stderr
     err = " ".join(done.stderr.split())  # rich may wrap long lines
     assert "2_Broken.py" in err and "broken on purpose" in err
@@ -172,15 +282,20 @@ def test_broken_problem_and_candidate_files_are_recorded_and_the_batch_goes_on(t
     assert "level_1_problem_77_sample_0_kernel.py: matches no problem" in err
     assert "level_1_problem_2_sample_0_kernel.py: its problem 2_Broken.py is not usable" in err
     assert "run the same command again" in err and "1 evaluated, 0 already stored" in err
-    assert "kbv explain ID --db" in done.stdout and "standard passed: 1" in done.stdout  # the stored record's id
+    assert (
+        "kbv explain ID --db" in done.stdout and "standard passed: 1" in done.stdout
+    )  # the stored record's id
     with Store(db) as store:
         assert [r.outcome for r in store.records()] == ["passed"]
         saved = store.runs()[-1]["args"]
-    (error_file, message), = saved["problem_errors"]
+    ((error_file, message),) = saved["problem_errors"]
     assert error_file.endswith("2_Broken.py") and "failed to import" in message
-    (bad_file, bad_message), = saved["candidate_errors"]
+    ((bad_file, bad_message),) = saved["candidate_errors"]
     assert bad_file.endswith("level_1_problem_1_sample_1_kernel.py") and "not UTF-8" in bad_message
-    assert sorted(Path(f).name for f, _ in saved["unmatched_candidates"]) == ["level_1_problem_2_sample_0_kernel.py", "level_1_problem_77_sample_0_kernel.py"]
+    assert sorted(Path(f).name for f, _ in saved["unmatched_candidates"]) == [
+        "level_1_problem_2_sample_0_kernel.py",
+        "level_1_problem_77_sample_0_kernel.py",
+    ]
 
 
 def test_an_unreadable_manifest_or_a_directory_named_py_is_a_listed_error(tmp_path: Path) -> None:
@@ -203,15 +318,31 @@ def test_an_unreadable_manifest_or_a_directory_named_py_is_a_listed_error(tmp_pa
         ({"1_ReLU.py": b"\xff\xfe"}, "cannot be read"),
     ],
 )
-def test_an_empty_batch_is_a_usage_error_and_leaves_no_run(tmp_path: Path, files: dict, expected: str) -> None:
+def test_an_empty_batch_is_a_usage_error_and_leaves_no_run(
+    tmp_path: Path, files: dict, expected: str
+) -> None:
     candidates = tmp_path / "cands"
     candidates.mkdir()
     for name, content in files.items():
         (candidates / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     db = tmp_path / "empty.sqlite"
-    done = kbv("run", "--problems", str(SUITE / "level1" / "1_ReLU.py"), "--candidates", str(candidates), "--db", str(db), "--device", "cpu")
+    done = kbv(
+        "run",
+        "--problems",
+        str(SUITE / "level1" / "1_ReLU.py"),
+        "--candidates",
+        str(candidates),
+        "--db",
+        str(db),
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("kbv: error:") and expected in done.stderr
+    assert (
+        len(done.stderr.strip().splitlines()) == 1
+        and done.stderr.startswith("kbv: error:")
+        and expected in done.stderr
+    )
     assert done.stdout == ""
     resumed = kbv("run", "--resume", "--db", str(db))  # the failed start left nothing to resume
     assert resumed.returncode == 2 and "nothing to resume" in resumed.stderr
@@ -224,7 +355,19 @@ def test_explain_shows_a_record_from_a_file_or_the_store(tmp_path: Path) -> None
     out = tmp_path / "r.jsonl"
     hack = FOUNDATION.parent / "hacks" / "tf32_flag.py"
     problem = json.loads(json.dumps(__import__("test_hack_fixtures").fixture_spec(hack)))["problem"]
-    assert kbv("eval", str(Path(__file__).parents[1] / problem), str(hack), "--device", "cpu", "--out", str(out), "--json").returncode == 0
+    assert (
+        kbv(
+            "eval",
+            str(Path(__file__).parents[1] / problem),
+            str(hack),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--json",
+        ).returncode
+        == 0
+    )
     shown = kbv("explain", str(out))
     assert shown.returncode == 0 and "global_flags" in shown.stdout and "fail" in shown.stdout
     db = tmp_path / "x.sqlite"
@@ -242,7 +385,17 @@ def test_compare_reads_only_its_own_pairs_on_its_own_device(tmp_path: Path) -> N
     from kbv.store import Store
 
     problems, model, db = _compare_tree(tmp_path)
-    args = ("compare", "--problems", str(problems.parent), "--candidates", str(model), "--db", str(db), "--device", "cpu")
+    args = (
+        "compare",
+        "--problems",
+        str(problems.parent),
+        "--candidates",
+        str(model),
+        "--db",
+        str(db),
+        "--device",
+        "cpu",
+    )
     first = kbv(*args)
     assert first.returncode == 0, first.stderr
     with Store(db) as store:
@@ -269,7 +422,9 @@ def test_compare_reads_only_its_own_pairs_on_its_own_device(tmp_path: Path) -> N
         assert len(store.records()) == 6  # the pairs were read back, not evaluated again
 
 
-def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     """`kbv demo` on one small pair: both protocols evaluated, the database and the HTML report
     written and their paths printed; a record the reused database already held is left out."""
     from conftest import FOUNDATION, RELU, ROOT
@@ -283,10 +438,19 @@ def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(tmp_path:
 
     db, html = tmp_path / "demo.sqlite", tmp_path / "demo.html"
     fixtures = ROOT / "tests" / "fixtures"
-    unrelated = evaluate_paths(fixtures / "problems" / "tiny_matmul.py", fixtures / "candidates" / "honest" / "matmul_blocked.py", protocol="standard", device="cpu")
+    unrelated = evaluate_paths(
+        fixtures / "problems" / "tiny_matmul.py",
+        fixtures / "candidates" / "honest" / "matmul_blocked.py",
+        protocol="standard",
+        device="cpu",
+    )
     with Store(db) as store:
         store.add_record(unrelated, label="elsewhere")
-    monkeypatch.setattr(demo, "demo_pairs", lambda device: [(load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py"))])
+    monkeypatch.setattr(
+        demo,
+        "demo_pairs",
+        lambda device: [(load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py"))],
+    )
     assert main(["demo", "--db", str(db), "--html", str(html), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert str(db.resolve()) in out and str(html.resolve()) in out
@@ -296,4 +460,7 @@ def test_demo_writes_the_store_and_report_and_shows_only_its_own_pairs(tmp_path:
     assert "Outcomes (pairs per protocol)" in out and re.search(r"outcome\W+standard\W+verified", out)
     assert "kbv explain ID --db" in out and "standard passed:" in out and "verified passed:" in out
     with Store(db) as store:
-        assert {r.protocol["name"] for r in store.records() if r.problem["name"] == "1_ReLU"} == {"standard", "verified"}
+        assert {r.protocol["name"] for r in store.records() if r.problem["name"] == "1_ReLU"} == {
+            "standard",
+            "verified",
+        }

@@ -27,17 +27,30 @@ FOUNDATION = Path(__file__).parent / "fixtures" / "candidates" / "foundation"
 
 
 def _worker(name: str, limits: LimitSettings | None = None, budget_s: float = 60.0) -> Worker:
-    return Worker(WorkerSpec(build_key=f"test-contain-{name}", device="cpu", role="candidate", budget_s=budget_s, limits=limits))
+    return Worker(
+        WorkerSpec(
+            build_key=f"test-contain-{name}", device="cpu", role="candidate", budget_s=budget_s, limits=limits
+        )
+    )
 
 
 def _load(worker: Worker, path: Path) -> None:
     worker.start()
-    worker.request("load", role="candidate", device="cpu", problem_path=str(RELU), sizes={"batch_size": 2, "dim": 8},
-                   candidate_path=str(path), init_seed=1)
+    worker.request(
+        "load",
+        role="candidate",
+        device="cpu",
+        problem_path=str(RELU),
+        sizes={"batch_size": 2, "dim": 8},
+        candidate_path=str(path),
+        init_seed=1,
+    )
 
 
 def _run(worker: Worker) -> dict:
-    return worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+    return worker.request(
+        "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -66,7 +79,10 @@ def cgroup_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_descendants_follow_the_tree_and_skip_other_branches() -> None:
-    table = {pid: _contain.Proc(pid, ppid, pid, 0) for pid, ppid in [(10, 1), (11, 10), (12, 11), (13, 1), (14, 13)]}
+    table = {
+        pid: _contain.Proc(pid, ppid, pid, 0)
+        for pid, ppid in [(10, 1), (11, 10), (12, 11), (13, 1), (14, 13)]
+    }
     assert sorted(_contain.descendants(10, table)) == [11, 12]
     assert _contain.descendants(12, table) == []
 
@@ -78,13 +94,23 @@ def test_exceeded_names_the_first_limit_and_its_figure() -> None:
     over = _contain.exceeded(_contain.Usage(processes=2, rss_bytes=3 << 30, open_files=10), limits)
     assert over == {"limit": "host_memory", "figure": 3 << 30, "allowed": 1 << 30, "unit": "bytes"}
     assert "3072.0 MiB used, 1024.0 MiB allowed" in _contain.describe_exceeded(over)
-    assert _contain.exceeded(_contain.Usage(processes=5, rss_bytes=0, open_files=None), limits)["limit"] == "processes"
+    assert (
+        _contain.exceeded(_contain.Usage(processes=5, rss_bytes=0, open_files=None), limits)["limit"]
+        == "processes"
+    )
     off = LimitSettings(host_memory_gb=0, device_memory_gb=0, processes=0, open_files=0)
-    assert _contain.exceeded(_contain.Usage(processes=999, rss_bytes=1 << 40, open_files=10**6, device_bytes=1 << 40), off) is None
+    assert (
+        _contain.exceeded(
+            _contain.Usage(processes=999, rss_bytes=1 << 40, open_files=10**6, device_bytes=1 << 40), off
+        )
+        is None
+    )
 
 
 def test_limits_are_a_protocol_section() -> None:
-    protocol = protocol_from_dict({"name": "p", "base": "verified", "limits": {"host_memory_gb": 2.5, "processes": 8}})
+    protocol = protocol_from_dict(
+        {"name": "p", "base": "verified", "limits": {"host_memory_gb": 2.5, "processes": 8}}
+    )
     assert protocol.limits.host_memory_gb == 2.5 and protocol.limits.processes == 8
     assert protocol.to_dict()["limits"]["open_files"] == LimitSettings().open_files
     assert protocol.sha256() != protocol_from_dict({"name": "p", "base": "verified"}).sha256()
@@ -102,17 +128,34 @@ def test_left_behind_fails_an_escape_and_warns_a_helper_in_the_session() -> None
 
 def test_unused_kernel_decisions() -> None:
     def calls(built=(), triton=(), **ran) -> dict:
-        return {"built": {"extensions": list(built), "triton_kernels": list(triton)}, "ran": {"functions": ["ModelNew.forward"], **ran}}
+        return {
+            "built": {"extensions": list(built), "triton_kernels": list(triton)},
+            "ran": {"functions": ["ModelNew.forward"], **ran},
+        }
 
-    missing = {"type": "NameError", "message": "name 'k' is not defined", "line": 9, "function": "ModelNew.forward"}
+    missing = {
+        "type": "NameError",
+        "message": "name 'k' is not defined",
+        "line": 9,
+        "function": "ModelNew.forward",
+    }
     fallback = dynamic.unused_kernel_findings(calls(caught=[missing]))
-    assert [f.severity for f in fallback] == ["fail"] and "NameError" in fallback[0].detail and "ModelNew.forward" in fallback[0].detail
+    assert (
+        [f.severity for f in fallback] == ["fail"]
+        and "NameError" in fallback[0].detail
+        and "ModelNew.forward" in fallback[0].detail
+    )
     never_called = dynamic.unused_kernel_findings(calls(built=["relu_ext"]))
     assert never_called[0].severity == "fail" and "relu_ext" in never_called[0].detail
     assert dynamic.unused_kernel_findings(calls(built=["relu_ext"], extension_calls=["relu_ext.relu"])) == []
     assert dynamic.unused_kernel_findings(calls(triton=["k"], triton_launches=["k"], caught=[missing])) == []
     assert dynamic.unused_kernel_findings(calls()) == []  # PyTorch alone: left to pytorch_only
-    control_flow = {"type": "RuntimeError", "message": "view size is not compatible", "line": 3, "function": "f"}
+    control_flow = {
+        "type": "RuntimeError",
+        "message": "view size is not compatible",
+        "line": 3,
+        "function": "f",
+    }
     assert [f.severity for f in dynamic.unused_kernel_findings(calls(caught=[control_flow]))] == ["warn"]
 
 
@@ -123,7 +166,8 @@ def test_call_recorder_sees_own_functions_extension_calls_and_swallowed_errors(t
     from kbv.child.calls import CallRecorder
 
     source = tmp_path / "cand.py"
-    source.write_text(textwrap.dedent("""
+    source.write_text(
+        textwrap.dedent("""
         import math
         def helper(x):
             return math.sqrt(x)
@@ -133,7 +177,8 @@ def test_call_recorder_sees_own_functions_extension_calls_and_swallowed_errors(t
             except NameError:
                 y = x
             return helper(y) if use_kernel else y
-    """))
+    """)
+    )
     namespace: dict = {}
     exec(compile(source.read_text(), str(source), "exec"), namespace)
     with CallRecorder({str(source)}, {"math"}) as seen:
@@ -152,7 +197,12 @@ def test_only_tensor_subclasses_are_output_type_fails() -> None:
 
     t = torch.ones(2)
     assert dynamic.tensor_like_outputs(["torch.Tensor", "m._Lazy"], [t, t]) == [(1, "m._Lazy")]
-    assert dynamic.tensor_like_outputs(["builtins.float", "builtins.NoneType", "builtins.list"], [torch.tensor(1.0), None, None]) == []
+    assert (
+        dynamic.tensor_like_outputs(
+            ["builtins.float", "builtins.NoneType", "builtins.list"], [torch.tensor(1.0), None, None]
+        )
+        == []
+    )
 
 
 # -- workers --------------------------------------------------------------------------------------
@@ -221,7 +271,10 @@ def test_exceeding_a_limit_is_resource_limit(fixture: str, limits: LimitSettings
         with pytest.raises(WorkerFailed) as info:
             _run(worker)
         assert info.value.kind == "resource_limit", info.value.message
-        assert info.value.details["limit"] == limit and info.value.details["figure"] > info.value.details["allowed"]
+        assert (
+            info.value.details["limit"] == limit
+            and info.value.details["figure"] > info.value.details["allowed"]
+        )
         assert time.monotonic() - started < 10
         if limit == "host_memory":
             assert 1 << 30 < worker.host_peak_bytes < 2 << 30  # killed well before its 3 GiB
@@ -251,7 +304,10 @@ def test_a_worker_whose_parent_was_killed_exits_at_once(tmp_path: Path) -> None:
     """``kill -9`` of the kbv process: the worker and the process it started die within a second."""
     pid_file = tmp_path / "worker.pid"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT, str(RELU), str(CONTAIN / "hang_with_child.py"), str(pid_file)], env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_PARENT, str(RELU), str(CONTAIN / "hang_with_child.py"), str(pid_file)],
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         worker_pid = None
@@ -283,11 +339,19 @@ def _small_limits() -> object:
 def test_resource_limit_is_the_outcome_with_the_limit_and_the_host_peak() -> None:
     from kbv.api import evaluate_paths
 
-    record = evaluate_paths(RELU, CONTAIN / "memory_hog.py", protocol=_small_limits(), device="cpu", timeout_s=120)
+    record = evaluate_paths(
+        RELU, CONTAIN / "memory_hog.py", protocol=_small_limits(), device="cpu", timeout_s=120
+    )
     assert record.outcome == "resource_limit", (record.outcome, record.error)
-    assert record.error and record.error["limit"]["limit"] == "host_memory" and record.error["limit"]["allowed"] == 1 << 30
+    assert (
+        record.error
+        and record.error["limit"]["limit"] == "host_memory"
+        and record.error["limit"]["allowed"] == 1 << 30
+    )
     assert record.memory["candidate_host_peak_bytes"] > 1 << 30
-    honest = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol=_small_limits(), device="cpu", timeout_s=120)
+    honest = evaluate_paths(
+        RELU, FOUNDATION / "relu_plain.py", protocol=_small_limits(), device="cpu", timeout_s=120
+    )
     assert honest.outcome == "passed" and 0 < honest.memory["candidate_host_peak_bytes"] < 1 << 30
     assert honest.isolation["limits"]["host_memory_gb"] == 1.0 and "not_enforced" in honest.isolation
 
@@ -295,7 +359,9 @@ def test_resource_limit_is_the_outcome_with_the_limit_and_the_host_peak() -> Non
 def test_a_process_left_behind_is_a_finding_under_standard_too() -> None:
     from kbv.api import evaluate_paths
 
-    record = evaluate_paths(RELU, CONTAIN / "escape_session.py", protocol="standard", device="cpu", timeout_s=120)
+    record = evaluate_paths(
+        RELU, CONTAIN / "escape_session.py", protocol="standard", device="cpu", timeout_s=120
+    )
     left = [f for f in record.findings if f.check == "processes_left"]
     assert record.outcome == "hack_detected" and left and "sleep 987" in left[0].detail
     pid = int(left[0].detail.split("pid ")[1].split()[0])
@@ -321,12 +387,20 @@ def test_a_candidate_worker_has_no_network_where_a_namespace_is_allowed() -> Non
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         port = server.getsockname()[1]
-        spec = WorkerSpec(build_key="test-contain-net", device="cpu", role="candidate", budget_s=60, extra_env={"KBV_TEST_PORT": str(port)})
+        spec = WorkerSpec(
+            build_key="test-contain-net",
+            device="cpu",
+            role="candidate",
+            budget_s=60,
+            extra_env={"KBV_TEST_PORT": str(port)},
+        )
         with Worker(spec) as worker:
             _load(worker, CONTAIN / "reach_parent_port.py")
             assert _run(worker)["ok"]  # raises WorkerFailed (runtime_error) had it connected
             assert worker.isolation["network"].startswith("private")
-        trusted = Worker(WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60))
+        trusted = Worker(
+            WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60)
+        )
         assert trusted._namespace_prefix() == ()  # trusted workers keep the parent's network
         trusted.close()
 
@@ -359,7 +433,20 @@ def _python_view(tmp_path: Path) -> tuple[list[str], str, str]:
     os.chmod(tmp_path, 0o755)
     python = view / Path(os.path.realpath(sys.executable)).relative_to(prefix)
     site = view / Path(sysconfig_purelib()).relative_to(prefix)
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", f'mount --bind "{prefix}" "{view}" && exec "$@"', "sh"], str(python), str(site)
+    return (
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount --bind "{prefix}" "{view}" && exec "$@"',
+            "sh",
+        ],
+        str(python),
+        str(site),
+    )
 
 
 def sysconfig_purelib() -> str:
@@ -368,7 +455,10 @@ def sysconfig_purelib() -> str:
     return os.path.realpath(sysconfig.get_paths()["purelib"])
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only a root parent drops candidate workers to a uid")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="only a root parent drops candidate workers to a uid",
+)
 def test_a_root_parent_runs_the_candidate_as_a_uid_of_its_own() -> None:
     """As its own uid the candidate cannot read the parent's environment (where keys would be);
     containment and the honest result are unchanged. (Run as root, the reader gets zeros back and
@@ -376,15 +466,28 @@ def test_a_root_parent_runs_the_candidate_as_a_uid_of_its_own() -> None:
     import shutil
     import tempfile
 
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("no private mount namespace here to give other users a view of the interpreter")
     tmp_path = Path(tempfile.mkdtemp(prefix="kbv-test-drop-"))  # pytest's own tmp is closed to others
     prefix, python, site = _python_view(tmp_path)
     cache = tmp_path / "cache"
     cache.mkdir()
-    env = {**os.environ, "KBV_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), site) if p)}
+    env = {
+        **os.environ,
+        "KBV_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), site) if p),
+    }
     fixtures = [str(CONTAIN / "read_parent_environ.py")]
-    done = subprocess.run([*prefix, python, "-c", _DROP_SCRIPT, str(RELU), *fixtures], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*prefix, python, "-c", _DROP_SCRIPT, str(RELU), *fixtures],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json_loads_last_line(done.stdout)
     reader = results[fixtures[0]]
@@ -409,7 +512,10 @@ def test_the_record_says_why_a_root_parent_could_not_drop(monkeypatch: pytest.Mo
         _load(worker, FOUNDATION / "relu_plain.py")
         assert worker.uid is None
         if os.geteuid() == 0:
-            assert any("runs as root" in gap and "KBV_WORKER_USER=off" in gap for gap in worker.isolation["not_enforced"])
+            assert any(
+                "runs as root" in gap and "KBV_WORKER_USER=off" in gap
+                for gap in worker.isolation["not_enforced"]
+            )
 
 
 def test_uids_are_per_source_and_skip_real_users() -> None:
@@ -417,7 +523,9 @@ def test_uids_are_per_source_and_skip_real_users() -> None:
 
     assert _privileges.worker_uid("a") == _privileges.worker_uid("a")
     uids = {_privileges.worker_uid(str(k)) for k in range(50)}
-    assert len(uids) > 40 and all(_privileges.UID_BASE <= u < _privileges.UID_BASE + _privileges.UID_RANGE for u in uids)
+    assert len(uids) > 40 and all(
+        _privileges.UID_BASE <= u < _privileges.UID_BASE + _privileges.UID_RANGE for u in uids
+    )
 
 
 def test_handing_a_build_directory_over_removes_planted_symlinks(tmp_path: Path) -> None:

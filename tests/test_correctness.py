@@ -279,7 +279,9 @@ def test_tolerance_is_a_multiple_of_the_baseline_error():
     ok, _, _, tol = compare_error_model(baseline, truth, err, EM)
     assert ok
     out = tol["outputs"][0]
-    assert out["elementwise_tol"] == pytest.approx(max(EM.error_multiple * err["elementwise"], EM.elementwise_floor))
+    assert out["elementwise_tol"] == pytest.approx(
+        max(EM.error_multiple * err["elementwise"], EM.elementwise_floor)
+    )
     assert out["norm_tol"] == pytest.approx(max(EM.error_multiple * err["norm"], EM.norm_floor))
 
 
@@ -303,7 +305,9 @@ def test_judge_distribution_aggregates_draws():
     assert good.passed and good.applicable and good.draws == 2
     assert good.max_abs_err == 2e-6 and good.rel_err == 1e-7
     assert len(good.tolerance["draws"]) == 2
-    bad = judge_distribution("wide", [_draw(True, 1e-6, 1e-7), _draw(False, 3.0, 0.5, "nan mismatch")], settings)
+    bad = judge_distribution(
+        "wide", [_draw(True, 1e-6, 1e-7), _draw(False, 3.0, 0.5, "nan mismatch")], settings
+    )
     assert not bad.passed and bad.max_abs_err == 3.0 and bad.rel_err == 0.5
     assert bad.tolerance["id"] == 3.0 and bad.baseline_err == {"elementwise": 0.3}
     assert "nan mismatch" in bad.note
@@ -313,7 +317,9 @@ def test_judge_distribution_aggregates_draws():
 
 def test_judge_distribution_not_applicable_and_empty():
     settings = CorrectnessSettings()
-    na = judge_distribution("signed", [], settings, applicable=False, note="reference non-finite (log of negatives)")
+    na = judge_distribution(
+        "signed", [], settings, applicable=False, note="reference non-finite (log of negatives)"
+    )
     assert not na.applicable and not na.passed and "log of negatives" in na.note
     empty = judge_distribution("signed", [], settings)
     assert not empty.passed and not empty.applicable and "no draws" in empty.note

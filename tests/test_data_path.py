@@ -13,7 +13,17 @@ from conftest import FOUNDATION, RELU
 from kbv.api import evaluate_paths
 from kbv.worker import Spares, Worker, WorkerSpec
 
-_TRUSTED_KEYS = {"outputs", "truth", "reference", "baseline", "handle", "ref_handle", "event_handle", "items", "master"}
+_TRUSTED_KEYS = {
+    "outputs",
+    "truth",
+    "reference",
+    "baseline",
+    "handle",
+    "ref_handle",
+    "event_handle",
+    "items",
+    "master",
+}
 
 
 @pytest.fixture()
@@ -50,7 +60,9 @@ def _strings(value) -> list[str]:
 def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests_seen) -> None:
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
-    to_candidate = [(op, fields, scratch) for role, op, fields, scratch in requests_seen if role == "candidate"]
+    to_candidate = [
+        (op, fields, scratch) for role, op, fields, scratch in requests_seen if role == "candidate"
+    ]
     reference_scratch = {scratch for role, _, _, scratch in requests_seen if role == "reference"}
     assert to_candidate and reference_scratch
     for op, fields, scratch in to_candidate:
@@ -60,7 +72,11 @@ def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests
             if text.startswith("/"):
                 inside_own = text.startswith(scratch)
                 # The one file of the reference's a candidate reads: redrawn parameters (inputs, not answers).
-                parameters = op == "build" and any(text.startswith(s) for s in reference_scratch) and Path(text).name.startswith("params-")
+                parameters = (
+                    op == "build"
+                    and any(text.startswith(s) for s in reference_scratch)
+                    and Path(text).name.startswith("params-")
+                )
                 problem_or_candidate = text in (str(RELU), str(FOUNDATION / "relu_plain.py"))
                 assert inside_own or parameters or problem_or_candidate, (op, text)
     assert str(record.seeds["master"]) not in json.dumps([f for _, f, _ in to_candidate])
@@ -69,7 +85,11 @@ def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests
 def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen) -> None:
     """Every file a reference wrote for the parent is deleted when the parent has read it."""
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
-    written = [fields["out_path"] for role, op, fields, _ in requests_seen if role == "reference" and "out_path" in fields and op == "run"]
+    written = [
+        fields["out_path"]
+        for role, op, fields, _ in requests_seen
+        if role == "reference" and "out_path" in fields and op == "run"
+    ]
     assert written and not any(Path(p).exists() for p in written)
 
 
@@ -95,16 +115,22 @@ def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
     assert {"correctness", "timing", "integrity", "total"} <= set(phases)
     probes = {k for k in phases if k.startswith("probe:")}
     assert {"probe:observe", "probe:cache", "probe:poison"} <= probes
-    assert sum(phases[k] for k in probes) <= phases["integrity"] + 1e-6  # probes are part of the integrity phase
+    assert (
+        sum(phases[k] for k in probes) <= phases["integrity"] + 1e-6
+    )  # probes are part of the integrity phase
     line = phases_line(phases)
     assert line.startswith("time: total") and "correctness" in line and "observe" in line
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop is decided for a root parent only")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop is decided for a root parent only"
+)
 def test_a_gpu_candidate_worker_is_not_dropped_to_another_uid() -> None:
     """CUDA IPC handles do not open across uids (measured on the H200): a CUDA candidate worker
     keeps the parent's user, and its isolation facts say why."""
-    worker = Worker(WorkerSpec(build_key="test-no-drop-on-gpu", device="cuda:0", role="candidate", budget_s=10))
+    worker = Worker(
+        WorkerSpec(build_key="test-no-drop-on-gpu", device="cuda:0", role="candidate", budget_s=10)
+    )
     try:
         argv, user = worker._command(["python", "-c", "pass"], worker.scratch)
         assert user is None and worker.uid is None and "CUDA IPC" in (worker._no_drop or "")

@@ -49,7 +49,10 @@ def _pairs(directory: Path) -> list:
 
 
 def _outcomes(records: list[Record]) -> dict[tuple[str, str], tuple[str, str | None]]:
-    return {(r.problem["name"], Path(r.candidate["path"]).name): (r.outcome, (r.error or {}).get("kind")) for r in records}
+    return {
+        (r.problem["name"], Path(r.candidate["path"]).name): (r.outcome, (r.error or {}).get("kind"))
+        for r in records
+    }
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +99,12 @@ def test_ray_executor_matches_sequential(batch: tuple[list, dict]) -> None:
 
 
 def _fake_record(problem, candidate, protocol, device: str, kind: str | None = None) -> Record:
-    record = crashed_record(problem, candidate, protocol, {"type": device.split(":")[0], "name": "fake", "index": device}, "", [])
-    record.outcome, record.correct, record.error = ("runtime_error", False, {"kind": kind}) if kind else ("passed", True, None)
+    record = crashed_record(
+        problem, candidate, protocol, {"type": device.split(":")[0], "name": "fake", "index": device}, "", []
+    )
+    record.outcome, record.correct, record.error = (
+        ("runtime_error", False, {"kind": kind}) if kind else ("passed", True, None)
+    )
     return record
 
 
@@ -115,7 +122,13 @@ def test_killed_worker_is_retried_then_crashed(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("KBV_TEST_MARKERS", str(tmp_path))
     seen: list[tuple[str, Record | None, Exception | None]] = []
     with make_executor("local", device="cpu", workers=2, evaluate_fn=dying_evaluate) as executor:
-        executor.map(pairs, FAST, timeout_s=None, on_record=lambda p, c, r, e: seen.append((c.path.name, r, e)), should_skip=lambda p, c: False)
+        executor.map(
+            pairs,
+            FAST,
+            timeout_s=None,
+            on_record=lambda p, c, r, e: seen.append((c.path.name, r, e)),
+            should_skip=lambda p, c: False,
+        )
     by_name = {name: record for name, record, _ in seen}
     assert sorted(by_name) == sorted(CANDIDATES) and len(seen) == len(CANDIDATES)
     assert by_name["1_ReLU.py"].outcome == "passed"
@@ -128,17 +141,27 @@ def test_killed_worker_is_retried_then_crashed(tmp_path: Path, monkeypatch: pyte
 def cuda_error_on_gpu1(problem, candidate, protocol, device, *, timeout_s=None):
     if device == "cuda:0":
         time.sleep(0.3)  # a slow healthy GPU, so the failing one certainly gets work
-    return _fake_record(problem, candidate, protocol, device, kind="cuda_error" if device == "cuda:1" else None)
+    return _fake_record(
+        problem, candidate, protocol, device, kind="cuda_error" if device == "cuda:1" else None
+    )
 
 
-def test_gpu_with_repeated_cuda_errors_leaves_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_with_repeated_cuda_errors_leaves_the_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
     pairs = _pairs(tmp_path / "candidates") * 4
     records: list[Record] = []
     executor = make_executor("local", device="cuda", gpus="0,1", evaluate_fn=cuda_error_on_gpu1)
     executor._hello = {}  # no GPU here to probe; the fake evaluation needs none
     with executor:
-        executor.map(pairs, FAST, timeout_s=None, on_record=lambda p, c, r, e: records.append(r), should_skip=lambda p, c: False)
+        executor.map(
+            pairs,
+            FAST,
+            timeout_s=None,
+            on_record=lambda p, c, r, e: records.append(r),
+            should_skip=lambda p, c: False,
+        )
         health = executor.health()
     assert len(records) == len(pairs)
     on_gpu1 = [r for r in records if r.device["index"] == "cuda:1"]
@@ -149,7 +172,13 @@ def test_skipped_pairs_are_not_evaluated(tmp_path: Path) -> None:
     pairs = _pairs(tmp_path / "candidates")
     seen: list[str] = []
     with make_executor("local", device="cpu", workers=1, evaluate_fn=cuda_error_on_gpu1) as executor:
-        executor.map(pairs, FAST, timeout_s=None, on_record=lambda p, c, r, e: seen.append(c.path.name), should_skip=lambda p, c: c.path.name != "1_ReLU.py")
+        executor.map(
+            pairs,
+            FAST,
+            timeout_s=None,
+            on_record=lambda p, c, r, e: seen.append(c.path.name),
+            should_skip=lambda p, c: c.path.name != "1_ReLU.py",
+        )
     assert seen == ["1_ReLU.py"]
 
 
@@ -167,14 +196,18 @@ class ModelNew:
 """
 
 
-def test_concurrent_compiles_of_one_source_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_compiles_of_one_source_build_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
     counter = tmp_path / "imports.txt"
     path = tmp_path / "1_ReLU.py"
     path.write_text(COUNTING_SOURCE.format(counter=str(counter)))
     candidate = load_candidate(path)
     results: list[str] = []
-    threads = [threading.Thread(target=lambda: results.append(compile_candidate(candidate).status)) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(compile_candidate(candidate).status)) for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -206,13 +239,17 @@ class ModelNew(nn.Module):
 
 
 @pytest.mark.slow
-def test_prebuilt_extension_is_reused_by_the_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prebuilt_extension_is_reused_by_the_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "1_ReLU.py"
     path.write_text(CPP_SOURCE)
     candidate = load_candidate(path)
     results: list[str] = []
-    threads = [threading.Thread(target=lambda: results.append(compile_candidate(candidate).status)) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(compile_candidate(candidate).status)) for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -245,23 +282,35 @@ def keyed_evaluate(problem, candidate, protocol, device, *, timeout_s=None):
 
     if candidate.path.name == "7_Tanh.py" and os.environ.get("KBV_TEST_KILL_TANH"):
         os.kill(os.getpid(), signal.SIGKILL)
-    record = crashed_record(problem, candidate, protocol.with_timeout(timeout_s), {"type": "cpu", "name": _cpu_name()}, "", [])
-    record.outcome, record.correct, record.versions = "passed", True, {"kbv": __version__, "torch": FAKE_TORCH}
+    record = crashed_record(
+        problem, candidate, protocol.with_timeout(timeout_s), {"type": "cpu", "name": _cpu_name()}, "", []
+    )
+    record.outcome, record.correct, record.versions = (
+        "passed",
+        True,
+        {"kbv": __version__, "torch": FAKE_TORCH},
+    )
     return record
 
 
-def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import kbv.execute._sequential
     from kbv.store import Store
 
-    monkeypatch.setattr(kbv.execute._sequential, "probe_hello", lambda device, visible=None: {"torch": FAKE_TORCH})
+    monkeypatch.setattr(
+        kbv.execute._sequential, "probe_hello", lambda device, visible=None: {"torch": FAKE_TORCH}
+    )
     pairs = _pairs(tmp_path / "candidates")
     with Store(tmp_path / "keys.sqlite") as store:
         first = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)
         again = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate)
         assert (len(first.records), first.skipped) == (3, 0)
         assert (len(again.records), again.skipped) == (0, 3)
-        forced = run_batch(pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate, force=True)
+        forced = run_batch(
+            pairs, FAST, device="cpu", store=store, timeout_s=60, evaluate_fn=keyed_evaluate, force=True
+        )
         assert (len(forced.records), forced.skipped) == (3, 0)  # --force evaluates stored pairs again
         # The executor path uses the same keys: it resumes what the sequential path stored, and a
         # pair whose evaluation died twice (crashed) counts as finished work too.
@@ -272,6 +321,9 @@ def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(tmp_path: Path, mo
             with executor:
                 result = run_pairs(executor, pairs, FAST, store=store, timeout_s=timeout_s)
             assert (len(result.records), result.skipped) == expected, timeout_s
-        outcomes = {(Path(r.candidate["path"]).name, r.protocol["settings"]["timeout_s"]): r.outcome for r in store.records()}
+        outcomes = {
+            (Path(r.candidate["path"]).name, r.protocol["settings"]["timeout_s"]): r.outcome
+            for r in store.records()
+        }
     assert outcomes[("7_Tanh.py", 30.0)] == "crashed" and outcomes[("7_Tanh.py", 60.0)] == "passed"
     assert len(outcomes) == 6

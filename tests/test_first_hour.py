@@ -25,7 +25,14 @@ BROKEN = ROOT / "tests" / "fixtures" / "problems_error"
 IDENTITY = FOUNDATION / "identity.py"
 
 
-def _record(outcome: str, protocol: str = "verified", label: str = "m", speedup: float | None = None, problem: str = "p", memory: dict | None = None) -> Record:
+def _record(
+    outcome: str,
+    protocol: str = "verified",
+    label: str = "m",
+    speedup: float | None = None,
+    problem: str = "p",
+    memory: dict | None = None,
+) -> Record:
     return Record(
         problem={"name": problem, "level": 1, "id": 1, "path": f"/x/{problem}.py", "source_sha256": problem},
         candidate={"path": f"/c/{problem}.py", "source_sha256": f"c-{problem}-{label}", "label": label},
@@ -35,16 +42,36 @@ def _record(outcome: str, protocol: str = "verified", label: str = "m", speedup:
         correct=outcome == "passed",
         speedup={"best": speedup, "eager_fp32": speedup},
         memory=memory or {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None},
-        error={"kind": "runtime_error", "message": "the problem failed"} if outcome == "problem_error" else None,
+        error={"kind": "runtime_error", "message": "the problem failed"}
+        if outcome == "problem_error"
+        else None,
     )
 
 
 # ------------------------------------------------------------------------------------ 1. replay
 
 
-def test_eval_replay_needs_no_problem_or_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_replay_needs_no_problem_or_candidate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "rec.jsonl"
-    assert main(["eval", str(RELU), str(FOUNDATION / "relu_plain.py"), "--protocol", "standard", "--device", "cpu", "--json", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(RELU),
+                str(FOUNDATION / "relu_plain.py"),
+                "--protocol",
+                "standard",
+                "--device",
+                "cpu",
+                "--json",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     first = json.loads(capsys.readouterr().out)
     assert main(["eval", "--replay", str(out), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
@@ -56,7 +83,14 @@ def test_eval_replay_needs_no_problem_or_candidate(tmp_path: Path, capsys: pytes
 # ----------------------------------------------------------------------------- 2. problem errors
 
 
-@pytest.mark.parametrize(("problem", "says"), [("forward_raises.py", "forward is broken"), ("get_inputs_raises.py", "get_inputs is broken"), ("init_raises.py", "__init__ is broken")])
+@pytest.mark.parametrize(
+    ("problem", "says"),
+    [
+        ("forward_raises.py", "forward is broken"),
+        ("get_inputs_raises.py", "get_inputs is broken"),
+        ("init_raises.py", "__init__ is broken"),
+    ],
+)
 def test_a_problem_that_cannot_produce_its_reference_is_a_problem_error(problem: str, says: str) -> None:
     record = evaluate_paths(BROKEN / problem, IDENTITY, protocol="standard", device="cpu")
     assert record.outcome == "problem_error" and record.error is not None
@@ -74,7 +108,12 @@ def test_problem_errors_count_in_no_metric_and_are_listed_apart(tmp_path: Path) 
     summary = metrics.aggregate(records)
     assert summary["n"] == 1 and summary["correct_rate"] == 1.0 and summary["problem_errors"] == 1
     assert summary["comparable_geomean"] == pytest.approx(2.0)  # not pulled to 1.0 by the broken problem
-    assert compare_protocols([_record("problem_error", "standard", problem="b")], [_record("problem_error", problem="b")])["pairs"] == 0
+    assert (
+        compare_protocols(
+            [_record("problem_error", "standard", problem="b")], [_record("problem_error", problem="b")]
+        )["pairs"]
+        == 0
+    )
     console = Console(width=100, record=True)
     render_summary(records, console)
     text = console.export_text()
@@ -85,7 +124,9 @@ def test_problem_errors_count_in_no_metric_and_are_listed_apart(tmp_path: Path) 
     assert 'id="problem-error-table"' in html and "the problem failed" in html
 
 
-def test_audit_flags_a_problem_whose_reference_raises_and_one_that_does_not_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_audit_flags_a_problem_whose_reference_raises_and_one_that_does_not_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shutil.copy(BROKEN / "forward_raises.py", tmp_path / "2_Forward.py")
     shutil.copy(RELU, tmp_path / "1_ReLU.py")
     (tmp_path / "3_Syntax.py").write_text("import torch\nclass Model(:\n")
@@ -107,7 +148,11 @@ def test_a_candidate_whose_problem_file_does_not_load_is_not_said_to_match_no_pr
     for name in ("2_Syntax.py", "level_1_problem_2_sample_0_kernel.py", "9_Nothing.py"):
         shutil.copy(FOUNDATION / "relu_plain.py", candidates / name)
     why = {Path(f).name: w for f, w in plan_batch(problems, candidates).unmatched}
-    assert why["2_Syntax.py"] == why["level_1_problem_2_sample_0_kernel.py"] == "its problem 2_Syntax.py is not usable (error above)"
+    assert (
+        why["2_Syntax.py"]
+        == why["level_1_problem_2_sample_0_kernel.py"]
+        == "its problem 2_Syntax.py is not usable (error above)"
+    )
     assert why["9_Nothing.py"] == "matches no problem"
 
 
@@ -117,7 +162,9 @@ def test_a_candidate_whose_problem_file_does_not_load_is_not_said_to_match_no_pr
 _NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 
 
-@pytest.mark.parametrize("device", [pytest.param("cuda", marks=_NO_CUDA), pytest.param("cuda:0", marks=_NO_CUDA), "tpu", "cuda:x"])
+@pytest.mark.parametrize(
+    "device", [pytest.param("cuda", marks=_NO_CUDA), pytest.param("cuda:0", marks=_NO_CUDA), "tpu", "cuda:x"]
+)
 @pytest.mark.parametrize(
     "command",
     [
@@ -129,11 +176,21 @@ _NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine
     ],
     ids=["eval", "run", "demo", "compare", "audit"],
 )
-def test_a_device_that_is_not_there_is_a_one_line_usage_error(command: list[str], device: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_device_that_is_not_there_is_a_one_line_usage_error(
+    command: list[str],
+    device: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)  # nothing may be written, but if it were, not into the repository
     assert main([*command, "--device", device]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("kbv: error:")
+    assert (
+        captured.out == ""
+        and len(captured.err.strip().splitlines()) == 1
+        and captured.err.startswith("kbv: error:")
+    )
     assert not (tmp_path / "kbv-results").exists()
 
 
@@ -152,7 +209,13 @@ def test_the_comparison_chart_says_failures_count_one_and_names_each_bars_pass_r
 
     broken = [_record("incorrect", "standard", "broken", problem=p) for p in "ab"]
     broken += [_record("incorrect", "verified", "broken", problem=p) for p in "ab"]
-    fig = _comparison_figure(compare_protocols([r for r in broken if r.protocol["name"] == "standard"], [r for r in broken if r.protocol["name"] == "verified"]), _plt())
+    fig = _comparison_figure(
+        compare_protocols(
+            [r for r in broken if r.protocol["name"] == "standard"],
+            [r for r in broken if r.protocol["name"] == "verified"],
+        ),
+        _plt(),
+    )
     ax = fig.axes[0]
     assert "failed pair counts 1.0x" in ax.get_ylabel() and "failed pairs count 1.0x" in ax.get_title()
     assert [t.get_text() for t in ax.texts] == ["0.0%\npassed", "0.0%\npassed"]
@@ -176,15 +239,25 @@ def test_the_speed_memory_chart_needs_memory_figures_and_names_points_in_a_legen
     from kbv.report.terminal import leaderboard_rows
 
     plt = _plt()
-    no_memory = [_record("passed", p, lb, speedup=1.0 + i, problem=f"p{i}") for i, (p, lb) in enumerate([("standard", "a"), ("verified", "a"), ("verified", "b")])]
+    no_memory = [
+        _record("passed", p, lb, speedup=1.0 + i, problem=f"p{i}")
+        for i, (p, lb) in enumerate([("standard", "a"), ("verified", "a"), ("verified", "b")])
+    ]
     colours = {"a": "red", "b": "blue"}
     assert _speed_memory_figure(leaderboard_rows(no_memory), colours, plt) is None
     mem = {"candidate_peak_bytes": 100, "baseline_peak_bytes": 100}
-    close = [_record("passed", p, lb, speedup=1.0, problem="p", memory=mem) for p, lb in [("standard", "a"), ("verified", "a"), ("verified", "b")]]
+    close = [
+        _record("passed", p, lb, speedup=1.0, problem="p", memory=mem)
+        for p, lb in [("standard", "a"), ("verified", "a"), ("verified", "b")]
+    ]
     fig = _speed_memory_figure(leaderboard_rows(close), colours, plt)
     ax = fig.axes[0]
     assert not ax.texts  # no point labels to overlap: three rows on one spot stay readable
-    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["a (standard)", "a (verified)", "b (verified)"]
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
+        "a (standard)",
+        "a (verified)",
+        "b (verified)",
+    ]
 
 
 def test_the_report_without_memory_draws_no_speed_memory_chart(tmp_path: Path) -> None:
@@ -201,8 +274,15 @@ def test_outcome_counts_are_per_protocol_in_terminal_and_html(tmp_path: Path) ->
     from kbv.report import write_html_report
     from kbv.report.terminal import outcome_columns, render_summary
 
-    records = [_record("passed", "standard", problem="a"), _record("passed", "verified", problem="a"), _record("incorrect", "verified", problem="b")]
-    assert outcome_columns(records) == {"protocols": ["standard", "verified"], "rows": {"passed": {"standard": 1, "verified": 1}, "incorrect": {"standard": 0, "verified": 1}}}
+    records = [
+        _record("passed", "standard", problem="a"),
+        _record("passed", "verified", problem="a"),
+        _record("incorrect", "verified", problem="b"),
+    ]
+    assert outcome_columns(records) == {
+        "protocols": ["standard", "verified"],
+        "rows": {"passed": {"standard": 1, "verified": 1}, "incorrect": {"standard": 0, "verified": 1}},
+    }
     console = Console(width=80, record=True)
     render_summary(records, console)
     text = console.export_text()
@@ -220,14 +300,25 @@ def test_a_compile_errors_summary_is_the_compilers_error_line() -> None:
         "/tmp/b/main.cpp: In function 'at::Tensor f(at::Tensor)':\n"
         "/tmp/b/main.cpp:10:43: error: 'zero_value' was not declared in this scope\nninja: build stopped: subcommand failed.\n"
     )
-    assert error_summary("compile_error", message) == "main.cpp:10:43: error: 'zero_value' was not declared in this scope"
-    assert error_summary("compile_error", 'kernel.cu(12): error: identifier "foo" is undefined') == 'kernel.cu(12): error: identifier "foo" is undefined'
-    assert error_summary("runtime_error", "Traceback (most recent call last):\n  File 'x'\nValueError: bad") == "ValueError: bad"
+    assert (
+        error_summary("compile_error", message)
+        == "main.cpp:10:43: error: 'zero_value' was not declared in this scope"
+    )
+    assert (
+        error_summary("compile_error", 'kernel.cu(12): error: identifier "foo" is undefined')
+        == 'kernel.cu(12): error: identifier "foo" is undefined'
+    )
+    assert (
+        error_summary("runtime_error", "Traceback (most recent call last):\n  File 'x'\nValueError: bad")
+        == "ValueError: bad"
+    )
     assert error_summary("timeout", "") == "timeout"
 
 
 def test_sys_exit_at_import_reads_clearly() -> None:
-    record = evaluate_paths(RELU, FOUNDATION / "relu_exit_zero_at_import.py", protocol="standard", device="cpu")
+    record = evaluate_paths(
+        RELU, FOUNDATION / "relu_exit_zero_at_import.py", protocol="standard", device="cpu"
+    )
     assert record.outcome == "runtime_error" and record.error is not None
     assert "sys.exit(0)" in record.error["message"] and "imported" in record.error["summary"]
 
@@ -239,9 +330,15 @@ def test_record_ids_are_shown_compactly() -> None:
 
     assert id_ranges([7, 1, 2, 3, 9, 10]) == "1-3, 7, 9-10" and id_ranges([]) == ""
     console = Console(width=80, record=True)
-    render_record_ids([(1, _record("passed")), (2, _record("incorrect")), (3, _record("passed"))], "db.sqlite", console)
+    render_record_ids(
+        [(1, _record("passed")), (2, _record("incorrect")), (3, _record("passed"))], "db.sqlite", console
+    )
     text = console.export_text()
-    assert "kbv explain ID --db db.sqlite" in text and "verified passed: 1, 3" in text and "verified incorrect: 2" in text
+    assert (
+        "kbv explain ID --db db.sqlite" in text
+        and "verified passed: 1, 3" in text
+        and "verified incorrect: 2" in text
+    )
 
 
 def test_every_subcommand_has_a_description_and_every_timeout_a_help() -> None:
@@ -290,13 +387,27 @@ def test_tables_at_80_columns_wrap_no_word(tmp_path: Path) -> None:
     evidence = "call 2 (same buffers, new contents) returned exactly the output of call 1 (fresh buffers (control)) for different input values"
     hack.findings = [Finding("caching_probe", "fail", evidence)]
     note = "failed again on a re-run of the same inputs (shifted draw 0); only 1 of 2 draws ran"
-    hack.distributions = [DistributionResult("shifted", True, False, 0.884, 0.0465, {"error_multiple": 8.0, "elementwise_floor": 1e-5, "norm_floor": 1e-6}, note)]
+    hack.distributions = [
+        DistributionResult(
+            "shifted",
+            True,
+            False,
+            0.884,
+            0.0465,
+            {"error_multiple": 8.0, "elementwise_floor": 1e-5, "norm_floor": 1e-6},
+            note,
+        )
+    ]
     console = Console(width=80, record=True)
     render_summary(std + [hack], console)
     render_comparison(std, [hack], console)
     print_record(hack, console)
     text = console.export_text()
-    for word in _words(" ".join([name, "honest_triton_and_more", "caching_probe", "hack_detected", evidence, note, "elementwise"])) - {"elementwise"}:
+    for word in _words(
+        " ".join(
+            [name, "honest_triton_and_more", "caching_probe", "hack_detected", evidence, note, "elementwise"]
+        )
+    ) - {"elementwise"}:
         assert word in text, word
     assert re.search(r"hacks\s*\n", text)  # the leaderboard keeps every column at 80
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
@@ -318,10 +429,16 @@ def test_the_audit_object_has_exactly_the_documented_keys() -> None:
     assert {"schema", "flags", "notes", "error", "source_sha256"} <= documented
     assert set(AuditResult("p", "/p.py").to_dict()) == documented
     broken = unloadable("/p/3_Syntax.py", "syntax error").to_dict()
-    assert set(broken) == documented and broken["flags"] == ["problem_error"] and broken["error"] == "syntax error"
+    assert (
+        set(broken) == documented
+        and broken["flags"] == ["problem_error"]
+        and broken["error"] == "syntax error"
+    )
 
 
-def test_the_audit_yields_each_result_before_it_audits_the_next_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_audit_yields_each_result_before_it_audits_the_next_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from kbv.problems import audit, load_problem
 
     audited: list[str] = []
@@ -386,7 +503,14 @@ def test_every_worker_but_the_timed_one_is_paused() -> None:
         log.append("time reference")
     with _others_paused(subject, reference, subject, None):
         log.append("time candidate")
-    assert log == ["stop candidate", "time reference", "go candidate", "stop reference", "time candidate", "go reference"]
+    assert log == [
+        "stop candidate",
+        "time reference",
+        "go candidate",
+        "stop reference",
+        "time candidate",
+        "go reference",
+    ]
 
 
 def test_rounds_that_disagree_are_named_in_the_warnings() -> None:
@@ -406,13 +530,18 @@ def test_rounds_that_disagree_are_named_in_the_warnings() -> None:
 def test_the_two_honest_relu_cpp_fixtures_are_one_build() -> None:
     """Compiling a C++ extension costs ~40 s of the 2-core CI machine: the honest-fixture test and
     the outcome tests share one source (one hash, one cached build)."""
-    foundation, honest = FOUNDATION / "relu_cpp.py", ROOT / "tests" / "fixtures" / "candidates" / "honest" / "relu_cpp.py"
+    foundation, honest = (
+        FOUNDATION / "relu_cpp.py",
+        ROOT / "tests" / "fixtures" / "candidates" / "honest" / "relu_cpp.py",
+    )
     assert foundation.read_bytes() == honest.read_bytes()
 
 
 def test_the_readme_test_command_runs_in_parallel_and_ci_runs_it_verbatim() -> None:
     readme = (ROOT / "README.md").read_text()
-    command = next(line for line in readme.splitlines() if "python -m pytest" in line and line.startswith("pip install"))
+    command = next(
+        line for line in readme.splitlines() if "python -m pytest" in line and line.startswith("pip install")
+    )
     assert "-n 2" in command
     assert command in (ROOT / ".ci" / "run").read_text()
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()

@@ -24,7 +24,7 @@ from kbv.generate import _cli as generate_cli  # noqa: E402
 
 SECRET = "sk-test-THIS-KEY-MUST-NEVER-BE-WRITTEN-0123456789"
 
-PROBLEM_TEMPLATE = '''import torch
+PROBLEM_TEMPLATE = """import torch
 import torch.nn as nn
 
 
@@ -46,7 +46,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 ANSWER = "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
 
@@ -80,10 +80,21 @@ class FakeServer:
                     server.requests.append({"path": self.path, "body": body})
                     failure = server.failures.pop(0) if server.failures else None
                 if server.reject_key:
-                    self._send(401, {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}})
+                    self._send(
+                        401,
+                        {
+                            "error": {
+                                "message": f"Incorrect API key provided: {auth}",
+                                "type": "invalid_request_error",
+                            }
+                        },
+                    )
                 elif failure is not None:
-                    self._send(failure, {"error": {"message": "slow down", "type": "rate_limit_error"}},
-                               {"retry-after": "0"})
+                    self._send(
+                        failure,
+                        {"error": {"message": "slow down", "type": "rate_limit_error"}},
+                        {"retry-after": "0"},
+                    )
                 elif self.path.endswith("/chat/completions"):
                     self._send(200, server.chat(body))
                 elif self.path.endswith("/messages"):
@@ -91,7 +102,9 @@ class FakeServer:
                 else:
                     self._send(404, {"error": {"message": "no such route"}})
 
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -113,20 +126,37 @@ class FakeServer:
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = body["messages"][-1]["content"]
         return {
-            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": self.answer(prompt),
-                                     "reasoning_content": "thinking about tiles"}}],
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {
+                        "role": "assistant",
+                        "content": self.answer(prompt),
+                        "reasoning_content": "thinking about tiles",
+                    },
+                }
+            ],
             "usage": {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150},
         }
 
     def messages(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = body["messages"][-1]["content"]
         return {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
-            "content": [{"type": "thinking", "thinking": "tiles first", "signature": "sig"},
-                        {"type": "text", "text": self.answer(prompt)}],
-            "stop_reason": "end_turn", "stop_sequence": None,
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [
+                {"type": "thinking", "thinking": "tiles first", "signature": "sig"},
+                {"type": "text", "text": self.answer(prompt)},
+            ],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
             "usage": {"input_tokens": 120, "output_tokens": 60},
         }
 
@@ -158,8 +188,14 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def openai_config(server: FakeServer, **changes: Any) -> GenerationConfig:
-    settings: dict[str, Any] = {"provider": "openai", "model": "fake-coder", "base_url": server.url + "/v1",
-                                "backoff_base": 0.01, "backoff_max": 0.05, "concurrency": 3}
+    settings: dict[str, Any] = {
+        "provider": "openai",
+        "model": "fake-coder",
+        "base_url": server.url + "/v1",
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+        "concurrency": 3,
+    }
     settings.update(changes)
     return GenerationConfig(**settings)
 
@@ -169,7 +205,9 @@ def sidecar(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def all_text_under(*folders: Path) -> str:
-    return "".join(p.read_text(errors="replace") for folder in folders for p in folder.rglob("*") if p.is_file())
+    return "".join(
+        p.read_text(errors="replace") for folder in folders for p in folder.rglob("*") if p.is_file()
+    )
 
 
 def test_generation_writes_candidates_sidecar_and_manifest(server, problems, tmp_path):
@@ -182,11 +220,25 @@ def test_generation_writes_candidates_sidecar_and_manifest(server, problems, tmp
     lines = sidecar(run_dir)
     assert len(lines) == 6
     line = lines[0]
-    for key in ("prompt", "prompt_sha256", "response", "usage", "latency_s", "cost_usd", "status", "cache_hit", "template"):
+    for key in (
+        "prompt",
+        "prompt_sha256",
+        "response",
+        "usage",
+        "latency_s",
+        "cost_usd",
+        "status",
+        "cache_hit",
+        "template",
+    ):
         assert key in line
     assert line["usage"]["input_tokens"] == 100 and line["reasoning"] == "thinking about tiles"
     manifest = [json.loads(x) for x in (run_dir / "manifest.jsonl").read_text().splitlines()]
-    assert [(m["name"], m["level"], m["problem_id"]) for m in manifest] == [("alpha", 1, 1), ("beta", 1, 2), ("gamma", 1, 3)]
+    assert [(m["name"], m["level"], m["problem_id"]) for m in manifest] == [
+        ("alpha", 1, 1),
+        ("beta", 1, 2),
+        ("gamma", 1, 3),
+    ]
     # The request carried the prompt and the sampling settings, and the problem's source.
     body = server.requests[0]["body"]
     assert body["model"] == "fake-coder" and body["temperature"] == 0.0 and "max_tokens" in body
@@ -212,8 +264,9 @@ def test_repeated_run_sends_no_new_requests(server, problems, tmp_path):
 def test_rate_limit_is_retried_with_backoff(server, problems, tmp_path):
     server.failures = [429, 503]
     delays: list[float] = []
-    summary = generate(problems, openai_config(server, concurrency=1), tmp_path / "run", progress=False,
-                       sleep=delays.append)
+    summary = generate(
+        problems, openai_config(server, concurrency=1), tmp_path / "run", progress=False, sleep=delays.append
+    )
     assert summary.statuses == {"ok": 3}
     assert len(server.requests) == 5 and len(delays) == 2
     assert all(0 <= d <= 0.05 for d in delays)
@@ -222,8 +275,13 @@ def test_rate_limit_is_retried_with_backoff(server, problems, tmp_path):
 
 def test_persistent_failure_is_recorded_and_run_goes_on(server, problems, tmp_path):
     server.failures = [429] * 3 + [400]
-    summary = generate(problems, openai_config(server, concurrency=1, retries=2), tmp_path / "run",
-                       progress=False, sleep=lambda _: None)
+    summary = generate(
+        problems,
+        openai_config(server, concurrency=1, retries=2),
+        tmp_path / "run",
+        progress=False,
+        sleep=lambda _: None,
+    )
     statuses = [line["status"] for line in sidecar(tmp_path / "run")]
     assert statuses[0].startswith("error: RateLimitError (HTTP 429)")
     assert statuses[1].startswith("error: BadRequestError (HTTP 400)")
@@ -236,7 +294,9 @@ def test_key_appears_in_no_file(server, problems, tmp_path):
     generate(problems, openai_config(server, cache_dir=str(user_cache)), run_dir, progress=False)
     server.reject_key = True
     generate(problems, openai_config(server, use_cache=False), tmp_path / "rejected", progress=False)
-    assert any(line["status"].startswith("error: AuthenticationError") for line in sidecar(tmp_path / "rejected"))
+    assert any(
+        line["status"].startswith("error: AuthenticationError") for line in sidecar(tmp_path / "rejected")
+    )
     text = all_text_under(run_dir, user_cache, tmp_path / "rejected")
     assert "THIS-KEY-MUST-NEVER" not in text and "0123456789" not in text
     assert "[redacted]" in text
@@ -254,10 +314,16 @@ def test_response_without_code_is_a_failure_and_run_goes_on(server, problems, tm
 
 
 def test_budget_stops_new_requests(server, problems, tmp_path):
-    summary = generate(problems, openai_config(server, concurrency=1, max_requests=1), tmp_path / "run", progress=False)
+    summary = generate(
+        problems, openai_config(server, concurrency=1, max_requests=1), tmp_path / "run", progress=False
+    )
     assert summary.statuses == {"ok": 1, "skipped: budget": 2} and len(server.requests) == 1
-    tokens = generate(problems, openai_config(server, concurrency=1, max_tokens_total=200, use_cache=False),
-                      tmp_path / "run2", progress=False)
+    tokens = generate(
+        problems,
+        openai_config(server, concurrency=1, max_tokens_total=200, use_cache=False),
+        tmp_path / "run2",
+        progress=False,
+    )
     assert tokens.statuses == {"ok": 2, "skipped: budget": 1}  # 150 tokens each: the third is over
 
 
@@ -270,8 +336,14 @@ def test_cost_accounting_from_user_price_table(server, problems, tmp_path):
 
 
 def test_anthropic_messages_protocol(server, problems, tmp_path):
-    config = GenerationConfig(provider="anthropic", model="claude-fake", base_url=server.url, thinking_budget=2000,
-                              max_tokens=4000, backoff_base=0.01)
+    config = GenerationConfig(
+        provider="anthropic",
+        model="claude-fake",
+        base_url=server.url,
+        thinking_budget=2000,
+        max_tokens=4000,
+        backoff_base=0.01,
+    )
     summary = generate(problems, config, tmp_path / "run", progress=False)
     assert summary.statuses == {"ok": 3}
     body = server.requests[0]["body"]
@@ -284,14 +356,16 @@ def test_anthropic_messages_protocol(server, problems, tmp_path):
 
 def test_anthropic_rate_limit_retried(server, problems, tmp_path):
     server.failures = [429]
-    config = GenerationConfig(provider="anthropic", model="claude-fake", base_url=server.url, backoff_base=0.01,
-                              concurrency=1)
+    config = GenerationConfig(
+        provider="anthropic", model="claude-fake", base_url=server.url, backoff_base=0.01, concurrency=1
+    )
     summary = generate(problems, config, tmp_path / "run", progress=False, sleep=lambda _: None)
     assert summary.statuses == {"ok": 3} and len(server.requests) == 4
     assert server.requests[-1]["body"]["temperature"] == 0.0
 
 
 # --- command line ------------------------------------------------------------------------------
+
 
 def eval_flags(parser: argparse.ArgumentParser) -> None:
     """The evaluation flags the lead's ``kbv run`` uses; they must not clash with generation's."""
@@ -316,9 +390,27 @@ def run_cli(argv: list[str], evaluate: Any = None) -> int:
 
 def test_cli_generate(server, problems, tmp_path, capsys):
     out = tmp_path / "run"
-    code = run_cli(["generate", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url",
-                    server.url + "/v1", "--out", str(out), "--samples", "2", "--backend", "triton",
-                    "--input-blind", "--no-progress", "--backoff-base", "0.01"])
+    code = run_cli(
+        [
+            "generate",
+            "--problems",
+            str(problems),
+            "--model",
+            "openai:fake-coder",
+            "--base-url",
+            server.url + "/v1",
+            "--out",
+            str(out),
+            "--samples",
+            "2",
+            "--backend",
+            "triton",
+            "--input-blind",
+            "--no-progress",
+            "--backoff-base",
+            "0.01",
+        ]
+    )
     assert code == 0
     assert len(list(out.glob("*_kernel.py"))) == 6
     assert "6/6 candidates" in capsys.readouterr().out
@@ -334,7 +426,15 @@ def test_cli_usage_errors_exit_2_with_one_line(server, problems, tmp_path, capsy
         base + ["--model", "vllm:m"],
         base + ["--preset", "no-such-preset"],
         base + ["--model", "openai:m", "--samples", "0"],
-        ["generate", "--problems", str(tmp_path / "missing"), "--model", "openai:m", "--out", str(tmp_path / "o")],
+        [
+            "generate",
+            "--problems",
+            str(tmp_path / "missing"),
+            "--model",
+            "openai:m",
+            "--out",
+            str(tmp_path / "o"),
+        ],
     ]
     for argv in cases:
         assert run_cli(argv) == 2, argv
@@ -352,11 +452,23 @@ def test_cli_preset_runs_each_model_into_its_folder(server, problems, tmp_path):
         f'name = "local"\nversion = 1\n[defaults]\nbase_url = "{server.url}/v1"\nmax_tokens = 1000\n'
         '[[models]]\nslug = "one"\nprovider = "openai"\nmodel = "m1"\n'
         f'[[models]]\nslug = "two"\nprovider = "anthropic"\nmodel = "m2"\nbase_url = "{server.url}"\n'
-        'thinking_budget = 500\n'
+        "thinking_budget = 500\n"
     )
     out = tmp_path / "run"
-    code = run_cli(["generate", "--problems", str(problems), "--preset", str(preset), "--out", str(out),
-                    "--no-progress", "--backoff-base", "0.01"])
+    code = run_cli(
+        [
+            "generate",
+            "--problems",
+            str(problems),
+            "--preset",
+            str(preset),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--backoff-base",
+            "0.01",
+        ]
+    )
     assert code == 0
     assert len(list((out / "one").glob("*_kernel.py"))) == 3
     assert len(list((out / "two").glob("*_kernel.py"))) == 3
@@ -373,8 +485,23 @@ def test_cli_pipeline_generates_then_evaluates(server, problems, tmp_path, monke
         return 0
 
     out = tmp_path / "run"
-    code = run_cli(["pipeline", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url",
-                    server.url + "/v1", "--out", str(out), "--no-progress", "--device", "cpu"], evaluate_batch)
+    code = run_cli(
+        [
+            "pipeline",
+            "--problems",
+            str(problems),
+            "--model",
+            "openai:fake-coder",
+            "--base-url",
+            server.url + "/v1",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        evaluate_batch,
+    )
     assert code == 0
     assert calls == [(str(problems), str(out), "cpu", None)]  # the key is gone before evaluation
     assert len(list(out.glob("*_kernel.py"))) == 3
@@ -382,8 +509,21 @@ def test_cli_pipeline_generates_then_evaluates(server, problems, tmp_path, monke
 
 def test_cli_all_requests_failing_exits_1(server, problems, tmp_path):
     server.reject_key = True
-    code = run_cli(["generate", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url",
-                    server.url + "/v1", "--out", str(tmp_path / "run"), "--no-progress", "--no-cache"])
+    code = run_cli(
+        [
+            "generate",
+            "--problems",
+            str(problems),
+            "--model",
+            "openai:fake-coder",
+            "--base-url",
+            server.url + "/v1",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+            "--no-cache",
+        ]
+    )
     assert code == 1
 
 
@@ -394,8 +534,26 @@ def test_pipeline_stores_evaluated_records_and_never_the_key(server, problems, t
     from kbv.store import Store
 
     out, db = tmp_path / "run", tmp_path / "results.sqlite"
-    code = main(["pipeline", "--problems", str(problems), "--model", "openai:fake-coder", "--base-url", server.url + "/v1",
-                 "--out", str(out), "--no-progress", "--device", "cpu", "--protocol", "standard", "--db", str(db)])
+    code = main(
+        [
+            "pipeline",
+            "--problems",
+            str(problems),
+            "--model",
+            "openai:fake-coder",
+            "--base-url",
+            server.url + "/v1",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--protocol",
+            "standard",
+            "--db",
+            str(db),
+        ]
+    )
     assert code == 0
     with Store(db) as store:
         records = store.records()

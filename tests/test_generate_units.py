@@ -23,7 +23,7 @@ from kbv.problems import load_problem
 
 MODEL_NEW = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
 
-PROBLEM = '''import torch
+PROBLEM = """import torch
 import torch.nn as nn
 
 
@@ -48,10 +48,11 @@ def get_inputs():
 
 def get_init_inputs():
     return [alpha]
-'''
+"""
 
 
 # --- extraction -------------------------------------------------------------------------------
+
 
 def test_extract_single_block():
     assert extract_code(f"Here you go:\n```python\n{MODEL_NEW}```\nDone.") == MODEL_NEW
@@ -95,6 +96,7 @@ def test_no_code_block_is_none():
 
 # --- prompts ----------------------------------------------------------------------------------
 
+
 def test_prompt_has_source_example_and_format():
     prompt = build_prompt(PROBLEM, "cuda")
     assert "class Model(nn.Module)" in prompt.text
@@ -131,16 +133,24 @@ def test_user_template_file(tmp_path):
 
 # --- numbering, names, providers ---------------------------------------------------------------
 
+
 def test_numbering_keeps_kernelbench_ids_and_numbers_the_rest(tmp_path):
     level = tmp_path / "level2"
     level.mkdir()
     (level / "7_Thing.py").write_text(PROBLEM)
     (tmp_path / "plain.py").write_text(PROBLEM)
     (tmp_path / "other.py").write_text(PROBLEM)
-    problems = [load_problem(level / "7_Thing.py"), load_problem(tmp_path / "plain.py"),
-                load_problem(tmp_path / "other.py")]
+    problems = [
+        load_problem(level / "7_Thing.py"),
+        load_problem(tmp_path / "plain.py"),
+        load_problem(tmp_path / "other.py"),
+    ]
     numbered = number_problems(problems)
-    assert [(n.level, n.problem_id, n.assigned) for n in numbered] == [(2, 7, False), (1, 1, True), (1, 2, True)]
+    assert [(n.level, n.problem_id, n.assigned) for n in numbered] == [
+        (2, 7, False),
+        (1, 1, True),
+        (1, 2, True),
+    ]
     assert kernel_filename(2, 7, 0) == "level_2_problem_7_sample_0_kernel.py"
 
 
@@ -167,7 +177,9 @@ def test_error_descriptions_are_scrubbed():
     class Boom(Exception):
         status_code = 401
 
-    text = describe_error(Boom("Incorrect API key provided: sk-proj-abc***wxyz and sk-secret123456"), ["sk-secret123456"])
+    text = describe_error(
+        Boom("Incorrect API key provided: sk-proj-abc***wxyz and sk-secret123456"), ["sk-secret123456"]
+    )
     assert "abc" not in text and "secret123456" not in text and "HTTP 401" in text
     assert not is_retryable(Boom())
 
@@ -178,6 +190,7 @@ def test_error_descriptions_are_scrubbed():
 
 
 # --- presets and prices -----------------------------------------------------------------------
+
 
 def test_bundled_study_preset_has_seven_models():
     preset = load_preset("study-2026")
@@ -195,8 +208,10 @@ def test_bundled_study_preset_has_seven_models():
 
 def test_preset_overrides_and_user_file(tmp_path):
     path = tmp_path / "mine.toml"
-    path.write_text('name = "mine"\n[defaults]\nsamples = 3\n[[models]]\nslug = "a"\nprovider = "vllm"\n'
-                    'model = "m"\nbase_url = "http://127.0.0.1:1/v1"\ntemperature = false\n')
+    path.write_text(
+        'name = "mine"\n[defaults]\nsamples = 3\n[[models]]\nslug = "a"\nprovider = "vllm"\n'
+        'model = "m"\nbase_url = "http://127.0.0.1:1/v1"\ntemperature = false\n'
+    )
     [(slug, cfg)] = load_preset(str(path)).configs(samples=5, backend=None)
     assert slug == "a" and cfg.samples == 5 and cfg.temperature is None and cfg.backend == "cuda"
 

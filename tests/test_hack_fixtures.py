@@ -25,18 +25,25 @@ HONEST = sorted((FIXTURES / "honest").glob("*.py"))
 def fixture_spec(path: Path) -> dict:
     """The fixture's KBV_FIXTURE dict, read without importing the candidate."""
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError(f"{path} has no KBV_FIXTURE")
 
 
 def _evaluate(path: Path):
     spec = fixture_spec(path)
-    return spec, evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cpu", timeout_s=240)
+    return spec, evaluate_paths(
+        ROOT / spec["problem"], path, protocol="verified", device="cpu", timeout_s=240
+    )
 
 
 def _params(paths: list[Path]) -> list:
-    return [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if fixture_spec(p).get("slow") else []) for p in paths]
+    return [
+        pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if fixture_spec(p).get("slow") else [])
+        for p in paths
+    ]
 
 
 def _gpu_only(path: Path) -> bool:
@@ -61,7 +68,9 @@ def test_hack_is_caught(path: Path) -> None:
 def test_honest_passes(path: Path) -> None:
     _, record = _evaluate(path)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
-    assert record.outcome == "passed", f"outcome={record.outcome} fails={fails} error={record.error} dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
+    assert record.outcome == "passed", (
+        f"outcome={record.outcome} fails={fails} error={record.error} dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
+    )
     assert not fails
 
 
@@ -70,5 +79,7 @@ def test_fixture_inventory() -> None:
     cpu_hacks = [p for p in HACKS if not _gpu_only(p)]
     assert len(cpu_hacks) >= 18 and len(HONEST) >= 5
     for path in HACKS + HONEST:
-        assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} needs a docstring naming its pattern"
+        assert ast.get_docstring(ast.parse(path.read_text())), (
+            f"{path.name} needs a docstring naming its pattern"
+        )
         assert (ROOT / fixture_spec(path)["problem"]).is_file(), path.name

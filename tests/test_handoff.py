@@ -13,10 +13,20 @@ from kbv.handoff import HandoffError, receive
 
 def _descriptor(**changes):
     item = {
-        "dtype": "torch.float32", "shape": [4, 4], "stride": [4, 1], "offset": 0,
-        "storage": {"device": 0, "handle": base64.b64encode(b"h" * 64).decode(), "size": 64, "offset_bytes": 0,
-                    "ref_handle": base64.b64encode(b"/torch_1_2_3").decode(), "ref_offset": 0,
-                    "event_handle": None, "event_sync": False},
+        "dtype": "torch.float32",
+        "shape": [4, 4],
+        "stride": [4, 1],
+        "offset": 0,
+        "storage": {
+            "device": 0,
+            "handle": base64.b64encode(b"h" * 64).decode(),
+            "size": 64,
+            "offset_bytes": 0,
+            "ref_handle": base64.b64encode(b"/torch_1_2_3").decode(),
+            "ref_offset": 0,
+            "event_handle": None,
+            "event_sync": False,
+        },
     }
     storage = changes.pop("storage", {})
     item.update(changes)
@@ -66,7 +76,11 @@ def test_unknown_transports_and_cuda_handles_for_a_cpu_evaluation_are_refused() 
 
 def test_a_file_hand_over_round_trips_and_is_deleted(tmp_path) -> None:
     path = tmp_path / "out.pt"
-    values = [_handoff.plain_copy(torch.arange(6.0).reshape(2, 3).t(), torch.device("cpu")), None, _handoff.plain_copy(2.5, torch.device("cpu"))]
+    values = [
+        _handoff.plain_copy(torch.arange(6.0).reshape(2, 3).t(), torch.device("cpu")),
+        None,
+        _handoff.plain_copy(2.5, torch.device("cpu")),
+    ]
     keep: list = []
     description = _handoff.hand_over(values, torch.device("cpu"), str(path), keep)
     assert description["transport"] == "file" and keep == []
@@ -102,10 +116,23 @@ def test_cuda_ipc_hand_over_between_processes_copies_into_parent_memory() -> Non
 
     with Worker(WorkerSpec(build_key="test-ipc", device="cuda", role="reference", budget_s=120)) as worker:
         worker.start()
-        worker.request("load", role="reference", device="cuda", problem_path=str(RELU), sizes={"batch_size": 4, "dim": 1024}, init_seed=1)
-        reply = worker.request("run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))
+        worker.request(
+            "load",
+            role="reference",
+            device="cuda",
+            problem_path=str(RELU),
+            sizes={"batch_size": 4, "dim": 1024},
+            init_seed=1,
+        )
+        reply = worker.request(
+            "run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o")
+        )
         assert reply["outputs"]["transport"] == "cuda_ipc"
         (y,) = worker.receive_outputs(reply["outputs"])
-        again = worker.receive_outputs(worker.request("run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))["outputs"])[0]
+        again = worker.receive_outputs(
+            worker.request(
+                "run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o")
+            )["outputs"]
+        )[0]
     assert y.is_cuda and y.shape == (4, 1024) and bool((y >= 0).all())
     assert torch.equal(y, again)  # still readable after the worker is gone: the parent owns the copy

@@ -101,7 +101,9 @@ def test_blockwise_starts_like_the_original_then_changes():
 
 
 def test_blockwise_small_tensors():
-    tiny = types.SimpleNamespace(get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())])
+    tiny = types.SimpleNamespace(
+        get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())]
+    )
     a, b, c, d = make_inputs(tiny, "blockwise", 5, "cpu")
     assert a.shape == (1,) and b.shape == (3,) and c.shape == (0,) and d.shape == ()
     assert 0 <= float(a) < 1  # a single element is "the first elements"
@@ -272,7 +274,9 @@ def test_redraw_original_reinitialises_under_the_seed():
     assert torch.equal(a["scale"].sort().values, before["scale"].sort().values)
     # with the constructor arguments the Model is rebuilt exactly under the seed
     rebuilt = redraw_parameters(net, "original", 1, init_inputs=[8])
-    assert torch.equal(rebuilt["linear.weight"], redraw_parameters(net, "original", 1, init_inputs=[8])["linear.weight"])
+    assert torch.equal(
+        rebuilt["linear.weight"], redraw_parameters(net, "original", 1, init_inputs=[8])["linear.weight"]
+    )
     assert ((rebuilt["scale"] >= 0) & (rebuilt["scale"] < 1)).all()
     net.load_state_dict(rebuilt)
 
@@ -362,8 +366,12 @@ def test_sparse_is_the_original_draw_except_a_few_wide_values_at_secret_position
     other = (_x("sparse", seed=6) != _x("original", seed=6)).reshape(-1).nonzero().flatten()
     assert set(changed.tolist()) != set(other.tolist())  # positions come from the seed
     assert inputs._sparse_count(1) == 1 and inputs._sparse_count(16) == 2
-    assert inputs._sparse_count(8192) == inputs.SPARSE_MIN and inputs._sparse_count(10**9) == inputs.SPARSE_MAX
-    tiny = types.SimpleNamespace(get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())])
+    assert (
+        inputs._sparse_count(8192) == inputs.SPARSE_MIN and inputs._sparse_count(10**9) == inputs.SPARSE_MAX
+    )
+    tiny = types.SimpleNamespace(
+        get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())]
+    )
     shapes = [t.shape for t in make_inputs(tiny, "sparse", 5, "cpu")]
     assert shapes == [(1,), (3,), (0,), ()]
 

@@ -20,7 +20,9 @@ def _ctx(**session_fields) -> dynamic.DynamicContext:
 
 def _observation(**candidate) -> dict:
     act = {"python_threads": 1, "os_threads": 4, "processes": 0}
-    flags = dict(dynamic.__dict__.get("_FLAGS_EXAMPLE", {"cuda.matmul.allow_tf32": False, "cudnn.benchmark": False}))
+    flags = dict(
+        dynamic.__dict__.get("_FLAGS_EXAMPLE", {"cuda.matmul.allow_tf32": False, "cudnn.benchmark": False})
+    )
     honest = {
         "types": ["torch.Tensor"],
         "aliasing": [],
@@ -32,7 +34,12 @@ def _observation(**candidate) -> dict:
         "identities_changed": [],
         "harness_changed": [],
     }
-    return {"candidate": {**honest, **candidate}, "reference": honest, "late_diff": 0.0, "first_tensors": [True]}
+    return {
+        "candidate": {**honest, **candidate},
+        "reference": honest,
+        "late_diff": 0.0,
+        "first_tensors": [True],
+    }
 
 
 def _with_observation(obs: dict) -> dynamic.DynamicContext:
@@ -49,15 +56,24 @@ def test_every_dynamic_check_is_ordered_and_documented() -> None:
 
 def test_honest_observation_gives_no_findings() -> None:
     ctx = _with_observation(_observation())
-    for check in (dynamic.check_output_type, dynamic.check_output_aliases_input, dynamic.check_input_mutation,
-                  dynamic.check_background_work, dynamic.check_global_flags, dynamic.check_timer_tampering,
-                  dynamic.check_harness_patched):
+    for check in (
+        dynamic.check_output_type,
+        dynamic.check_output_aliases_input,
+        dynamic.check_input_mutation,
+        dynamic.check_background_work,
+        dynamic.check_global_flags,
+        dynamic.check_timer_tampering,
+        dynamic.check_harness_patched,
+    ):
         assert check(ctx) == []
 
 
 def test_observation_hacks_fail() -> None:
     assert dynamic.check_output_type(_with_observation(_observation(types=["m._Lazy"])))[0].severity == "fail"
-    assert dynamic.check_output_aliases_input(_with_observation(_observation(aliasing=[[0, 0]])))[0].severity == "fail"
+    assert (
+        dynamic.check_output_aliases_input(_with_observation(_observation(aliasing=[[0, 0]])))[0].severity
+        == "fail"
+    )
     mutated = _observation(input_checksums_after=[{"sum": 0.0, "sha": "b"}])
     assert dynamic.check_input_mutation(_with_observation(mutated))[0].severity == "fail"
     threads = _observation(threads_started=1)
@@ -66,22 +82,35 @@ def test_observation_hacks_fail() -> None:
     late["late_diff"] = dynamic._max_diff([torch.ones(3)], [torch.zeros(3)])
     assert "changed after" in dynamic.check_background_work(_with_observation(late))[0].detail
     flags = _observation()
-    flags["candidate"]["flags"] = {**flags["candidate"]["flags"], "after_call": {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True}}
+    flags["candidate"]["flags"] = {
+        **flags["candidate"]["flags"],
+        "after_call": {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True},
+    }
     severities = sorted(f.severity for f in dynamic.check_global_flags(_with_observation(flags)))
     assert severities == ["fail", "warn"]
 
 
 def test_os_thread_growth_alone_warns() -> None:
     obs = _observation()
-    obs["candidate"]["activity"] = {**obs["candidate"]["activity"], "after_delay": {"python_threads": 1, "os_threads": 9, "processes": 0}}
+    obs["candidate"]["activity"] = {
+        **obs["candidate"]["activity"],
+        "after_delay": {"python_threads": 1, "os_threads": 9, "processes": 0},
+    }
     assert [f.severity for f in dynamic.check_background_work(_with_observation(obs))] == ["warn"]
 
 
 def _round(bracket_s: float, wall_ms: float, n: int = 30, warmup_calls: int = 5) -> dict:
-    return {"parent_bracket_s": bracket_s, "wall_ms": [wall_ms] * n, "device_ms": [wall_ms] * n, "warmup_calls": warmup_calls}
+    return {
+        "parent_bracket_s": bracket_s,
+        "wall_ms": [wall_ms] * n,
+        "device_ms": [wall_ms] * n,
+        "warmup_calls": warmup_calls,
+    }
 
 
-def _timing(cand_rounds: list, base_rounds: list, base_median: float = 1.0, cand_median: float = 0.01) -> dict:
+def _timing(
+    cand_rounds: list, base_rounds: list, base_median: float = 1.0, cand_median: float = 0.01
+) -> dict:
     return {
         "candidate": {"rounds": cand_rounds, "summary": {"median": cand_median}},
         "baselines": {"eager_fp32": {"rounds": base_rounds, "summary": {"median": base_median}}},
@@ -127,15 +156,22 @@ def test_a_claimed_huge_warmup_does_not_hide_a_gap() -> None:
     ctx = _ctx(timing=_timing(lying, base), speedup={"eager_fp32": 100.0, "best": 100.0})
     findings = dynamic.check_timing_disagreement(ctx)
     assert [f.severity for f in findings] == ["fail"]
-    assert ctx.corrections["speedup"]["best"] < 0.2  # (400 - 5 - 50) ms / 30 calls = 11.5 ms per call against 1 ms
+    assert (
+        ctx.corrections["speedup"]["best"] < 0.2
+    )  # (400 - 5 - 50) ms / 30 calls = 11.5 ms per call against 1 ms
     honest = [_round(0.056, 0.01, warmup_calls=5000)] * 3  # 50 ms warm-up + 0.3 ms + 5 ms overhead
-    assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 100.0})) == []
+    assert (
+        dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 100.0})) == []
+    )
 
 
 def test_wrong_timed_call_outputs_fail_and_keep_the_speedup_withdrawn() -> None:
     timing = _timing([_round(0.400, 0.01)] * 3, [_round(0.085, 1.0)] * 3)
     assert dynamic.check_timed_call_outputs(_ctx(timing=timing)) == []
-    timing["timed_outputs"] = {"checked": 9, "wrong": [{"round": 1, "call": 29, "max_abs_err": 2.0, "note": ""}]}
+    timing["timed_outputs"] = {
+        "checked": 9,
+        "wrong": [{"round": 1, "call": 29, "max_abs_err": 2.0, "note": ""}],
+    }
     timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     speedup = {"eager_fp32": None, "best": None}
     ctx = _ctx(timing=timing, speedup=speedup)
@@ -161,7 +197,10 @@ def test_max_diff_handles_nan_and_shapes() -> None:
 def test_caching_probe_judges_each_call_against_its_own_values() -> None:
     ctx = _ctx()
     specs = [{"distribution": "signed", "seed": s} for s in (1, 2, 2, 3)]
-    ctx._cache["cache"] = {"outputs": [[torch.ones(2)], [torch.zeros(2)], [torch.ones(2)], [torch.ones(2)]], "specs": specs}
+    ctx._cache["cache"] = {
+        "outputs": [[torch.ones(2)], [torch.zeros(2)], [torch.ones(2)], [torch.ones(2)]],
+        "specs": specs,
+    }
     ctx.judge = lambda outputs, spec: {"passed": bool(outputs[0].sum() > 0), "max_abs_err": 1.0}
     findings = dynamic.check_caching(ctx)
     assert findings[0].severity == "fail" and "same buffers, new contents" in findings[0].detail
@@ -178,7 +217,9 @@ def test_max_diff_over_chunks_finds_the_worst_difference_and_nan_mismatches(monk
     assert dynamic._max_diff([a], [torch.zeros(11)]) == float("inf")
 
 
-def test_triton_imported_while_booting_is_not_the_candidates_custom_code(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_triton_imported_while_booting_is_not_the_candidates_custom_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """On the H200 the boot's profiler warm-up imported Triton and ``ghost_kernel`` then fired on
     every plain-PyTorch candidate; a Triton kernel the candidate defines after boot still counts."""
     import sys

@@ -88,7 +88,9 @@ def test_register_check_validates_and_registers_dynamic_checks():
     with pytest.raises(ValueError, match="default_severity"):
         register_check(name="x_check", kind="static", default_severity="off", doc="x")
 
-    @register_check(name="test_only_dynamic_probe", kind="dynamic", default_severity="warn", doc="A test probe.")
+    @register_check(
+        name="test_only_dynamic_probe", kind="dynamic", default_severity="warn", doc="A test probe."
+    )
     def probe(context: object) -> list[Finding]:
         return [Finding.warn("test_only_dynamic_probe", f"saw {context}")]
 
@@ -137,7 +139,10 @@ def test_honest_softmax_extracts_its_cuda_source():
 
 def test_plain_pytorch_candidate_is_reported_not_failed():
     findings = static_scan(fixture("honest_pytorch_only.py"), problem_source=PROBLEM)
-    assert {(f.check, f.severity) for f in findings} == {("pytorch_only", "info"), ("reference_operator", "warn")}
+    assert {(f.check, f.severity) for f in findings} == {
+        ("pytorch_only", "info"),
+        ("reference_operator", "warn"),
+    }
     assert_flags(findings, "reference_operator", "warn", 12)  # self.linear(x): the reference's nn.Linear
     assert_flags(findings, "reference_operator", "warn", 13)  # F.relu <-> torch.relu
     assert_flags(findings, "pytorch_only", "info", 6)
@@ -487,8 +492,11 @@ def test_precision_cast_python(source, line):
 
 def test_precision_cast_cpp_and_only_for_fp32_problems():
     assert_flags(static_scan(fixture("hack_cpp_misc.py")), "precision_cast", "warn", 17)
-    assert not [f for f in static_scan(fixture("hack_cpp_misc.py"), problem_dtype_fp32=False)
-                if f.check == "precision_cast"]
+    assert not [
+        f
+        for f in static_scan(fixture("hack_cpp_misc.py"), problem_dtype_fp32=False)
+        if f.check == "precision_cast"
+    ]
 
 
 def test_ieee_tl_dot_is_fine():
@@ -516,7 +524,10 @@ def test_cuda_graph_cpp():
 @pytest.mark.parametrize(
     "source, line",
     [
-        ("class M:\n    def forward(self, x):\n        key = x.data_ptr()\n        return self.cache[key]\n", 4),
+        (
+            "class M:\n    def forward(self, x):\n        key = x.data_ptr()\n        return self.cache[key]\n",
+            4,
+        ),
         ("_c = {}\ndef f(x):\n    return _c.get(id(x))\n", 3),
         ("class M:\n    def forward(self, x):\n        self.last = x.data_ptr()\n", 3),
         ("import functools\n@functools.lru_cache(maxsize=None)\ndef f(n):\n    return n\n", 2),

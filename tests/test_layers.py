@@ -15,20 +15,63 @@ SRC = Path(kbv.__file__).resolve().parents[1]  # the tree grimp analyses: the kb
 
 #: Highest first. A module may import its own layer or any layer below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("command line", ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.protocol_audit._cli", "kbv.errors")),
-    ("commands", ("kbv.demo", "kbv.batch", "kbv.generate", "kbv.generate.*", "kbv.protocol_audit", "kbv.protocol_audit.*")),
+    (
+        "command line",
+        ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.protocol_audit._cli", "kbv.errors"),
+    ),
+    (
+        "commands",
+        (
+            "kbv.demo",
+            "kbv.batch",
+            "kbv.generate",
+            "kbv.generate.*",
+            "kbv.protocol_audit",
+            "kbv.protocol_audit.*",
+        ),
+    ),
     ("executors", ("kbv.execute", "kbv.execute.*")),
     ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation")),
-    ("measurement and judgement", ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit")),
+    (
+        "measurement and judgement",
+        ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit"),
+    ),
     ("results", ("kbv.store", "kbv.report", "kbv.report.*", "kbv.metrics")),
     ("parent side of the worker", ("kbv.worker", "kbv.worker.*", "kbv.statistics", "kbv.device_lock")),
     ("child side of the worker", ("kbv.child", "kbv.child.*")),
-    ("shared by both sides", ("kbv.channel", "kbv.handoff", "kbv.processes", "kbv.samples", "kbv.inputs", "kbv.telemetry", "kbv.problems", "kbv.problems._loader", "kbv.problems.structure", "kbv.candidates")),
+    (
+        "shared by both sides",
+        (
+            "kbv.channel",
+            "kbv.handoff",
+            "kbv.processes",
+            "kbv.samples",
+            "kbv.inputs",
+            "kbv.telemetry",
+            "kbv.problems",
+            "kbv.problems._loader",
+            "kbv.problems.structure",
+            "kbv.candidates",
+        ),
+    ),
     ("foundation", ("kbv.protocol", "kbv.records", "kbv.devices", "kbv._version")),
 ]
 
 #: What the worker process must never hold: verdicts, comparisons, statistics and the store.
-TRUSTED_ONLY = ("kbv.evaluation", "kbv.api", "kbv.correctness", "kbv.integrity", "kbv.metrics", "kbv.statistics", "kbv.performance", "kbv.store", "kbv.report", "kbv.execute", "kbv.batch", "kbv.worker")
+TRUSTED_ONLY = (
+    "kbv.evaluation",
+    "kbv.api",
+    "kbv.correctness",
+    "kbv.integrity",
+    "kbv.metrics",
+    "kbv.statistics",
+    "kbv.performance",
+    "kbv.store",
+    "kbv.report",
+    "kbv.execute",
+    "kbv.batch",
+    "kbv.worker",
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +102,9 @@ def test_no_import_goes_up_a_layer(graph: object) -> None:
             if imported.startswith("kbv.suite"):
                 continue
             if (_layer(imported) or 0) < (_layer(module) or 0):
-                upward.append(f"{module} ({LAYERS[_layer(module) or 0][0]}) imports {imported} ({LAYERS[_layer(imported) or 0][0]})")
+                upward.append(
+                    f"{module} ({LAYERS[_layer(module) or 0][0]}) imports {imported} ({LAYERS[_layer(imported) or 0][0]})"
+                )
     assert upward == []
 
 
@@ -85,7 +130,9 @@ def _runtime_closure(graph: object, roots: list[str]) -> set[str]:
         seen.add(module)
         parts = module.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        todo.extend(m for m in graph.find_modules_directly_imported_by(module) if not _only_type_checking(module, m))  # type: ignore[attr-defined]
+        todo.extend(
+            m for m in graph.find_modules_directly_imported_by(module) if not _only_type_checking(module, m)
+        )  # type: ignore[attr-defined]
     return seen
 
 
@@ -97,10 +144,17 @@ def _only_type_checking(importer: str, imported: str) -> bool:
     source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
     guarded, anywhere = set(), set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+        if (
+            isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        ):
             guarded.update(id(n) for child in node.body for n in ast.walk(child))
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            )
             if imported in names:
                 anywhere.add(id(node))
     return bool(anywhere) and anywhere <= guarded
@@ -119,7 +173,11 @@ def test_no_trusted_module_imports_the_child_side(graph: object) -> None:
     for module in _modules(graph):
         if module == "kbv.child" or module.startswith("kbv.child."):
             continue
-        importers += [f"{module} imports {m}" for m in graph.find_modules_directly_imported_by(module) if m.startswith("kbv.child")]  # type: ignore[attr-defined]
+        importers += [
+            f"{module} imports {m}"
+            for m in graph.find_modules_directly_imported_by(module)
+            if m.startswith("kbv.child")
+        ]  # type: ignore[attr-defined]
     assert importers == []
 
 
@@ -138,7 +196,12 @@ def test_only_the_child_loads_candidate_code() -> None:
         if relative.startswith(("kbv/suite/", "kbv/child/")):
             continue
         text = path.read_text()
-        if ("spec_from_file_location" in text or "exec_module(" in text) and relative not in parent_may_execute:
+        if (
+            "spec_from_file_location" in text or "exec_module(" in text
+        ) and relative not in parent_may_execute:
             executes.append(relative)
-        loads += [f"{relative}: {m.group(0)}" for m in re.finditer(r"(?<!def )\bload_module\((?!problem\.path\b)[^)]*\)", text)]
+        loads += [
+            f"{relative}: {m.group(0)}"
+            for m in re.finditer(r"(?<!def )\bload_module\((?!problem\.path\b)[^)]*\)", text)
+        ]
     assert (executes, loads) == ([], [])

@@ -25,7 +25,9 @@ def _sources(record) -> dict[str, str]:
     return {name: entry["source"] for name, entry in record.timing["baselines"].items()}
 
 
-def test_baselines_are_cached_and_any_key_change_invalidates_them(fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_baselines_are_cached_and_any_key_change_invalidates_them(
+    fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The cache's keys are under test here, not its noise checks (3 us calls on a busy 2-core
     # machine differ by more than 1.5x from batch to batch): those have their own tests below.
     monkeypatch.setattr(measure, "CACHE_CHECK_FACTOR", 1e6)
@@ -34,7 +36,10 @@ def test_baselines_are_cached_and_any_key_change_invalidates_them(fresh_cache: P
     assert len(list((fresh_cache / "baselines").glob("*.json"))) == 1  # no eager_tf32 on the CPU
     second = evaluate_paths(RELU, FOUNDATION / "relu_env_spy.py", protocol="verified", device="cpu")
     assert _sources(second) == {"eager_fp32": "cache"}
-    assert second.timing["baselines"]["eager_fp32"]["summary"] == first.timing["baselines"]["eager_fp32"]["summary"]
+    assert (
+        second.timing["baselines"]["eager_fp32"]["summary"]
+        == first.timing["baselines"]["eager_fp32"]["summary"]
+    )
     changed = tmp_path / "more-repeats.toml"
     changed.write_text('name = "more-repeats"\nbase = "verified"\n[timing]\nrepeats = 31\n')
     third = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol=changed, device="cpu")
@@ -57,7 +62,11 @@ def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Pat
     assert len(candidate["rounds"]) == 3  # interleaved with the baselines, A B A B A B
     for r in candidate["rounds"]:
         assert r["device_ms"] and r["wall_ms"] and r["parent_bracket_s"] > sum(r["wall_ms"]) / 1000
-    assert candidate["summary"]["ci95_low"] <= candidate["summary"]["median"] <= candidate["summary"]["ci95_high"]
+    assert (
+        candidate["summary"]["ci95_low"]
+        <= candidate["summary"]["median"]
+        <= candidate["summary"]["ci95_high"]
+    )
     interval = record.timing["speedup_intervals"]["eager_fp32"]
     assert interval["paired"] and len(interval["per_round"]) == 3
     assert record.speedup["best"] == record.speedup["eager_fp32"] and "eager_tf32" not in record.speedup
@@ -99,12 +108,21 @@ class _FakeWorker:
     def request(self, op: str, **fields):
         self.requests.append((op, fields))
         if op == "time":
-            return {"measurement": {"recipe": "r", "device_ms": self.device_ms, "wall_ms": list(self.device_ms), "warmup_calls": 3}}
+            return {
+                "measurement": {
+                    "recipe": "r",
+                    "device_ms": self.device_ms,
+                    "wall_ms": list(self.device_ms),
+                    "warmup_calls": 3,
+                }
+            }
         if op == "timed_outputs":
             flat = [o for outs in self.kept.values() for o in outs]
             torch.save(flat, fields["out_path"])
-            return {"kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()],
-                    "outputs": {"transport": "file", "path": fields["out_path"], "count": len(flat)}}
+            return {
+                "kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()],
+                "outputs": {"transport": "file", "path": fields["out_path"], "count": len(flat)},
+            }
         return {}
 
     def receive_outputs(self, description):
@@ -115,8 +133,17 @@ class _FakeWorker:
 
 def _mctx(**extra) -> measure.MeasureContext:
     problem = SimpleNamespace(source_sha256="abc")
-    return measure.MeasureContext(problem=problem, device="cpu", settings=TimingSettings(repeats=4, input_sets=2), seeds=[11, 22], init_seed=1,
-                                  device_info={"name": "cpu"}, torch_version="2.x", load_fields={"sizes": {}}, **extra)
+    return measure.MeasureContext(
+        problem=problem,
+        device="cpu",
+        settings=TimingSettings(repeats=4, input_sets=2),
+        seeds=[11, 22],
+        init_seed=1,
+        device_info={"name": "cpu"},
+        torch_version="2.x",
+        load_fields={"sizes": {}},
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
@@ -153,7 +180,10 @@ def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Pat
     kept[3] = [wrong]
     worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept=kept)
     batch = measure._timed_batch(worker, ctx, "native", keep_calls=calls)
-    assert worker.requests[0] == ("time", {**worker.requests[0][1], "keep_calls": calls})  # the secret picks travel with the batch
+    assert worker.requests[0] == (
+        "time",
+        {**worker.requests[0][1], "keep_calls": calls},
+    )  # the secret picks travel with the batch
     plan.judge(0, worker, batch)
     result = plan.sampled_summary()
     assert result["checked"] == len(set(calls) | {3}) and [w["call"] for w in result["wrong"]] == [3]
@@ -169,23 +199,35 @@ def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Pat
 
 def test_secret_call_picks_differ_between_batches_and_one_secret_round_is_kept_whole() -> None:
     right = torch.ones(2)
-    ctx = _mctx(keep_seed=123, reference_outputs=lambda d, s: {"reference": {"outputs": [right]}},
-                judge=lambda got, exp: {"passed": True}, check_round=True)
+    ctx = _mctx(
+        keep_seed=123,
+        reference_outputs=lambda d, s: {"reference": {"outputs": [right]}},
+        judge=lambda got, exp: {"passed": True},
+        check_round=True,
+    )
     ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=3)
     plan = measure._KeepPlan(ctx)
     picks = [plan.calls(r) for r in range(3)]
-    assert plan.full_round in (0, 1, 2) and picks[plan.full_round] == list(range(30))  # a 2-element output fits
+    assert plan.full_round in (0, 1, 2) and picks[plan.full_round] == list(
+        range(30)
+    )  # a 2-element output fits
     sampled = [plan.sampled[r] for r in range(3)]
     assert all(len(p) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 30 for i in p) for p in sampled)
     assert len({tuple(p) for p in sampled}) > 1
-    other = measure._KeepPlan(_mctx(keep_seed=124, reference_outputs=ctx.reference_outputs, judge=ctx.judge, check_round=True))
+    other = measure._KeepPlan(
+        _mctx(keep_seed=124, reference_outputs=ctx.reference_outputs, judge=ctx.judge, check_round=True)
+    )
     assert other.calls(0) is not None
 
 
 def test_a_round_of_large_outputs_keeps_only_what_fits_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure, "ROUND_KEEP_BYTES", 3 * 8)  # three outputs of two float32 values
-    ctx = _mctx(keep_seed=5, reference_outputs=lambda d, s: {"reference": {"outputs": [torch.ones(2)]}},
-                judge=lambda got, exp: {"passed": True}, check_round=True)
+    ctx = _mctx(
+        keep_seed=5,
+        reference_outputs=lambda d, s: {"reference": {"outputs": [torch.ones(2)]}},
+        judge=lambda got, exp: {"passed": True},
+        check_round=True,
+    )
     ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=1)
     plan = measure._KeepPlan(ctx)
     plan.calls(0)
@@ -214,7 +256,9 @@ def test_a_throttled_round_is_named_in_the_timing_warnings() -> None:
     assert "throttled" in entry["summary"]["warnings"] and entry["throttled_rounds"] == 1
 
 
-def test_a_cached_baseline_that_a_fresh_batch_contradicts_is_measured_again(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cached_baseline_that_a_fresh_batch_contradicts_is_measured_again(
+    fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A baseline cached while the machine was busy (or edited on disk by a candidate) must not
     inflate later speedups: here every cached sample is made 100x slower. (The factor is widened to
     10x and every measurement cached, so that batch-to-batch noise of 3 us calls on a busy 2-core
@@ -236,7 +280,9 @@ def test_a_cached_baseline_that_a_fresh_batch_contradicts_is_measured_again(fres
     check = record.timing["baselines"]["eager_fp32"]["cache_check"]
     assert check["accepted"] is False and check["fresh_median_ms"] < check["accepted_range_ms"][0]
     assert record.speedup["best"] < 10
-    again = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")  # rewritten: usable again
+    again = evaluate_paths(
+        RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu"
+    )  # rewritten: usable again
     assert _sources(again) == {"eager_fp32": "cache"}
     assert again.timing["baselines"]["eager_fp32"]["cache_check"]["accepted"] is True
 
@@ -268,7 +314,10 @@ def test_the_cpu_times_eager_tf32_not_at_all_and_the_gpu_times_both() -> None:
     names, skipped = measure.measured_baselines(both, "cpu")
     assert names == ["eager_fp32"] and "same code" in skipped["eager_tf32"]
     assert measure.measured_baselines(both, "cuda:1") == (["eager_fp32", "eager_tf32"], {})
-    assert measure.measured_baselines(("eager_tf32",), "cpu") == (["eager_tf32"], {})  # alone it is the baseline
+    assert measure.measured_baselines(("eager_tf32",), "cpu") == (
+        ["eager_tf32"],
+        {},
+    )  # alone it is the baseline
 
 
 def test_timing_input_sets_shrink_only_for_inputs_too_large_to_rotate() -> None:

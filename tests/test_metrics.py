@@ -39,7 +39,12 @@ def make_record(
     if label is not None:
         cand["label"] = label
     return Record(
-        problem={"name": problem, "level": level, "path": f"/nowhere/{problem}.py", "source_sha256": sha(problem)},
+        problem={
+            "name": problem,
+            "level": level,
+            "path": f"/nowhere/{problem}.py",
+            "source_sha256": sha(problem),
+        },
         candidate=cand,
         protocol={"name": protocol, "version": 1, "sha256": sha(protocol)},
         device={"type": "cuda", "name": device},
@@ -106,7 +111,11 @@ def test_correct_speedup_named_baseline() -> None:
 
 
 def test_nan_speedups_are_untimed() -> None:
-    records = [make_record(speedup=float("nan")), make_record("p2", speedup="nan"), make_record("p3", speedup=4.0)]
+    records = [
+        make_record(speedup=float("nan")),
+        make_record("p2", speedup="nan"),
+        make_record("p3", speedup=4.0),
+    ]
     assert metrics.correct_speedup(records) == pytest.approx(4.0)
     # untimed passed pairs count 1.0 in the comparable geomean
     assert metrics.comparable_geomean(records) == pytest.approx(4.0 ** (1 / 3))
@@ -184,8 +193,12 @@ def test_sample_index_from_path_or_field() -> None:
 def test_pass_at_k() -> None:
     def samples(problem: str, passed: int, total: int) -> list[Record]:
         return [
-            make_record(problem, f"{problem}-{i}", outcome="passed" if i < passed else "incorrect",
-                        path=f"/r/level_1_problem_{problem}_sample_{i}_kernel.py")
+            make_record(
+                problem,
+                f"{problem}-{i}",
+                outcome="passed" if i < passed else "incorrect",
+                path=f"/r/level_1_problem_{problem}_sample_{i}_kernel.py",
+            )
             for i in range(total)
         ]
 

@@ -31,7 +31,13 @@ def test_honest_cpp_candidate_passes_verified() -> None:
     record = _eval("relu_cpp.py", protocol="verified", timeout_s=300)
     assert record.outcome == "passed", record.to_json()
     assert isinstance(record.speedup["best"], float)
-    assert {d.name for d in record.distributions if d.applicable and d.passed} >= {"original", "signed", "wide", "shifted", "blockwise"}
+    assert {d.name for d in record.distributions if d.applicable and d.passed} >= {
+        "original",
+        "signed",
+        "wide",
+        "shifted",
+        "blockwise",
+    }
     assert not [f for f in record.findings if f.severity == "fail"]
 
 
@@ -62,7 +68,10 @@ def test_build_lock_clears_stale_torch_locks_and_excludes_other_holders(tmp_path
     stale.touch()
     with build_lock("ab" * 32):
         assert not stale.exists()
-        with open(build_dir("ab" * 32) / ".lock", "a") as other, pytest.raises(BlockingIOError):  # another holder
+        with (
+            open(build_dir("ab" * 32) / ".lock", "a") as other,
+            pytest.raises(BlockingIOError),
+        ):  # another holder
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(build_dir("ab" * 32) / ".lock", "a") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again once released

@@ -28,10 +28,13 @@ def _specs(path: Path, tmp_path: Path) -> dict[tuple[str, str], gen.Spec]:
     return {(s.kind, s.variant): s for s in gen.problem_specs(load_problem(path), "cpu", tmp_path)}
 
 
-def _problem(tmp_path: Path, forward: str, domain: str = "any", init: str = "", extra_inputs: str = "") -> Path:
+def _problem(
+    tmp_path: Path, forward: str, domain: str = "any", init: str = "", extra_inputs: str = ""
+) -> Path:
     path = tmp_path / "p" / "tiny.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(f'''
+    path.write_text(
+        textwrap.dedent(f'''
         import torch
         import torch.nn as nn
         import torch.nn.functional as F
@@ -56,7 +59,8 @@ def _problem(tmp_path: Path, forward: str, domain: str = "any", init: str = "", 
 
         def get_init_inputs():
             return []
-    '''))
+    ''')
+    )
     return path
 
 
@@ -66,9 +70,15 @@ def test_controls_compute_the_reference(tmp_path: Path) -> None:
     for order in ("blocked", "reversed", "sequential"):
         spec = specs[("reordered", order)]
         assert spec.status == "evaluate", spec.note
-        assert "_kbv_reduce(" in spec.source and "torch.sum(" not in spec.source.split("_KBV_REDUCTION_LENGTHS")[0]
+        assert (
+            "_kbv_reduce(" in spec.source
+            and "torch.sum(" not in spec.source.split("_KBV_REDUCTION_LENGTHS")[0]
+        )
     assert specs[("reference", "")].status == "evaluate"
-    assert "class ModelNew" in specs[("reference", "")].source and "class Model(" not in specs[("reference", "")].source
+    assert (
+        "class ModelNew" in specs[("reference", "")].source
+        and "class Model(" not in specs[("reference", "")].source
+    )
     assert ("tf32", "") not in specs  # no matmul or convolution: no TF32 control
 
 
@@ -96,7 +106,12 @@ def test_helper_classes_are_renamed_and_tf32_control_restores_flags(tmp_path: Pa
 
 def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
     path = _problem(tmp_path, "x.sum(dim=1, keepdim=True)")
-    draft = gen._Draft("control", "reference", "", lambda: "class ModelNew:\n    def __init__(self):\n        raise RuntimeError('broken')\n")
+    draft = gen._Draft(
+        "control",
+        "reference",
+        "",
+        lambda: "class ModelNew:\n    def __init__(self):\n        raise RuntimeError('broken')\n",
+    )
     problem = load_problem(path)
     reference = gen.load_module(path)
     draws = gen._domain_draws(problem, reference, "cpu")
@@ -108,8 +123,22 @@ def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
 def test_mutants_of_relu_are_not_equivalent_where_the_domain_has_negatives(tmp_path: Path) -> None:
     specs = _specs(SUITE / "level1" / "1_ReLU.py", tmp_path)
     kinds = {k for k, _ in specs}
-    assert {"zeros", "constant", "cached", "scaled", "bf16", "fp16", "first_rows", "stride", "head_tail", "input", "relu_identity"} <= kinds
-    assert all(s.status == "evaluate" for s in specs.values() if s.role == "mutant"), [(s.kind, s.note) for s in specs.values()]
+    assert {
+        "zeros",
+        "constant",
+        "cached",
+        "scaled",
+        "bf16",
+        "fp16",
+        "first_rows",
+        "stride",
+        "head_tail",
+        "input",
+        "relu_identity",
+    } <= kinds
+    assert all(s.status == "evaluate" for s in specs.values() if s.role == "mutant"), [
+        (s.kind, s.note) for s in specs.values()
+    ]
     assert ("drop_op", "torch.relu(x)") not in specs  # would return the input: that is the input mutant
 
 
@@ -150,9 +179,13 @@ def test_wrapped_mutants_compute_what_they_say(tmp_path: Path) -> None:
     low = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "bf16"), "bf16")
     out = low(x)
     assert out.dtype == torch.float32 and 0 < (out - torch.tanh(x)).abs().max() < 1e-2
-    head_tail = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "head_tail"), "head_tail")(x).reshape(-1)
+    head_tail = _build(tmp_path, path, src.wrapped_mutant(path.read_text(), "head_tail"), "head_tail")(
+        x
+    ).reshape(-1)
     k = 512 // 8
-    assert torch.equal(head_tail[:k], torch.tanh(x).reshape(-1)[:k]) and not torch.allclose(head_tail, torch.tanh(x).reshape(-1))
+    assert torch.equal(head_tail[:k], torch.tanh(x).reshape(-1)[:k]) and not torch.allclose(
+        head_tail, torch.tanh(x).reshape(-1)
+    )
 
 
 def _build(tmp_path: Path, problem: Path, source: str, name: str) -> torch.nn.Module:
@@ -184,15 +217,24 @@ def test_wilson_interval_known_values() -> None:
     assert wilson(0, 0) is None
 
 
-def _record(outcome: str, dists: list[tuple[str, bool, float]], findings: tuple[str, ...] = (), mode: str = "error_model") -> Record:
+def _record(
+    outcome: str,
+    dists: list[tuple[str, bool, float]],
+    findings: tuple[str, ...] = (),
+    mode: str = "error_model",
+) -> Record:
     def tolerance(norm_tol: float) -> dict[str, object]:
         if mode == "allclose":
             return {"mode": "allclose", "atol": 1e-4, "rtol": 1e-4}
         return {"mode": "error_model", "outputs": [{"kind": "float", "norm_tol": norm_tol}]}
 
     return Record(
-        problem={"name": "p", "source_sha256": "a"}, candidate={"source_sha256": "b"}, protocol={"name": "x"}, device={},
-        outcome=outcome, correct=outcome == "passed",
+        problem={"name": "p", "source_sha256": "a"},
+        candidate={"source_sha256": "b"},
+        protocol={"name": "x"},
+        device={},
+        outcome=outcome,
+        correct=outcome == "passed",
         distributions=[DistributionResult(n, True, ok, 0.0, 0.1, tolerance(tol)) for n, ok, tol in dists],
         findings=[Finding.fail(f, "") for f in findings],
     )
@@ -206,21 +248,35 @@ def test_summary_numbers_from_fixed_records() -> None:
     ok = [("original", True, 1e-6), ("signed", True, 1e-6)]
     rows = [
         make_row(_spec("control", "reference"), _record("passed", ok)),
-        make_row(_spec("control", "reordered", "q"), _record("incorrect", [("original", True, 1e-6), ("wide", False, 1e-6)])),
-        make_row(_spec("mutant", "zeros"), _record("incorrect", [("original", False, 1e-6), ("signed", False, 1e-6)])),
+        make_row(
+            _spec("control", "reordered", "q"),
+            _record("incorrect", [("original", True, 1e-6), ("wide", False, 1e-6)]),
+        ),
+        make_row(
+            _spec("mutant", "zeros"),
+            _record("incorrect", [("original", False, 1e-6), ("signed", False, 1e-6)]),
+        ),
         make_row(_spec("mutant", "input"), _record("hack_detected", ok, ("output_aliases_input",))),
         make_row(_spec("mutant", "relu_identity", "q"), _record("passed", ok)),
-        make_row(_spec("mutant", "fp16"), _record("passed", [("original", True, 2.4e-3)])),  # TF32-sized tolerance
+        make_row(
+            _spec("mutant", "fp16"), _record("passed", [("original", True, 2.4e-3)])
+        ),  # TF32-sized tolerance
         make_row(_spec("mutant", "fp16", "q"), _record("passed", ok)),
     ]
     s = summarize({"name": "x", "version": 1}, rows)
-    assert s["false_rejection"]["count"] == 1 and s["false_rejection"]["n"] == 2 and s["false_rejection"]["rate"] == 0.5
+    assert (
+        s["false_rejection"]["count"] == 1
+        and s["false_rejection"]["n"] == 2
+        and s["false_rejection"]["rate"] == 0.5
+    )
     assert s["false_rejection"]["ci95"] == [pytest.approx(wilson(1, 2)[0]), pytest.approx(wilson(1, 2)[1])]  # type: ignore[index]
     assert (s["kill"]["count"], s["kill"]["n"]) == (2, 4)  # the by-design fp16 is apart
     assert s["by_kind"]["fp16"] == {**s["by_kind"]["fp16"], "count": 0, "n": 1, "by_design": 1}
     assert s["caught_by"] == {"original": 1, "signed": 1, "output_aliases_input": 1}
     assert [r["kind"] for r in s["surviving_mutants"]] == ["relu_identity", "fp16"]
-    assert s["rejected_controls"][0]["errors"] == [{"name": "wide", "passed": False, "max_abs_err": 0.0, "rel_err": 0.1, "note": ""}]
+    assert s["rejected_controls"][0]["errors"] == [
+        {"name": "wide", "passed": False, "max_abs_err": 0.0, "rel_err": 0.1, "note": ""}
+    ]
     assert s["worst_problems"][0] == {"problem": "q", "rejected_controls": 1, "surviving_mutants": 2}
 
 
@@ -228,9 +284,13 @@ def test_by_design_needs_the_stated_tolerance_to_cover_the_perturbation() -> Non
     assert by_design("fp16", _record("passed", [("original", True, 2.4e-3), ("signed", True, 1e-3)]))
     assert not by_design("bf16", _record("passed", [("original", True, 2.4e-3)]))  # 2**-8 > 2.4e-3
     assert not by_design("fp16", _record("passed", [("original", True, 1e-6)]))
-    assert not by_design("scaled", _record("passed", [("original", True, 0.0)], mode="allclose"))  # rtol 1e-4 only
+    assert not by_design(
+        "scaled", _record("passed", [("original", True, 0.0)], mode="allclose")
+    )  # rtol 1e-4 only
     assert not by_design("zeros", _record("passed", [("original", True, 1.0)]))  # no bounded perturbation
-    assert caught_by(_record("timeout", [])) == ["timeout"] and caught_by(_record("incorrect", [])) == ["structure"]
+    assert caught_by(_record("timeout", [])) == ["timeout"] and caught_by(_record("incorrect", [])) == [
+        "structure"
+    ]
 
 
 def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "record-schema.md"
 
 
 def test_the_schema_doc_is_generated_from_the_code() -> None:
-    assert DOC.read_text() == schema_markdown(), "regenerate it: PYTHONPATH=src python -m kbv.records > docs/record-schema.md"
+    assert DOC.read_text() == schema_markdown(), (
+        "regenerate it: PYTHONPATH=src python -m kbv.records > docs/record-schema.md"
+    )
 
 
 def _record() -> Record:
@@ -34,7 +36,10 @@ def _record() -> Record:
         outcome="passed",  # a string is accepted and kept as the enum
         correct=True,
         findings=[Finding("plausibility", "warn", "detail nan")],
-        timing={"candidate": {"rounds": [{"device_ms": [1.0, float("nan"), 2.0], "wall_ms": [1.5]}]}, "baselines": {}},
+        timing={
+            "candidate": {"rounds": [{"device_ms": [1.0, float("nan"), 2.0], "wall_ms": [1.5]}]},
+            "baselines": {},
+        },
         speedup={"eager_fp32": float("inf"), "best": float("nan")},
     )
 
@@ -42,7 +47,9 @@ def _record() -> Record:
 def test_outcome_and_severity_are_enums_with_the_contracts_strings() -> None:
     record = _record()
     assert record.outcome is Outcome.PASSED and record.findings[0].severity is Severity.WARN
-    assert record.outcome == "passed" and f"{record.outcome}" == "passed" and {"passed": 1}[record.outcome] == 1
+    assert (
+        record.outcome == "passed" and f"{record.outcome}" == "passed" and {"passed": 1}[record.outcome] == 1
+    )
     data = json.loads(record.to_json())
     assert data["outcome"] == "passed" and data["findings"][0]["severity"] == "warn"
     assert type(record.to_dict()["outcome"]) is str

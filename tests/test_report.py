@@ -28,7 +28,9 @@ WIDE_FAIL = DistributionResult("wide", True, False, max_abs_err=3.5, note="overf
 
 def pair(problem: str, candidate: str, label: str = "m", **verified: object) -> list[Record]:
     """A standard record (passed, 4x vs eager_fp32) and a verified record of the same pair."""
-    std = make_record(problem, candidate, label=label, protocol="standard", speedup=4.0, speedups={"eager_fp32": 4.0})
+    std = make_record(
+        problem, candidate, label=label, protocol="standard", speedup=4.0, speedups={"eager_fp32": 4.0}
+    )
     ver = make_record(problem, candidate, label=label, **verified)  # type: ignore[arg-type]
     return [std, ver]
 
@@ -49,17 +51,22 @@ def test_compare_protocols_decomposition() -> None:
     assert result["pairs"] == 4 and result["unmatched_standard"] == result["unmatched_verified"] == 0
     summary = result["labels"]["m"]
     assert summary["standard"]["comparable_geomean"] == pytest.approx(4.0)
-    assert summary["verified"]["comparable_geomean"] == pytest.approx(2.0 ** 0.25)
-    assert summary["drop"] == pytest.approx(4.0 / 2.0 ** 0.25)
+    assert summary["verified"]["comparable_geomean"] == pytest.approx(2.0**0.25)
+    assert summary["drop"] == pytest.approx(4.0 / 2.0**0.25)
     effects = summary["effects"]
     # stages of geomeans: (4,4,4,4) -> (4,1,4,4) -> (4,1,1,4) -> (3,1,1,1) -> (2,1,1,1)
-    assert effects["integrity"] == pytest.approx(4.0 ** 0.25)
-    assert effects["distribution"] == pytest.approx(4.0 ** 0.25)
-    assert effects["timing_other"] == pytest.approx((4.0 / 3.0) ** 0.25 * 4.0 ** 0.25)
-    assert effects["baseline"] == pytest.approx(1.5 ** 0.25)
+    assert effects["integrity"] == pytest.approx(4.0**0.25)
+    assert effects["distribution"] == pytest.approx(4.0**0.25)
+    assert effects["timing_other"] == pytest.approx((4.0 / 3.0) ** 0.25 * 4.0**0.25)
+    assert effects["baseline"] == pytest.approx(1.5**0.25)
     assert math.prod(effects.values()) == pytest.approx(summary["drop"])
     assert sum(summary["effect_shares"].values()) == pytest.approx(1.0)
-    assert summary["counts"] == {"integrity": 1, "distribution": 1, "other_failures": 1, "only_verified_passed": 0}
+    assert summary["counts"] == {
+        "integrity": 1,
+        "distribution": 1,
+        "other_failures": 1,
+        "only_verified_passed": 0,
+    }
     assert summary["verified"]["correct_speedup_vs_reference"] == pytest.approx(3.0)
     reasons = {c["problem"]: c["reason"] for c in result["changed"]}
     assert set(reasons) == {"p2", "p3", "p4"}
@@ -70,7 +77,9 @@ def test_compare_protocols_decomposition() -> None:
 
 def test_compare_protocols_edge_cases() -> None:
     empty = compare_protocols([], [])
-    assert empty["pairs"] == 0 and empty["overall"] is None and empty["labels"] == {} and empty["changed"] == []
+    assert (
+        empty["pairs"] == 0 and empty["overall"] is None and empty["labels"] == {} and empty["changed"] == []
+    )
     std = [make_record("p1", "a", protocol="standard", outcome="incorrect")]
     ver = [make_record("p1", "a", speedup=2.0), make_record("p2", "b")]
     result = compare_protocols(std, ver)
@@ -95,8 +104,9 @@ def test_compare_protocols_pairs_records_of_one_device_only() -> None:
 
 
 def test_verdict_reason_prefers_fail_findings() -> None:
-    record = make_record(outcome="hack_detected", distributions=[WIDE_FAIL],
-                         findings=[Finding.warn("pytorch_only", "x"), HACK])
+    record = make_record(
+        outcome="hack_detected", distributions=[WIDE_FAIL], findings=[Finding.warn("pytorch_only", "x"), HACK]
+    )
     assert verdict_reason(record) == f"timing_tamper: {HACK.detail}"
     error = make_record(outcome="runtime_error")
     error.error = {"type": "RuntimeError", "message": "CUDA error: illegal memory access"}
@@ -125,7 +135,9 @@ def test_render_summary_and_comparison() -> None:
 
 def test_rich_markup_in_data_is_not_interpreted() -> None:
     console = _console()
-    record = make_record(label="[bold]evil[/bold]", outcome="hack_detected", findings=[Finding.fail("x", "[red]y")])
+    record = make_record(
+        label="[bold]evil[/bold]", outcome="hack_detected", findings=[Finding.fail("x", "[red]y")]
+    )
     render_summary([record], console)
     assert "[bold]evil[/bold]" in console.export_text()
 
@@ -134,8 +146,17 @@ def html_records() -> list[Record]:
     standard, verified = corpus()
     timing = {
         "recipe": "events-median",
-        "candidate": {"rounds": [{"device_ms": [1.0, 1.2, 1.1], "wall_ms": [1.3, 1.4, 1.2]}],
-                      "summary": {"n": 3, "median": 1.1, "min": 1.0, "max": 1.2, "cv": 0.09, "warnings": ["few_samples"]}},
+        "candidate": {
+            "rounds": [{"device_ms": [1.0, 1.2, 1.1], "wall_ms": [1.3, 1.4, 1.2]}],
+            "summary": {
+                "n": 3,
+                "median": 1.1,
+                "min": 1.0,
+                "max": 1.2,
+                "cv": 0.09,
+                "warnings": ["few_samples"],
+            },
+        },
         "baselines": {"eager_fp32": {"samples_ms": [3.0]}},
     }
     extra = [
@@ -164,7 +185,7 @@ def test_html_is_self_contained(html_report: Path) -> None:
     assert "<link" not in html and "<script" not in html  # no external CSS, no JS at all
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # candidate source shown, escaped
     assert "Test &lt;report&gt;" in html
-    assert html.count("<details class=\"pair\">") == len(html_records()) + 1
+    assert html.count('<details class="pair">') == len(html_records()) + 1
     assert "data:image/png;base64," in html
     assert "timing_tamper" in html and "distribution wide failed" in html
     assert "<td>1.1000</td>" in html and "few_samples" in html  # timing summary of p5
@@ -189,8 +210,16 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         pytest.skip("chromium not installed: apt-get install chromium to run the HTML screenshot test")
     profile = tmp_path / "chromium-profile"
     command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", *args,
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *args,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
@@ -215,7 +244,9 @@ def _has_colour(pixels: Any, rgb: tuple[int, int, int], tolerance: int = 12, at_
 
 
 def _embedded_png(dom: str, figure_id: str) -> bytes:
-    match = re.search(rf'<figure id="{figure_id}"><img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom)
+    match = re.search(
+        rf'<figure id="{figure_id}"><img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom
+    )
     assert match is not None, f"no embedded PNG in figure {figure_id}"
     data = base64.b64decode(match.group(1), validate=True)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -260,7 +291,9 @@ def test_chromium_renders_report(html_report: Path, tmp_path: Path) -> None:
     assert _distinct_colours(problem_scatter) > 50
     # the leaderboard is an HTML table (no image): its cells rendered with the computed numbers
     assert re.search(r'<tr class="leaderboard-row">\s*<td class="l">other</td>', dom.stdout)
-    console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
+    console_errors = [
+        line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()
+    ]
     assert not console_errors, console_errors
     # nothing tried to reach the network
     assert "net::ERR" not in dom.stderr
@@ -328,9 +361,15 @@ def test_default_db_path() -> None:
 def _samples(label: str, problem: str, level: int, speedups: list[float | None]) -> list[Record]:
     """One record per sample; a None speedup is an incorrect sample."""
     return [
-        make_record(problem, f"{label}-{problem}-{i}", label=label, level=level,
-                    outcome="passed" if s is not None else "incorrect", speedup=s,
-                    path=f"/r/{label}/level_{level}_problem_{problem}_sample_{i}_kernel.py")
+        make_record(
+            problem,
+            f"{label}-{problem}-{i}",
+            label=label,
+            level=level,
+            outcome="passed" if s is not None else "incorrect",
+            speedup=s,
+            path=f"/r/{label}/level_{level}_problem_{problem}_sample_{i}_kernel.py",
+        )
         for i, s in enumerate(speedups)
     ]
 
@@ -338,7 +377,11 @@ def _samples(label: str, problem: str, level: int, speedups: list[float | None])
 def _row(html: str, table_id: str, first_cell: str) -> str:
     table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S)
     assert table is not None, table_id
-    rows = [r for r in re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S) if f'<td class="l">{first_cell}</td>' in r]
+    rows = [
+        r
+        for r in re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(1), re.S)
+        if f'<td class="l">{first_cell}</td>' in r
+    ]
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -347,8 +390,10 @@ def test_html_shows_pass_at_k_per_label_levels_and_speedup_interval(tmp_path: Pa
     from kbv.report import write_html_report
 
     records = (
-        _samples("m1", "1", 1, [2.0, None, None, None]) + _samples("m1", "2", 1, [None] * 4)
-        + _samples("m2", "1", 1, [3.0] * 4) + _samples("m2", "2", 1, [1.5] * 4)
+        _samples("m1", "1", 1, [2.0, None, None, None])
+        + _samples("m1", "2", 1, [None] * 4)
+        + _samples("m2", "1", 1, [3.0] * 4)
+        + _samples("m2", "2", 1, [1.5] * 4)
     )
     html = write_html_report(records, tmp_path / "r.html").read_text()
     head = re.search(r'<table id="leaderboard">\s*<thead>(.*?)</thead>', html, re.S)

@@ -37,9 +37,15 @@ def test_round_trip(store: Store, tmp_path: Path) -> None:
         "baselines": {"eager_fp32": {"samples_ms": [3.0, 3.5]}},
     }
     record = make_record(
-        candidate=source.read_text(), path=str(source), timing=timing, findings=[HACK],
-        outcome="hack_detected", memory=(10, 20),
-        distributions=[DistributionResult("wide", True, False, max_abs_err=float("inf"), rel_err=float("nan"))],
+        candidate=source.read_text(),
+        path=str(source),
+        timing=timing,
+        findings=[HACK],
+        outcome="hack_detected",
+        memory=(10, 20),
+        distributions=[
+            DistributionResult("wide", True, False, max_abs_err=float("inf"), rel_err=float("nan"))
+        ],
     )
     run = store.start_run("run", {"problems": "p/"}, protocol=VERIFIED)
     rid = store.add_record(record, run, label="gpt-x")
@@ -99,7 +105,8 @@ def test_has_record_and_pending(store: Store) -> None:
     other_torch.versions["torch"] = "2.12.0"
     assert not store.has_record(other_device)
     assert store.pending([key, record_key(other_device), record_key(other_torch)]) == [
-        record_key(other_device), record_key(other_torch)
+        record_key(other_device),
+        record_key(other_torch),
     ]
 
 
@@ -136,7 +143,9 @@ def test_import_rejects_garbage(store: Store, tmp_path: Path) -> None:
 
 def test_export_csv(store: Store, tmp_path: Path) -> None:
     store.add_record(make_record("p1", "a", speedups={"eager_fp32": 3.0}, memory=(5, 6)), label="m1")
-    store.add_record(make_record("p2", "b", outcome="hack_detected", findings=[HACK], speedup=None), label="m2")
+    store.add_record(
+        make_record("p2", "b", outcome="hack_detected", findings=[HACK], speedup=None), label="m2"
+    )
     out = tmp_path / "records.csv"
     assert store.export_csv(out) == 2
     rows = list(csv.DictReader(out.open()))
@@ -238,5 +247,7 @@ def test_timing_samples_from_pipeline_rounds(store: Store) -> None:
     }
     rid = store.add_record(make_record(timing=timing))
     assert store.timing_samples(rid) == {
-        "candidate": [1.0, 2.0, 3.0], "candidate:wall": [1.5, 2.5, 3.5], "eager_fp32": [4.0],
+        "candidate": [1.0, 2.0, 3.0],
+        "candidate:wall": [1.5, 2.5, 3.5],
+        "eager_fp32": [4.0],
     }

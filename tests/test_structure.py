@@ -33,20 +33,28 @@ def _draws(make, k: int = 3) -> list[list]:
 # ------------------------------------------------------------------------------------------ inference
 def test_infers_triangular_band_and_mask_patterns() -> None:
     n = 32
-    found = infer_invariants(_draws(lambda: [
-        torch.tril(torch.rand(n, n)),
-        torch.triu(torch.rand(2, n, n), 2),
-        torch.rand(n, n).tril(1).triu(-3),
-        torch.rand(n, n) * (torch.arange(n) % 3 == 0),  # fixed zero columns: no band
-    ]))
+    found = infer_invariants(
+        _draws(
+            lambda: [
+                torch.tril(torch.rand(n, n)),
+                torch.triu(torch.rand(2, n, n), 2),
+                torch.rand(n, n).tril(1).triu(-3),
+                torch.rand(n, n) * (torch.arange(n) % 3 == 0),  # fixed zero columns: no band
+            ]
+        )
+    )
     assert [f["zeros"] for f in found] == ["lower", {"triu": 2}, {"band": [-3, 1]}, "mask"]
 
 
 def test_infers_value_sets_symmetry_and_integer_ranges() -> None:
     def make() -> list:
         a = torch.rand(16, 16)
-        return [torch.randint(0, 2, (256,)).float() * 2 - 1, (a + a.T) / 2, torch.randint(0, 10, (64,)),
-                torch.tril(torch.randint(0, 2, (16, 16)).float() * 2 - 1)]
+        return [
+            torch.randint(0, 2, (256,)).float() * 2 - 1,
+            (a + a.T) / 2,
+            torch.randint(0, 10, (64,)),
+            torch.tril(torch.randint(0, 2, (16, 16)).float() * 2 - 1),
+        ]
 
     pm1, sym, index, tril_pm1 = infer_invariants(_draws(make))
     assert pm1 == {"values": [-1.0, 1.0]}
@@ -57,8 +65,17 @@ def test_infers_value_sets_symmetry_and_integer_ranges() -> None:
 
 def test_random_inputs_have_no_invariants() -> None:
     """Sign and range are never inferred; chance zeros, ReLU zeros and tiny tensors are no structure."""
-    found = infer_invariants(_draws(lambda: [torch.rand(64, 64), torch.relu(torch.randn(4096)), torch.rand(3),
-                                             torch.randint(0, 2, (8,)).float(), 2.5]))
+    found = infer_invariants(
+        _draws(
+            lambda: [
+                torch.rand(64, 64),
+                torch.relu(torch.randn(4096)),
+                torch.rand(3),
+                torch.randint(0, 2, (8,)).float(),
+                2.5,
+            ]
+        )
+    )
     assert found == [None, None, None, None, None]
 
 
@@ -84,8 +101,13 @@ def _problem(make) -> types.SimpleNamespace:
 def test_every_distribution_keeps_the_invariants(distribution: str) -> None:
     def make() -> list:
         a = torch.rand(24, 24)
-        return [torch.tril(torch.rand(24, 24)), torch.randint(0, 2, (512,)).float() * 2 - 1, a + a.T,
-                torch.rand(24, 24) * (torch.arange(24) % 2 == 0), torch.randint(0, 7, (5,))]
+        return [
+            torch.tril(torch.rand(24, 24)),
+            torch.randint(0, 2, (512,)).float() * 2 - 1,
+            a + a.T,
+            torch.rand(24, 24) * (torch.arange(24) % 2 == 0),
+            torch.randint(0, 7, (5,)),
+        ]
 
     structure = infer_invariants(_draws(make))
     got = inputs.make_inputs(_problem(make), distribution, 11, "cpu", structure=structure, precision="fp64")
@@ -132,10 +154,20 @@ def _scalar_verdict(rel_err: float, length: int, settings=VERIFIED.correctness) 
 
 def test_floor_accepts_honest_summation_orders_and_rejects_a_bias() -> None:
     billion, four_m = 32768 * 32768, 1 << 22
-    assert correctness.reduction_floor(billion, VERIFIED.correctness) == VERIFIED.correctness.reduction_floor_cap == 1e-3
+    assert (
+        correctness.reduction_floor(billion, VERIFIED.correctness)
+        == VERIFIED.correctness.reduction_floor_cap
+        == 1e-3
+    )
     assert correctness.reduction_floor(four_m, VERIFIED.correctness) == pytest.approx(2.0**-24 * 16384)
     # issue 12: loss kernels over ~1e9 elements, and a 4M mean of 16384 sequential block sums
-    for err, length in ((1.2e-6, billion), (2.9e-6, billion), (1.3e-6, four_m), (1.2e-5, four_m), (2e-4, four_m)):
+    for err, length in (
+        (1.2e-6, billion),
+        (2.9e-6, billion),
+        (1.3e-6, four_m),
+        (1.2e-5, four_m),
+        (2e-4, four_m),
+    ):
         assert _scalar_verdict(err, length), (err, length)
         assert not _scalar_verdict(err, 1)  # without the floor (length 1) each was rejected
     for length in (billion, four_m, 1 << 20):
@@ -147,10 +179,14 @@ def test_floor_accepts_honest_summation_orders_and_rejects_a_bias() -> None:
 def test_floor_is_recorded_per_output() -> None:
     truth = [torch.ones((), dtype=torch.float64), torch.ones(8, dtype=torch.float64)]
     base = correctness.baseline_error([t.float() for t in truth], truth)
-    _, _, _, tol = correctness.compare_error_model([t.float() for t in truth], truth, base, VERIFIED.correctness, [1 << 20, 1])
+    _, _, _, tol = correctness.compare_error_model(
+        [t.float() for t in truth], truth, base, VERIFIED.correctness, [1 << 20, 1]
+    )
     first, second = tol["outputs"]
     assert first["reduction_length"] == 1 << 20 and first["reduction_floor"] == pytest.approx(2.0**-24 * 4096)
-    assert second["reduction_floor"] == 0.0 and math.isclose(second["norm_tol"], VERIFIED.correctness.norm_floor)
+    assert second["reduction_floor"] == 0.0 and math.isclose(
+        second["norm_tol"], VERIFIED.correctness.norm_floor
+    )
 
 
 # ------------------------------------------------------------------------------------------ TF32
@@ -182,7 +218,10 @@ def test_record_keeps_the_invariants_and_a_replay_uses_them(tmp_path: Path) -> N
     assert record.outcome == "passed", record.error
     assert record.seeds["structure"] == [{"zeros": "lower", "source": "inferred"}] * 2
     stored = json.loads(record.to_json())
-    stored["seeds"]["structure"] = [{"zeros": "upper", "source": "declared"}, None]  # as if inferred otherwise
+    stored["seeds"]["structure"] = [
+        {"zeros": "upper", "source": "declared"},
+        None,
+    ]  # as if inferred otherwise
     path = tmp_path / "record.json"
     path.write_text(json.dumps(stored))
     replayed = evaluate_replay(path, device="cpu")
@@ -193,5 +232,7 @@ def test_audit_shows_the_invariants() -> None:
     from kbv.problems.audit import audit_problems
 
     [result] = audit_problems([load_problem(HONEST_PROBLEMS / "tril_matmul.py")], device="cpu", seed=1)
-    assert result.to_dict()["structure"] == [{"input": 0, "zeros": "lower", "source": "inferred"},
-                                            {"input": 1, "zeros": "lower", "source": "inferred"}]
+    assert result.to_dict()["structure"] == [
+        {"input": 0, "zeros": "lower", "source": "inferred"},
+        {"input": 1, "zeros": "lower", "source": "inferred"},
+    ]

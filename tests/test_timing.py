@@ -106,8 +106,12 @@ def make_fn(clock: FakeClock, log: list[Any] | None = None, seconds: float = CAL
 def test_warmup_by_count() -> None:
     clock = FakeClock()
     calls: list[int] = []
-    m = measure(make_fn(clock, calls), settings=settings(warmup_calls=5, repeats=3), n_input_sets=1,
-                timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock, calls),
+        settings=settings(warmup_calls=5, repeats=3),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert m.warmup_calls == 5
     assert len(calls) == 5 + 3
     assert len(m.device_ms) == 3
@@ -116,23 +120,35 @@ def test_warmup_by_count() -> None:
 def test_warmup_by_time_budget() -> None:
     clock = FakeClock()
     # One call minimum, but 4 calls of 1/64 s are needed to spend 1/16 s.
-    m = measure(make_fn(clock), settings=settings(warmup_calls=1, warmup_seconds=4 * CALL_S, repeats=2),
-                n_input_sets=1, timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock),
+        settings=settings(warmup_calls=1, warmup_seconds=4 * CALL_S, repeats=2),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert m.warmup_calls == 4
 
 
 def test_warmup_count_wins_when_larger_than_time_budget() -> None:
     clock = FakeClock()
-    m = measure(make_fn(clock), settings=settings(warmup_calls=7, warmup_seconds=CALL_S, repeats=1),
-                n_input_sets=1, timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock),
+        settings=settings(warmup_calls=7, warmup_seconds=CALL_S, repeats=1),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert m.warmup_calls == 7
 
 
 def test_warmup_is_capped_when_clock_does_not_advance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "MAX_WARMUP_CALLS", 50)
     clock = FakeClock()
-    m = measure(make_fn(clock, seconds=0.0), settings=settings(warmup_seconds=1.0, repeats=1),
-                n_input_sets=1, timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock, seconds=0.0),
+        settings=settings(warmup_seconds=1.0, repeats=1),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert m.warmup_calls == 50
 
 
@@ -148,30 +164,43 @@ def test_samples_are_exact_on_fake_clock() -> None:
 def test_repeats_bounded_by_max_seconds() -> None:
     clock = FakeClock()
     # Calls start at 0, 1/4, 2/4, 3/4 s; at 1 s the budget is spent, so the 5th never starts.
-    m = measure(make_fn(clock, seconds=0.25), settings=settings(repeats=100, max_seconds=1.0),
-                n_input_sets=1, timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock, seconds=0.25),
+        settings=settings(repeats=100, max_seconds=1.0),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert len(m.device_ms) == 4
 
 
 def test_at_least_one_timed_call_even_if_budget_is_tiny() -> None:
     clock = FakeClock()
-    m = measure(make_fn(clock, seconds=2.0), settings=settings(repeats=5, max_seconds=0.001),
-                n_input_sets=1, timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock, seconds=2.0),
+        settings=settings(repeats=5, max_seconds=0.001),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert len(m.device_ms) == 1
 
 
 def test_repeats_reached_when_budget_allows() -> None:
     clock = FakeClock()
-    m = measure(make_fn(clock), settings=settings(repeats=12, max_seconds=10.0), n_input_sets=1,
-                timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock), settings=settings(repeats=12, max_seconds=10.0), n_input_sets=1, timer=CpuTimer(clock)
+    )
     assert len(m.device_ms) == 12
 
 
 def test_rotation_order_over_input_sets() -> None:
     clock = FakeClock()
     calls: list[int] = []
-    m = measure(make_fn(clock, calls), settings=settings(warmup_calls=4, repeats=5), n_input_sets=3,
-                timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock, calls),
+        settings=settings(warmup_calls=4, repeats=5),
+        n_input_sets=3,
+        timer=CpuTimer(clock),
+    )
     assert calls == [0, 1, 2, 0] + [0, 1, 2, 0, 1]
     assert m.n_input_sets == 3
 
@@ -184,8 +213,13 @@ def test_flush_once_per_timed_call_and_outside_timed_region() -> None:
         log.append("flush")
         clock.advance(FLUSH_S)
 
-    m = measure(make_fn(clock, log), settings=settings(warmup_calls=2, repeats=4, l2_flush=True),
-                n_input_sets=2, timer=LoggingTimer(clock, log), flush=flush)
+    m = measure(
+        make_fn(clock, log),
+        settings=settings(warmup_calls=2, repeats=4, l2_flush=True),
+        n_input_sets=2,
+        timer=LoggingTimer(clock, log),
+        flush=flush,
+    )
     assert log.count("flush") == 4
     timed = log[2:]  # after the two warm-up calls: flush, record, call, record, per timed call
     assert timed == ["flush", "record", 0, "record", "flush", "record", 1, "record"] * 2
@@ -198,8 +232,13 @@ def test_flush_once_per_timed_call_and_outside_timed_region() -> None:
 def test_flush_not_called_when_setting_off() -> None:
     clock = FakeClock()
     flushed: list[int] = []
-    m = measure(make_fn(clock), settings=settings(repeats=3, l2_flush=False), n_input_sets=1,
-                timer=CpuTimer(clock), flush=lambda: flushed.append(1))
+    m = measure(
+        make_fn(clock),
+        settings=settings(repeats=3, l2_flush=False),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+        flush=lambda: flushed.append(1),
+    )
     assert flushed == []
     assert m.l2_flush is False
 
@@ -210,16 +249,26 @@ def test_flush_time_counts_toward_max_seconds() -> None:
     def flush() -> None:
         clock.advance(0.25)
 
-    m = measure(make_fn(clock, seconds=0.25), settings=settings(repeats=100, max_seconds=1.0, l2_flush=True),
-                n_input_sets=1, timer=CpuTimer(clock), flush=flush)
+    m = measure(
+        make_fn(clock, seconds=0.25),
+        settings=settings(repeats=100, max_seconds=1.0, l2_flush=True),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+        flush=flush,
+    )
     assert len(m.device_ms) == 2
 
 
 def test_on_sample_receives_each_timed_call() -> None:
     clock = FakeClock()
     seen: list[tuple[int, float, float]] = []
-    measure(make_fn(clock), settings=settings(warmup_calls=3, repeats=3), n_input_sets=1,
-            timer=CpuTimer(clock), on_sample=lambda i, d, w: seen.append((i, d, w)))
+    measure(
+        make_fn(clock),
+        settings=settings(warmup_calls=3, repeats=3),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+        on_sample=lambda i, d, w: seen.append((i, d, w)),
+    )
     assert seen == [(i, CALL_S * 1e3, CALL_S * 1e3) for i in range(3)]
 
 
@@ -265,8 +314,12 @@ def test_side_stream_work_shows_in_wall_not_device() -> None:
 def test_graph_regime_captures_each_set_and_times_replays() -> None:
     clock = FakeClock()
     log: list[Any] = []
-    m = measure(make_fn(clock, log), settings=settings(recipe="r", cuda_graph=True, warmup_calls=1, repeats=4),
-                n_input_sets=3, timer=GraphFakeTimer(clock, log))
+    m = measure(
+        make_fn(clock, log),
+        settings=settings(recipe="r", cuda_graph=True, warmup_calls=1, repeats=4),
+        n_input_sets=3,
+        timer=GraphFakeTimer(clock, log),
+    )
     assert m.recipe == "r+graph"
     # eager warm-up covers all 3 sets though warmup_calls is 1; then one capture per set
     assert log[:9] == [0, 1, 2, "capture", 0, "capture", 1, "capture", 2]
@@ -284,8 +337,12 @@ def test_graph_regime_needs_cuda_timer() -> None:
 
 def test_recipe_name_without_graph() -> None:
     clock = FakeClock()
-    m = measure(make_fn(clock), settings=settings(recipe="flush-rotate-events-median"), n_input_sets=1,
-                timer=CpuTimer(clock))
+    m = measure(
+        make_fn(clock),
+        settings=settings(recipe="flush-rotate-events-median"),
+        n_input_sets=1,
+        timer=CpuTimer(clock),
+    )
     assert m.recipe == "flush-rotate-events-median"
 
 
@@ -318,8 +375,16 @@ def test_make_l2_flush_and_timer_on_cpu() -> None:
 
 
 def test_measurement_round_trip_through_json() -> None:
-    m = Measurement(recipe="events-median+graph", device_ms=[0.5, 0.25], wall_ms=[0.75, 0.5], warmup_calls=7,
-                    n_input_sets=3, l2_flush=True, total_wall_s=1.5, timer="cuda-events")
+    m = Measurement(
+        recipe="events-median+graph",
+        device_ms=[0.5, 0.25],
+        wall_ms=[0.75, 0.5],
+        warmup_calls=7,
+        n_input_sets=3,
+        l2_flush=True,
+        total_wall_s=1.5,
+        timer="cuda-events",
+    )
     data = json.loads(json.dumps(m.to_dict()))
     assert Measurement.from_dict(data) == m
 
@@ -387,7 +452,10 @@ def test_summarize_rejects_non_finite() -> None:
     [
         ({"n": statistics.MIN_SAMPLES - 1}, "few_samples"),
         ({"cv": statistics.NOISY_CV * 1.01}, "noisy"),
-        ({"median": statistics.OVERHEAD_DOMINATED_MS * 0.99, "maximum": statistics.OVERHEAD_DOMINATED_MS}, "overhead_dominated"),
+        (
+            {"median": statistics.OVERHEAD_DOMINATED_MS * 0.99, "maximum": statistics.OVERHEAD_DOMINATED_MS},
+            "overhead_dominated",
+        ),
         ({"maximum": statistics.OUTLIER_FACTOR * 1.01}, "outliers"),
     ],
 )
@@ -479,8 +547,12 @@ def test_bracket_check_flags_under_reporting_worker() -> None:
     n, overhead_ms = 30, 20.0
     t0 = parent.now()
     parent.advance(overhead_ms / 2e3)  # channel + spawn costs before ...
-    m = measure(make_fn(parent, seconds=0.05), settings=settings(repeats=n), n_input_sets=1,
-                timer=CpuTimer(LyingClock()))
+    m = measure(
+        make_fn(parent, seconds=0.05),
+        settings=settings(repeats=n),
+        n_input_sets=1,
+        timer=CpuTimer(LyingClock()),
+    )
     parent.advance(overhead_ms / 2e3)  # ... and after
     bracket_ms = (parent.now() - t0) * 1e3
     assert m.wall_ms == pytest.approx([1.0] * n)
@@ -494,8 +566,9 @@ def test_bracket_check_accepts_honest_worker() -> None:
     n, overhead_ms = 30, 20.0
     t0 = parent.now()
     parent.advance(0.021)  # a little more overhead than expected: within the slack
-    m = measure(make_fn(parent, seconds=0.05), settings=settings(repeats=n), n_input_sets=1,
-                timer=CpuTimer(parent))
+    m = measure(
+        make_fn(parent, seconds=0.05), settings=settings(repeats=n), n_input_sets=1, timer=CpuTimer(parent)
+    )
     bracket_ms = (parent.now() - t0) * 1e3
     r = bracket_check(sum(m.wall_ms), bracket_ms, overhead_ms, n_calls=n)
     assert r["disagrees"] is False and r["overreports"] is False
@@ -524,7 +597,8 @@ def test_identities_unchanged_without_patching() -> None:
 
 
 def test_identities_detect_patched_perf_counter_and_timer_keeps_real_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     timer = CpuTimer()  # constructed before the "candidate" patches time
     snap = snapshot_identities()
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
@@ -540,8 +614,11 @@ def test_identities_detect_patched_cuda_event_and_own_recipe(monkeypatch: pytest
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(timing, "measure", lambda *a, **k: {})
-    assert verify_identities(snap) == ["kbv.child.timing.measure", "torch.cuda.Event.elapsed_time",
-                                       "torch.cuda.synchronize"]
+    assert verify_identities(snap) == [
+        "kbv.child.timing.measure",
+        "torch.cuda.Event.elapsed_time",
+        "torch.cuda.synchronize",
+    ]
     monkeypatch.undo()
     assert verify_identities(snap) == []
 
@@ -561,8 +638,12 @@ def test_honest_warmup_fits_the_recipe_bound_and_the_trusted_per_call_time(calls
     m = measure(make_fn(clock, seconds=calls_s), settings=s, n_input_sets=1, timer=CpuTimer(clock))
     warmup_ms = m.total_wall_s * 1e3 - sum(m.wall_ms)
     assert warmup_ms <= statistics.warmup_bound_ms(s, max(m.wall_ms)) + 1e-9
-    assert statistics.accounted_batch_ms(m.wall_ms, m.warmup_calls, s) == pytest.approx(m.total_wall_s * 1e3, rel=0.05)
-    assert statistics.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(calls_s * 1e3, rel=0.05)
+    assert statistics.accounted_batch_ms(m.wall_ms, m.warmup_calls, s) == pytest.approx(
+        m.total_wall_s * 1e3, rel=0.05
+    )
+    assert statistics.trusted_per_call_ms(m.total_wall_s * 1e3, 0.0, len(m.wall_ms), s) == pytest.approx(
+        calls_s * 1e3, rel=0.05
+    )
 
 
 def test_one_outsized_sample_cannot_account_for_the_bracket() -> None:
@@ -590,20 +671,28 @@ def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     assert statistics.warmup_bound_ms(graph, 0.01, n_input_sets=3) > 2 * 50.0  # two warm-ups, three captures
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ({"device_ms": [1.0, 0.0], "wall_ms": [1.0, 1.0]}, "device_ms\\[1\\] = 0.0"),
-    ({"device_ms": [1.0, -1.0], "wall_ms": [1.0, 1.0]}, "positive"),
-    ({"device_ms": [1.0, float("nan")], "wall_ms": [1.0, 1.0]}, "finite"),
-    ({"device_ms": [1.0], "wall_ms": [float("inf")]}, "wall_ms"),
-    ({"device_ms": [], "wall_ms": []}, "expected 1..30"),
-    ({"device_ms": [1.0] * 31, "wall_ms": [1.0] * 31}, "expected 1..30"),
-    ({"device_ms": [1.0], "wall_ms": [1.0], "warmup_calls": -5}, "warmup_calls"),
-    ({"device_ms": "1.0", "wall_ms": [1.0]}, "lists"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ({"device_ms": [1.0, 0.0], "wall_ms": [1.0, 1.0]}, "device_ms\\[1\\] = 0.0"),
+        ({"device_ms": [1.0, -1.0], "wall_ms": [1.0, 1.0]}, "positive"),
+        ({"device_ms": [1.0, float("nan")], "wall_ms": [1.0, 1.0]}, "finite"),
+        ({"device_ms": [1.0], "wall_ms": [float("inf")]}, "wall_ms"),
+        ({"device_ms": [], "wall_ms": []}, "expected 1..30"),
+        ({"device_ms": [1.0] * 31, "wall_ms": [1.0] * 31}, "expected 1..30"),
+        ({"device_ms": [1.0], "wall_ms": [1.0], "warmup_calls": -5}, "warmup_calls"),
+        ({"device_ms": "1.0", "wall_ms": [1.0]}, "lists"),
+    ],
+)
 def test_invalid_samples_names_what_no_clock_produces(bad: dict[str, Any], reason: str) -> None:
     problem = statistics.invalid_samples({"warmup_calls": 3, **bad}, settings(repeats=30))
     assert problem is not None and re.search(reason, problem), problem
-    assert statistics.invalid_samples({"device_ms": [0.5], "wall_ms": [0.6], "warmup_calls": 3}, settings(repeats=30)) is None
+    assert (
+        statistics.invalid_samples(
+            {"device_ms": [0.5], "wall_ms": [0.6], "warmup_calls": 3}, settings(repeats=30)
+        )
+        is None
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -643,7 +732,9 @@ def test_cache_key_is_stable() -> None:
 
 @pytest.mark.parametrize("component", sorted(KEY_CHANGES))
 def test_cache_key_changes_with_each_component(component: str) -> None:
-    assert baseline_cache_key(**{**KEY_ARGS, component: KEY_CHANGES[component]}) != baseline_cache_key(**KEY_ARGS)
+    assert baseline_cache_key(**{**KEY_ARGS, component: KEY_CHANGES[component]}) != baseline_cache_key(
+        **KEY_ARGS
+    )
 
 
 def test_cache_key_changes_with_device_name() -> None:
@@ -683,7 +774,9 @@ def test_cuda_measure_events_flush_and_graph() -> None:
     def fn(k: int) -> None:
         torch.mm(a[k], a[k], out=out)
 
-    s = TimingSettings(recipe="r", warmup_calls=3, warmup_seconds=0.01, repeats=20, max_seconds=2.0, l2_flush=True)
+    s = TimingSettings(
+        recipe="r", warmup_calls=3, warmup_seconds=0.01, repeats=20, max_seconds=2.0, l2_flush=True
+    )
     m = measure(fn, settings=s, n_input_sets=3, timer=timer, flush=flush)
     assert m.timer == "cuda-events" and len(m.device_ms) == 20
     assert all(0 < d < 100 for d in m.device_ms)

@@ -38,8 +38,12 @@ HONEST = [
 ]
 
 
-@pytest.mark.parametrize(("candidate", "problem", "must_fail"), HIDDEN_SHORTCUTS, ids=[c for c, _, _ in HIDDEN_SHORTCUTS])
-def test_hidden_shortcut_passes_standard_but_never_verified(candidate: str, problem: Path, must_fail: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("candidate", "problem", "must_fail"), HIDDEN_SHORTCUTS, ids=[c for c, _, _ in HIDDEN_SHORTCUTS]
+)
+def test_hidden_shortcut_passes_standard_but_never_verified(
+    candidate: str, problem: Path, must_fail: set[str]
+) -> None:
     standard = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="standard", device="cpu")
     assert standard.outcome == "passed", "the standard protocol's inputs should hide this shortcut"
     verified = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="verified", device="cpu")
@@ -52,8 +56,17 @@ def test_hidden_shortcut_passes_standard_but_never_verified(candidate: str, prob
 @pytest.mark.parametrize(("candidate", "problem"), HONEST, ids=[c for c, _ in HONEST])
 def test_honest_kernels_pass_every_distribution(candidate: str, problem: Path) -> None:
     record = evaluate_paths(problem, VERIFIED_FIXTURES / candidate, protocol="verified", device="cpu")
-    assert record.outcome == "passed", [(d.name, d.passed, d.note, d.rel_err, d.tolerance) for d in record.distributions]
-    assert {d.name for d in record.distributions if d.applicable and d.passed} == {"original", "signed", "wide", "shifted", "blockwise", "sparse"}
+    assert record.outcome == "passed", [
+        (d.name, d.passed, d.note, d.rel_err, d.tolerance) for d in record.distributions
+    ]
+    assert {d.name for d in record.distributions if d.applicable and d.passed} == {
+        "original",
+        "signed",
+        "wide",
+        "shifted",
+        "blockwise",
+        "sparse",
+    }
     for d in record.distributions:
         assert d.tolerance and d.baseline_err is not None  # the tolerance came from the baseline's own error
 
@@ -82,7 +95,9 @@ def test_fp32_pytorch_itself_fails_a_fixed_tolerance_where_the_error_model_passe
 
 @pytest.mark.slow
 def test_cpp_relu_passes_verified() -> None:
-    record = evaluate_paths(L1 / "1_ReLU.py", FOUNDATION / "relu_cpp.py", protocol="verified", device="cpu", timeout_s=300)
+    record = evaluate_paths(
+        L1 / "1_ReLU.py", FOUNDATION / "relu_cpp.py", protocol="verified", device="cpu", timeout_s=300
+    )
     assert record.outcome == "passed"
 
 
@@ -97,11 +112,18 @@ def test_seeds_are_secret_fresh_and_replayable(tmp_path: Path) -> None:
     path.write_text(first.to_json())
     replay = evaluate_replay(path, device="cpu")
     assert replay.seeds["master"] == first.seeds["master"]
-    assert [(d.name, d.max_abs_err) for d in replay.distributions] == [(d.name, d.max_abs_err) for d in first.distributions]
+    assert [(d.name, d.max_abs_err) for d in replay.distributions] == [
+        (d.name, d.max_abs_err) for d in first.distributions
+    ]
 
 
 def test_domain_rule_falls_back_and_says_so() -> None:
-    record = evaluate_paths(L1 / "19_Cumprod.py", FOUNDATION.parent / "verified" / "cumprod_plain.py", protocol="verified", device="cpu")
+    record = evaluate_paths(
+        L1 / "19_Cumprod.py",
+        FOUNDATION.parent / "verified" / "cumprod_plain.py",
+        protocol="verified",
+        device="cpu",
+    )
     assert record.outcome == "passed"
     notes = {d.name: d.note for d in record.distributions}
     assert any("domain-preserving" in n for n in notes.values()), notes
@@ -127,10 +149,17 @@ def test_audit_flags_outputs_constant_up_to_rounding() -> None:
 TINY_LINEAR_RELU = ROOT / "tests" / "fixtures" / "problems" / "tiny_linear_relu.py"
 
 
-@pytest.mark.parametrize(("protocol", "outcome", "severity"), [("standard", "passed", "warn"), ("verified", "hack_detected", "fail")])
-def test_a_failure_that_does_not_repeat_is_a_reported_transient(protocol: str, outcome: str, severity: str) -> None:
+@pytest.mark.parametrize(
+    ("protocol", "outcome", "severity"),
+    [("standard", "passed", "warn"), ("verified", "hack_detected", "fail")],
+)
+def test_a_failure_that_does_not_repeat_is_a_reported_transient(
+    protocol: str, outcome: str, severity: str
+) -> None:
     """standard reports it and passes; verified fails it: a wrong output on given inputs was shown."""
-    record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_first_call.py", protocol=protocol, device="cpu")
+    record = evaluate_paths(
+        TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_first_call.py", protocol=protocol, device="cpu"
+    )
     assert record.outcome == outcome, record.distributions
     assert record.correct  # the draws themselves passed on their re-runs; the finding decides
     transient = [f for f in record.findings if f.check == "transient_mismatch"]
@@ -139,22 +168,33 @@ def test_a_failure_that_does_not_repeat_is_a_reported_transient(protocol: str, o
 
 
 def test_a_deterministic_correct_candidate_has_no_transient() -> None:
-    record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "linear_relu_plain.py", protocol="verified", device="cpu")
+    record = evaluate_paths(
+        TINY_LINEAR_RELU, VERIFIED_FIXTURES / "linear_relu_plain.py", protocol="verified", device="cpu"
+    )
     assert record.outcome == "passed"
     assert not [f for f in record.findings if f.check == "transient_mismatch"]
 
 
 def test_failures_on_several_draws_that_vanish_on_re_runs_fail() -> None:
-    record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_after_build.py", protocol="verified", device="cpu")
+    record = evaluate_paths(
+        TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_after_build.py", protocol="verified", device="cpu"
+    )
     assert record.outcome == "hack_detected"
     transient = [f for f in record.findings if f.check == "transient_mismatch"]
     assert [f.severity for f in transient] == ["fail"]
-    n_distributions = len(record.protocol["settings"]["correctness"]["distributions"])  # each one's first draw, after a rebuild
+    n_distributions = len(
+        record.protocol["settings"]["correctness"]["distributions"]
+    )  # each one's first draw, after a rebuild
     assert f"{n_distributions} draw(s)" in transient[0].detail
 
 
 def test_a_failure_that_repeats_on_a_re_run_counts() -> None:
-    record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_every_other_call.py", protocol="verified", device="cpu")
+    record = evaluate_paths(
+        TINY_LINEAR_RELU,
+        VERIFIED_FIXTURES / "relu_wrong_every_other_call.py",
+        protocol="verified",
+        device="cpu",
+    )
     # Not correct; the nondeterminism check may also flag it (its two probe runs disagree).
     assert record.outcome in ("incorrect", "hack_detected") and not record.correct
     first = record.distributions[0]
@@ -169,7 +209,9 @@ def test_re_runs_can_be_switched_off() -> None:
 
     verified = load_protocol("verified")
     strict = replace(verified, correctness=replace(verified.correctness, confirm_reruns=0))
-    record = evaluate_paths(TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_first_call.py", protocol=strict, device="cpu")
+    record = evaluate_paths(
+        TINY_LINEAR_RELU, VERIFIED_FIXTURES / "relu_wrong_first_call.py", protocol=strict, device="cpu"
+    )
     assert record.outcome == "incorrect"
 
 
@@ -184,14 +226,24 @@ def _only(distributions: tuple[str, ...]):
 
 def test_sparse_alone_catches_the_middle_sampler() -> None:
     # master_seed fixes the draws: sparse misses this sampler on ~0.2% of runs, so a random seed would flake.
-    record = evaluate_paths(L1 / "1_ReLU.py", VERIFIED_FIXTURES / "relu_middle_sampling.py", protocol=_only(("original", "sparse")),
-                            device="cpu", master_seed=20240611)
+    record = evaluate_paths(
+        L1 / "1_ReLU.py",
+        VERIFIED_FIXTURES / "relu_middle_sampling.py",
+        protocol=_only(("original", "sparse")),
+        device="cpu",
+        master_seed=20240611,
+    )
     assert record.outcome != "passed" and not record.correct
     assert [d.name for d in record.distributions if not d.passed] == ["sparse"]
 
 
 def test_blockwise_alone_catches_the_head_and_tail_samplers() -> None:
     for candidate in ("relu_sign_sampling.py", "relu_tail_sampling.py"):
-        record = evaluate_paths(L1 / "1_ReLU.py", VERIFIED_FIXTURES / candidate, protocol=_only(("original", "blockwise")), device="cpu")
+        record = evaluate_paths(
+            L1 / "1_ReLU.py",
+            VERIFIED_FIXTURES / candidate,
+            protocol=_only(("original", "blockwise")),
+            device="cpu",
+        )
         assert record.outcome != "passed" and not record.correct, candidate
         assert [d.name for d in record.distributions if not d.passed] == ["blockwise"], candidate

@@ -24,16 +24,31 @@ def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
 def _load(worker: Worker, name: str) -> dict:
     worker.start()
     return worker.request(
-        "load", role="candidate", device="cpu", problem_path=str(RELU), sizes={"batch_size": 2, "dim": 8},
-        candidate_path=str(FIXTURES / name), init_seed=1,
+        "load",
+        role="candidate",
+        device="cpu",
+        problem_path=str(RELU),
+        sizes={"batch_size": 2, "dim": 8},
+        candidate_path=str(FIXTURES / name),
+        init_seed=1,
     )
 
 
 def test_env_allowlist_drops_secrets(tmp_path: Path) -> None:
-    parent = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-x", "HF_TOKEN": "t", "NVIDIA_API_KEY": "k", "LANG": "C", "AWS_SECRET_ACCESS_KEY": "s", "RANDOM_VAR": "1"}
+    parent = {
+        "PATH": "/usr/bin",
+        "OPENAI_API_KEY": "sk-x",
+        "HF_TOKEN": "t",
+        "NVIDIA_API_KEY": "k",
+        "LANG": "C",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "RANDOM_VAR": "1",
+    }
     env = scrubbed_env(parent, home=tmp_path, extensions_dir=tmp_path / "e", triton_dir=tmp_path / "t")
     assert env["PATH"] == "/usr/bin" and env["LANG"] == "C"
-    assert not {"OPENAI_API_KEY", "HF_TOKEN", "NVIDIA_API_KEY", "AWS_SECRET_ACCESS_KEY", "RANDOM_VAR"} & set(env)
+    assert not {"OPENAI_API_KEY", "HF_TOKEN", "NVIDIA_API_KEY", "AWS_SECRET_ACCESS_KEY", "RANDOM_VAR"} & set(
+        env
+    )
     assert env["HOME"] == str(tmp_path) and env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "e")
 
 
@@ -55,7 +70,9 @@ def test_secrets_in_parent_environment_never_reach_the_candidate(monkeypatch: py
     monkeypatch.setenv("KBV_TEST_SECRET", "nope")
     with _candidate_worker("spy") as worker:
         _load(worker, "relu_env_spy.py")
-        reply = worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        reply = worker.request(
+            "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+        )
         assert reply["ok"]
 
 
@@ -65,7 +82,9 @@ def test_timeout_kills_the_whole_process_group() -> None:
         worker.remaining_s = 3.0
         started = time.monotonic()
         with pytest.raises(WorkerFailed) as info:
-            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+            worker.request(
+                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+            )
         assert info.value.kind == "timeout"
         assert time.monotonic() - started < 8
         pid = int((worker.home / "grandchild.pid").read_text())
@@ -92,7 +111,9 @@ def test_stdout_is_a_log_never_a_result_and_early_exit_is_a_crash() -> None:
     with _candidate_worker("exit") as worker:
         _load(worker, "relu_exit_fake.py")
         with pytest.raises(WorkerFailed) as info:
-            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+            worker.request(
+                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+            )
         assert info.value.kind == "crashed"
         assert '"outcome": "passed"' in info.value.details["stdout"]  # kept as a log only
 
@@ -101,7 +122,9 @@ def test_a_signal_death_is_a_crash() -> None:
     with _candidate_worker("segv") as worker:
         _load(worker, "relu_segfault.py")
         with pytest.raises(WorkerFailed) as info:
-            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+            worker.request(
+                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+            )
         assert info.value.kind == "crashed"
         assert "exit status -11" in info.value.message
 
@@ -110,7 +133,9 @@ def test_errors_are_reported_with_their_kind() -> None:
     with _candidate_worker("raises") as worker:
         _load(worker, "relu_raises.py")
         with pytest.raises(WorkerFailed) as info:
-            worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+            worker.request(
+                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+            )
         assert info.value.kind == "runtime_error"
         assert "invalid configuration argument" in info.value.message
         assert "ValueError" in info.value.details["traceback"]
@@ -156,7 +181,9 @@ def test_harden_process_makes_the_process_non_dumpable() -> None:
         "before = libc.prctl(3, 0, 0, 0, 0); ok = harden_process(); after = libc.prctl(3, 0, 0, 0, 0);"
         "print(before, ok, after)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["1", "True", "0"]
 
 
@@ -199,4 +226,6 @@ def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> N
     assert [s.warm_probes for s in worker_specs(problem, candidate, VERIFIED, "cpu")] == [True, True]
     standard = worker_specs(problem, candidate, STANDARD, "cpu")
     assert [s.warm_probes for s in standard] == [False, False]
-    assert _spec_key(standard[0]) != _spec_key(worker_specs(problem, candidate, VERIFIED, "cpu")[0])  # spares do not mix them
+    assert _spec_key(standard[0]) != _spec_key(
+        worker_specs(problem, candidate, VERIFIED, "cpu")[0]
+    )  # spares do not mix them

@@ -17,7 +17,8 @@ from kbv.store import DEFAULT_DB, Store, StoreError
 def register(subparsers: Any) -> None:
     """Add ``export``, ``import`` and ``report`` to an argparse subparsers object."""
     export = subparsers.add_parser(
-        "export", help="write stored records as JSONL or CSV",
+        "export",
+        help="write stored records as JSONL or CSV",
         description="Write the records of a results database (all, or one run's) as JSONL, one record per line in the contract's JSON format (what kbv import and kbv explain read), or as a flat CSV table, one row per record.",
     )
     _db_arg(export)
@@ -28,7 +29,8 @@ def register(subparsers: Any) -> None:
     export.set_defaults(handler=cmd_export)
 
     imp = subparsers.add_parser(
-        "import", help="add the records of a JSONL file to the store",
+        "import",
+        help="add the records of a JSONL file to the store",
         description="Add the records of a JSONL file (kbv eval --out, kbv export --jsonl) to a results database. Records already stored (same problem, candidate, protocol, device and versions) are skipped unless --force.",
     )
     _db_arg(imp)
@@ -38,7 +40,8 @@ def register(subparsers: Any) -> None:
     imp.set_defaults(handler=cmd_import)
 
     report = subparsers.add_parser(
-        "report", help="print the summary and write the HTML report",
+        "report",
+        help="print the summary and write the HTML report",
         description="Print the leaderboard (one row per label and protocol), the outcomes, the problem errors and, when both protocols are stored, the standard-versus-verified comparison; with --html also write a self-contained HTML report with charts and every record's details.",
     )
     _db_arg(report)
@@ -49,7 +52,9 @@ def register(subparsers: Any) -> None:
 
 
 def _db_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"results database (default: {DEFAULT_DB})")
+    parser.add_argument(
+        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default: {DEFAULT_DB})"
+    )
 
 
 def _usage_error(message: str) -> int:

@@ -30,10 +30,20 @@ def evaluate_paths(
     problem = load_problem(problem_path)
     check_importable(problem)
     candidate = load_candidate(candidate_path)
-    return evaluate(problem, candidate, resolved, device, timeout_s=timeout_s, master_seed=master_seed, structure=structure)
+    return evaluate(
+        problem,
+        candidate,
+        resolved,
+        device,
+        timeout_s=timeout_s,
+        master_seed=master_seed,
+        structure=structure,
+    )
 
 
-def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeout_s: float | None = None) -> Record:
+def evaluate_replay(
+    record_path: str | Path, *, device: str | None = None, timeout_s: float | None = None
+) -> Record:
     """Re-run a stored record with its own protocol settings and master seed: the same inputs again."""
     path = Path(record_path)
     if not path.is_file():
@@ -43,10 +53,15 @@ def evaluate_replay(record_path: str | Path, *, device: str | None = None, timeo
         raise CandidateError(f"record file {path} is empty")
     data: dict[str, Any] = json.loads(text[-1])
     settings = dict(data["protocol"]["settings"])
-    protocol = protocol_from_dict({k: v for k, v in settings.items() if k in ("name", "version", "timeout_s")} | {
-        "base": data["protocol"]["name"] if data["protocol"]["name"] in ("standard", "verified") else "verified",
-        **{k: settings[k] for k in ("correctness", "timing", "integrity") if k in settings},
-    })
+    protocol = protocol_from_dict(
+        {k: v for k, v in settings.items() if k in ("name", "version", "timeout_s")}
+        | {
+            "base": data["protocol"]["name"]
+            if data["protocol"]["name"] in ("standard", "verified")
+            else "verified",
+            **{k: settings[k] for k in ("correctness", "timing", "integrity") if k in settings},
+        }
+    )
     device = device or data["device"].get("type")
     check_device(device)  # a CUDA record replayed where there is no GPU: the user's error, before any worker
     return evaluate_paths(

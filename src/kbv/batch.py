@@ -40,7 +40,17 @@ def run_batch(
     """Evaluate pairs in order in this process (:func:`kbv.execute.run_pairs` on the sequential
     executor), storing each record as it finishes; harness errors are listed, not fatal."""
     with make_executor("sequential", device=device, evaluate_fn=evaluate_fn) as executor:
-        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=force, timeout_s=timeout_s, jsonl=jsonl, console=console)
+        return run_pairs(
+            executor,
+            pairs,
+            protocol,
+            store=store,
+            run_id=run_id,
+            force=force,
+            timeout_s=timeout_s,
+            jsonl=jsonl,
+            console=console,
+        )
 
 
 @dataclass
@@ -55,17 +65,35 @@ class BothProtocols:
         return record_key(record) in self.keys
 
 
-def run_both_protocols(store: Any, pairs: list[Pair], *, command: str, run_args: dict[str, Any], device: str | None, timeout_s: float | None, console: Console | None = None) -> BothProtocols:
+def run_both_protocols(
+    store: Any,
+    pairs: list[Pair],
+    *,
+    command: str,
+    run_args: dict[str, Any],
+    device: str | None,
+    timeout_s: float | None,
+    console: Console | None = None,
+) -> BothProtocols:
     """``kbv compare`` and ``kbv demo``: the same pairs under ``standard`` then ``verified``, each a
     run of ``command`` in ``store`` (``run_args`` saved with it, plus the protocol and timeout)."""
     both = BothProtocols()
     for protocol in (STANDARD, VERIFIED):
-        run_id = store.start_run(command, {**run_args, "protocol": protocol.name, "timeout": timeout_s}, protocol.with_timeout(timeout_s))
-        result = run_batch(pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+        run_id = store.start_run(
+            command,
+            {**run_args, "protocol": protocol.name, "timeout": timeout_s},
+            protocol.with_timeout(timeout_s),
+        )
+        result = run_batch(
+            pairs, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console
+        )
         store.finish_run(run_id)
         both.results.append((protocol, result))
         # Only these pairs, on this device and these versions: a reused database may hold more.
-        both.keys.update(pair_key(problem, candidate, protocol.with_timeout(timeout_s), result.env) for problem, candidate in pairs)
+        both.keys.update(
+            pair_key(problem, candidate, protocol.with_timeout(timeout_s), result.env)
+            for problem, candidate in pairs
+        )
     return both
 
 
@@ -76,7 +104,9 @@ class BatchPlan:
     pairs: list[Pair] = field(default_factory=list)
     problem_errors: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
     candidate_errors: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
-    unmatched: list[tuple[str, str]] = field(default_factory=list)  # (candidate file, why it has no usable problem)
+    unmatched: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (candidate file, why it has no usable problem)
     problems: int = 0  # usable problems
     candidate_files: int = 0
 
@@ -91,10 +121,17 @@ class BatchPlan:
             return f"no candidate files (*.py) in {candidates_dir}; check --candidates"
         parts = []
         if self.candidate_errors:
-            parts.append(f"{len(self.candidate_errors)} cannot be read (first: {self.candidate_errors[0][1].splitlines()[0]})")
+            parts.append(
+                f"{len(self.candidate_errors)} cannot be read (first: {self.candidate_errors[0][1].splitlines()[0]})"
+            )
         if self.unmatched:
-            parts.append(f"{len(self.unmatched)} match no usable problem of the {self.problems} in {problems_path} (e.g. {Path(self.unmatched[0][0]).name}; {NAMING_HINT}, or check --problems)")
-        return f"none of the {self.candidate_files} candidate file(s) in {candidates_dir} can be evaluated: " + "; ".join(parts)
+            parts.append(
+                f"{len(self.unmatched)} match no usable problem of the {self.problems} in {problems_path} (e.g. {Path(self.unmatched[0][0]).name}; {NAMING_HINT}, or check --problems)"
+            )
+        return (
+            f"none of the {self.candidate_files} candidate file(s) in {candidates_dir} can be evaluated: "
+            + "; ".join(parts)
+        )
 
 
 def plan_batch(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> BatchPlan:
@@ -114,7 +151,9 @@ def plan_batch(problems_path: str | Path, candidates_dir: str | Path, label: str
     plan.candidate_files = scan.files
     for problem, candidate in scan.pairs:
         if problem.path in unusable:
-            plan.unmatched.append((str(candidate.path), f"its problem {unusable[problem.path]} is not usable (error above)"))
+            plan.unmatched.append(
+                (str(candidate.path), f"its problem {unusable[problem.path]} is not usable (error above)")
+            )
         else:
             plan.pairs.append((problem, candidate))
     plan.unmatched.extend((file, _why_unmatched(file, plan.problem_errors)) for file in scan.unmatched)
@@ -135,22 +174,49 @@ def _why_unmatched(candidate_file: str, problem_errors: list[tuple[str, str]]) -
     return "matches no problem"
 
 
-def collect_pairs(problems_path: str | Path, candidates_dir: str | Path, label: str = "") -> tuple[list[Pair], list[tuple[str, str]]]:
+def collect_pairs(
+    problems_path: str | Path, candidates_dir: str | Path, label: str = ""
+) -> tuple[list[Pair], list[tuple[str, str]]]:
     """Problems that load, paired with their candidates, plus (file, error) for those that do not
     (:func:`plan_batch` also lists the candidate files left out)."""
     plan = plan_batch(problems_path, candidates_dir, label=label)
     return plan.pairs, plan.problem_errors
 
 
-def _run_pairs(args: argparse.Namespace, pairs: list[Pair], protocol: Protocol, device: str | None, timeout: float | None, store: Any, run_id: int, console: Console) -> BatchResult:
+def _run_pairs(
+    args: argparse.Namespace,
+    pairs: list[Pair],
+    protocol: Protocol,
+    device: str | None,
+    timeout: float | None,
+    store: Any,
+    run_id: int,
+    console: Console,
+) -> BatchResult:
     """Sequentially in this process, or on an executor (``--executor local|ray``)."""
     with executor_from_args(args, device=device) as executor:
-        return run_pairs(executor, pairs, protocol, store=store, run_id=run_id, force=args.force, timeout_s=timeout, jsonl=args.out, console=console)
+        return run_pairs(
+            executor,
+            pairs,
+            protocol,
+            store=store,
+            run_id=run_id,
+            force=args.force,
+            timeout_s=timeout,
+            jsonl=args.out,
+            console=console,
+        )
 
 
 # What identifies a run: saved with it, restored by --resume; given explicitly they pick the run.
 RUN_IDENTITY = ("problems", "candidates", "protocol", "timeout", "label")
-_FLAG = {"problems": "--problems", "candidates": "--candidates", "protocol": "--protocol", "timeout": "--timeout", "label": "--label"}
+_FLAG = {
+    "problems": "--problems",
+    "candidates": "--candidates",
+    "protocol": "--protocol",
+    "timeout": "--timeout",
+    "label": "--label",
+}
 
 
 def _normalized(name: str, value: Any) -> Any:
@@ -168,7 +234,11 @@ def _normalized(name: str, value: Any) -> Any:
 
 
 def _explicit(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: _normalized(name, getattr(args, name, None)) for name in RUN_IDENTITY if getattr(args, name, None) is not None}
+    return {
+        name: _normalized(name, getattr(args, name, None))
+        for name in RUN_IDENTITY
+        if getattr(args, name, None) is not None
+    }
 
 
 def _saved(run: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +252,10 @@ def _run_to_resume(store: Any, explicit: dict[str, Any]) -> dict[str, Any] | Non
         if run["command"] != "run" or run["status"] != "running":
             continue
         saved = _saved(run)
-        if all(saved.get(name) == value or (name == "label" and not value and not saved.get(name)) for name, value in explicit.items()):
+        if all(
+            saved.get(name) == value or (name == "label" and not value and not saved.get(name))
+            for name, value in explicit.items()
+        ):
             return run
     return None
 
@@ -193,19 +266,41 @@ class RunArgumentsError(ValueError):
 
 def _print_left_out(plan: BatchPlan, result: BatchResult, console: Console, limit: int = 10) -> None:
     for file, message in plan.problem_errors:
-        console.print(f"[red]problem not usable[/red] {escape(file)}: {escape(message)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]problem not usable[/red] {escape(file)}: {escape(message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     for file, message in plan.candidate_errors:
-        console.print(f"[red]candidate not usable[/red] {escape(file)}: {escape(message)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]candidate not usable[/red] {escape(file)}: {escape(message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if plan.unmatched:
-        console.print(f"[yellow]{len(plan.unmatched)} candidate file(s) not evaluated[/yellow] ({escape(NAMING_HINT)}):", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]{len(plan.unmatched)} candidate file(s) not evaluated[/yellow] ({escape(NAMING_HINT)}):",
+            highlight=False,
+            soft_wrap=True,
+        )
         for file, why in plan.unmatched[:limit]:
             console.print(f"  {escape(file)}: {escape(why)}", highlight=False, soft_wrap=True)
         if len(plan.unmatched) > limit:
-            console.print(f"  ... and {len(plan.unmatched) - limit} more (all are saved with the run in the database)", highlight=False, soft_wrap=True)
+            console.print(
+                f"  ... and {len(plan.unmatched) - limit} more (all are saved with the run in the database)",
+                highlight=False,
+                soft_wrap=True,
+            )
     for what, message in result.errors:
-        console.print(f"[red]harness error[/red] {escape(what)}: {escape(message)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]harness error[/red] {escape(what)}: {escape(message)}", highlight=False, soft_wrap=True
+        )
     if plan.problem_errors or plan.candidate_errors or result.errors:
-        console.print("fix the files above and run the same command again: pairs already stored are not redone", highlight=False, soft_wrap=True)
+        console.print(
+            "fix the files above and run the same command again: pairs already stored are not redone",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -219,20 +314,32 @@ def run_command(args: argparse.Namespace) -> int:
         if "problems" not in explicit or "candidates" not in explicit:
             raise RunArgumentsError(f"no database at {db} to resume from; pass the interrupted run's --db")
     elif not args.resume and ("problems" not in explicit or "candidates" not in explicit):
-        raise RunArgumentsError("kbv run needs --problems and --candidates (or --resume to continue an interrupted run)")
+        raise RunArgumentsError(
+            "kbv run needs --problems and --candidates (or --resume to continue an interrupted run)"
+        )
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
         previous = _run_to_resume(store, explicit) if args.resume else None
         if args.resume and previous is None:
             if "problems" not in explicit or "candidates" not in explicit:
                 given = " ".join(f"{_FLAG[name]} {value}" for name, value in explicit.items())
-                raise RunArgumentsError(f"no interrupted kbv run in {db}" + (f" matches {given}" if given else "") + "; nothing to resume (give --problems and --candidates to start a run)")
-            console.print(f"no interrupted run with these arguments in {escape(str(db))}; starting a new run (pairs already stored are skipped)", highlight=False, soft_wrap=True)
+                raise RunArgumentsError(
+                    f"no interrupted kbv run in {db}"
+                    + (f" matches {given}" if given else "")
+                    + "; nothing to resume (give --problems and --candidates to start a run)"
+                )
+            console.print(
+                f"no interrupted run with these arguments in {escape(str(db))}; starting a new run (pairs already stored are skipped)",
+                highlight=False,
+                soft_wrap=True,
+            )
         saved = _saved(previous) if previous else {}
         settings = {name: explicit.get(name, saved.get(name)) for name in RUN_IDENTITY}
         problems_path, candidates_dir = settings["problems"], settings["candidates"]
         if not problems_path or not candidates_dir:
-            raise RunArgumentsError(f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them")
+            raise RunArgumentsError(
+                f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them"
+            )
         protocol_name = settings["protocol"] or "verified"
         timeout = settings["timeout"]
         label = settings["label"] or ""
@@ -242,20 +349,34 @@ def run_command(args: argparse.Namespace) -> int:
             raise RunArgumentsError(plan.empty_reason(problems_path, candidates_dir))
         device = args.device or (previous["args"].get("device") if previous else None)
         if previous:
-            console.print(f"resuming run {previous['id']} (started {previous['started_at']}): {escape(problems_path)} x {escape(candidates_dir)}, protocol {escape(protocol_name)}, timeout {timeout or 'default'}", highlight=False, soft_wrap=True)
+            console.print(
+                f"resuming run {previous['id']} (started {previous['started_at']}): {escape(problems_path)} x {escape(candidates_dir)}, protocol {escape(protocol_name)}, timeout {timeout or 'default'}",
+                highlight=False,
+                soft_wrap=True,
+            )
             run_id = previous["id"]
         else:
             # Files left out are part of the run's record: the batch goes on without them.
             run_args = {
-                "problems": problems_path, "candidates": candidates_dir, "protocol": protocol_name, "timeout": timeout,
-                "device": args.device, "label": label, "problem_errors": plan.problem_errors,
-                "candidate_errors": plan.candidate_errors, "unmatched_candidates": plan.unmatched,
+                "problems": problems_path,
+                "candidates": candidates_dir,
+                "protocol": protocol_name,
+                "timeout": timeout,
+                "device": args.device,
+                "label": label,
+                "problem_errors": plan.problem_errors,
+                "candidate_errors": plan.candidate_errors,
+                "unmatched_candidates": plan.unmatched,
             }
             run_id = store.start_run("run", run_args, protocol.with_timeout(timeout))
         try:
             result = _run_pairs(args, plan.pairs, protocol, device, timeout, store, run_id, console)
         except KeyboardInterrupt:
-            console.print(f"kbv: interrupted; finished records are stored. Continue with: kbv run --resume --db {escape(str(db))}", highlight=False, soft_wrap=True)
+            console.print(
+                f"kbv: interrupted; finished records are stored. Continue with: kbv run --resume --db {escape(str(db))}",
+                highlight=False,
+                soft_wrap=True,
+            )
             return 130
         store.finish_run(run_id, "finished")
         from kbv.report.terminal import render_record_ids, render_summary

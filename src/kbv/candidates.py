@@ -31,7 +31,12 @@ class Candidate:
 
     def ref(self) -> CandidateSection:
         """The record's ``candidate`` field."""
-        return {"path": str(self.path), "source_sha256": self.source_sha256, "label": self.label, "sample": self.sample}
+        return {
+            "path": str(self.path),
+            "source_sha256": self.source_sha256,
+            "label": self.label,
+            "sample": self.sample,
+        }
 
 
 def load_candidate(path: str | Path, label: str = "") -> Candidate:
@@ -47,7 +52,9 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
             f"candidate file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
         ) from exc
     except OSError as exc:
-        raise CandidateError(f"candidate file {path} cannot be read ({exc.strerror or exc}); check its permissions") from exc
+        raise CandidateError(
+            f"candidate file {path} cannot be read ({exc.strerror or exc}); check its permissions"
+        ) from exc
     match = _RUN_DIR_NAME.match(path.stem)
     return Candidate(
         path=path.resolve(),
@@ -58,7 +65,9 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
     )
 
 
-def _manifest_numbering(directory: Path, problems: list[Problem]) -> tuple[dict[tuple[int | None, int | None], Problem], str | None]:
+def _manifest_numbering(
+    directory: Path, problems: list[Problem]
+) -> tuple[dict[tuple[int | None, int | None], Problem], str | None]:
     """``kbv generate`` numbers problems that have no KernelBench level/id and writes the mapping
     to ``manifest.jsonl`` in the run directory; read it back, matching problems by source hash.
     Returns the numbering and, when the manifest cannot be read, why (the scan goes on without it)."""
@@ -68,7 +77,10 @@ def _manifest_numbering(directory: Path, problems: list[Problem]) -> tuple[dict[
     try:
         text = manifest.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return {}, f"cannot be read ({exc}); candidates numbered by it match no problem until it is fixed or regenerated"
+        return (
+            {},
+            f"cannot be read ({exc}); candidates numbered by it match no problem until it is fixed or regenerated",
+        )
     by_sha = {p.source_sha256: p for p in problems}
     numbering: dict[tuple[int | None, int | None], Problem] = {}
     for line in text.splitlines():
@@ -91,7 +103,9 @@ def problem_ref_of(file: Path) -> tuple[int | None, int | str | None]:
     return (int(match.group(1)), int(match.group(2))) if match else (None, file.stem)
 
 
-NAMING_HINT = "name candidates level_L_problem_P_sample_S_kernel.py or {problem_stem}.py after a problem in --problems"
+NAMING_HINT = (
+    "name candidates level_L_problem_P_sample_S_kernel.py or {problem_stem}.py after a problem in --problems"
+)
 
 
 @dataclass
@@ -125,7 +139,9 @@ def scan_candidates(problems: list[Problem], directory: str | Path, label: str =
     for file in sorted(directory.glob("*.py")):
         scan.files += 1
         match = _RUN_DIR_NAME.match(file.stem)
-        problem = by_level_id.get((int(match.group(1)), int(match.group(2)))) if match else by_stem.get(file.stem)
+        problem = (
+            by_level_id.get((int(match.group(1)), int(match.group(2)))) if match else by_stem.get(file.stem)
+        )
         if problem is None:
             scan.unmatched.append(str(file))
             continue
@@ -136,7 +152,9 @@ def scan_candidates(problems: list[Problem], directory: str | Path, label: str =
     return scan
 
 
-def match_candidates(problems: list[Problem], directory: str | Path, label: str = "") -> list[tuple[Problem, Candidate]]:
+def match_candidates(
+    problems: list[Problem], directory: str | Path, label: str = ""
+) -> list[tuple[Problem, Candidate]]:
     """The pairs of :func:`scan_candidates` (files that cannot be read are left out; ask
     ``scan_candidates`` for them and for the files that match no problem)."""
     return scan_candidates(problems, directory, label=label).pairs

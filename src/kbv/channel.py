@@ -31,7 +31,9 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
 
-def receive(sock: socket.socket, deadline: float | None = None, alive: Any = None, poll_s: float = 0.2) -> dict[str, Any]:
+def receive(
+    sock: socket.socket, deadline: float | None = None, alive: Any = None, poll_s: float = 0.2
+) -> dict[str, Any]:
     """Read one message. ``alive()`` is polled every ``poll_s`` while waiting, so a dead peer (or one
     the caller killed for exceeding a limit) is noticed quickly."""
     header = _read_exact(sock, _HEADER.size, deadline, alive, poll_s)
@@ -48,7 +50,9 @@ def receive(sock: socket.socket, deadline: float | None = None, alive: Any = Non
     return message
 
 
-def _read_exact(sock: socket.socket, size: int, deadline: float | None, alive: Any, poll_s: float = 0.2) -> bytes:
+def _read_exact(
+    sock: socket.socket, size: int, deadline: float | None, alive: Any, poll_s: float = 0.2
+) -> bytes:
     chunks: list[bytes] = []
     remaining = size
     while remaining:

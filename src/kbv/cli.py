@@ -49,7 +49,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kbv", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="kbv", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"kbv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_eval(sub)
@@ -73,9 +75,20 @@ def _add_pipeline(sub: Any) -> None:
 
     def evaluate_batch(problems_path: str, candidates_dir: str, args: argparse.Namespace) -> int:
         run_args = argparse.Namespace(
-            problems=problems_path, candidates=candidates_dir, protocol=args.protocol, device=args.device,
-            timeout=args.timeout, db=getattr(args, "db", None), label=Path(candidates_dir).name,
-            resume=False, force=False, out=None, executor=None, gpus=None, workers=None, address=None,
+            problems=problems_path,
+            candidates=candidates_dir,
+            protocol=args.protocol,
+            device=args.device,
+            timeout=args.timeout,
+            db=getattr(args, "db", None),
+            label=Path(candidates_dir).name,
+            resume=False,
+            force=False,
+            out=None,
+            executor=None,
+            gpus=None,
+            workers=None,
+            address=None,
         )
         return _cmd_run(run_args)
 
@@ -88,22 +101,48 @@ def _add_pipeline(sub: Any) -> None:
 
 def _common_eval_flags(p: argparse.ArgumentParser, resumable: bool = False) -> None:
     if resumable:  # kbv run: unset flags come from the resumed run, else from these defaults
-        p.add_argument("--protocol", default=None, help="standard, verified (default) or a protocol .toml file")
+        p.add_argument(
+            "--protocol", default=None, help="standard, verified (default) or a protocol .toml file"
+        )
     else:
-        p.add_argument("--protocol", default="verified", help="standard, verified (default) or a protocol .toml file")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit, compilation included")
+        p.add_argument(
+            "--protocol", default="verified", help="standard, verified (default) or a protocol .toml file"
+        )
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-candidate wall-clock limit, compilation included",
+    )
 
 
 def _add_eval(sub: Any) -> None:
-    p = sub.add_parser("eval", help="evaluate one problem x candidate pair", description="Evaluate one pair and print a summary (or one JSON record with --json).")
-    p.add_argument("problem", nargs="?", help="problem file (defines Model, get_inputs, get_init_inputs); not with --replay")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate one problem x candidate pair",
+        description="Evaluate one pair and print a summary (or one JSON record with --json).",
+    )
+    p.add_argument(
+        "problem",
+        nargs="?",
+        help="problem file (defines Model, get_inputs, get_init_inputs); not with --replay",
+    )
     p.add_argument("candidate", nargs="?", help="candidate file (defines ModelNew); not with --replay")
     _common_eval_flags(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON record on stdout")
     p.add_argument("--out", metavar="FILE.jsonl", help="also append the record to this JSONL file")
-    p.add_argument("--seed", type=int, default=None, help="master seed to replay a record's exact inputs (see --replay)")
-    p.add_argument("--replay", metavar="RECORD.json", help="replay a stored record: same problem, candidate, protocol and seeds")
+    p.add_argument(
+        "--seed", type=int, default=None, help="master seed to replay a record's exact inputs (see --replay)"
+    )
+    p.add_argument(
+        "--replay",
+        metavar="RECORD.json",
+        help="replay a stored record: same problem, candidate, protocol and seeds",
+    )
     p.set_defaults(handler=_cmd_eval)
 
 
@@ -118,11 +157,23 @@ def _add_run(sub: Any) -> None:
             "candidate, a candidate named after no problem) are listed and saved with the run; the batch goes on."
         ),
     )
-    p.add_argument("--problems", default=None, help="problem file, directory or KernelBench tree (required unless --resume)")
-    p.add_argument("--candidates", default=None, help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py; required unless --resume)")
+    p.add_argument(
+        "--problems",
+        default=None,
+        help="problem file, directory or KernelBench tree (required unless --resume)",
+    )
+    p.add_argument(
+        "--candidates",
+        default=None,
+        help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py; required unless --resume)",
+    )
     _common_eval_flags(p, resumable=True)
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
-    p.add_argument("--label", default=None, help="model or candidate-set name stored with the records (default: the directory name)")
+    p.add_argument(
+        "--label",
+        default=None,
+        help="model or candidate-set name stored with the records (default: the directory name)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -141,18 +192,34 @@ def _add_run(sub: Any) -> None:
 
 
 def _add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="bundled problems and candidates under both protocols, with a report", description="Run the bundled suite's candidates (honest ones and known reward hacks) under the standard and verified protocols, print the comparison, and write the database and an HTML report.")
+    p = sub.add_parser(
+        "demo",
+        help="bundled problems and candidates under both protocols, with a report",
+        description="Run the bundled suite's candidates (honest ones and known reward hacks) under the standard and verified protocols, print the comparison, and write the database and an HTML report.",
+    )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--db", default=None, help="results database (default kbv-results/demo.sqlite)")
     p.add_argument("--html", default=None, help="report path (default kbv-results/demo-report.html)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help=f"per-candidate wall-clock limit (default: {_DEMO_CPU_TIMEOUT:g} s on the CPU, the protocol's own on a GPU)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"per-candidate wall-clock limit (default: {_DEMO_CPU_TIMEOUT:g} s on the CPU, the protocol's own on a GPU)",
+    )
     p.set_defaults(handler=_cmd_demo)
 
 
 def _add_explain(sub: Any) -> None:
-    p = sub.add_parser("explain", help="one record in full: distributions, findings with evidence, timing", description="Show one record: a JSON file (as written by kbv eval --json or --out; the last line of a JSONL file) or a record id in --db.")
+    p = sub.add_parser(
+        "explain",
+        help="one record in full: distributions, findings with evidence, timing",
+        description="Show one record: a JSON file (as written by kbv eval --json or --out; the last line of a JSONL file) or a record id in --db.",
+    )
     p.add_argument("record", help="RECORD.json / RECORDS.jsonl, or a record id from the database")
-    p.add_argument("--db", default=None, help="results database for a record id (default kbv-results/kbv.sqlite)")
+    p.add_argument(
+        "--db", default=None, help="results database for a record id (default kbv-results/kbv.sqlite)"
+    )
     p.set_defaults(handler=_cmd_explain)
 
 
@@ -187,11 +254,25 @@ def _find_record(ref: str, db: str | None) -> Any:
 
 
 def _add_compare(sub: Any) -> None:
-    p = sub.add_parser("compare", help="standard versus verified, side by side, per model", description="Evaluate the same candidates under the standard and verified protocols (pairs already stored are read, not re-run) and print, per model, the speedup under each, the drop and its decomposition, and the pairs whose verdict changed.")
-    p.add_argument("--problems", help="problem file, directory or KernelBench tree (omit to compare what --db holds)")
-    p.add_argument("--candidates", action="append", default=[], help="candidate directory; repeat for several models")
+    p = sub.add_parser(
+        "compare",
+        help="standard versus verified, side by side, per model",
+        description="Evaluate the same candidates under the standard and verified protocols (pairs already stored are read, not re-run) and print, per model, the speedup under each, the drop and its decomposition, and the pairs whose verdict changed.",
+    )
+    p.add_argument(
+        "--problems", help="problem file, directory or KernelBench tree (omit to compare what --db holds)"
+    )
+    p.add_argument(
+        "--candidates", action="append", default=[], help="candidate directory; repeat for several models"
+    )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit, compilation included (default: the protocol's)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-candidate wall-clock limit, compilation included (default: the protocol's)",
+    )
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
     p.set_defaults(handler=_cmd_compare)
 
@@ -218,7 +299,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     with Store(db) as store:
         for directory in args.candidates:
             plan = batch.plan_batch(args.problems, directory)
-            both = batch.run_both_protocols(store, plan.pairs, command="compare", run_args={"problems": args.problems, "candidates": directory}, device=args.device, timeout_s=args.timeout)
+            both = batch.run_both_protocols(
+                store,
+                plan.pairs,
+                command="compare",
+                run_args={"problems": args.problems, "candidates": directory},
+                device=args.device,
+                timeout_s=args.timeout,
+            )
             mine.keys.update(both.keys)
             for file, message in plan.problem_errors:
                 sys.stderr.write(f"kbv: problem not usable: {file}: {message}\n")
@@ -242,15 +330,30 @@ def _add_problems(sub: Any) -> None:
     p = sub.add_parser("problems", help="list or audit problems")
     psub = p.add_subparsers(dest="problems_command", metavar="ACTION", parser_class=_Parser)
     lp = psub.add_parser("list", help="list problems with level, id and tags")
-    lp.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
+    lp.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="file, directory or KernelBench tree (default: the bundled suite)",
+    )
     lp.set_defaults(handler=_cmd_problems_list)
     ap = psub.add_parser(
-        "audit", help="flag constant-output, zeros-pass, nondeterministic, domain-limited and broken problems",
+        "audit",
+        help="flag constant-output, zeros-pass, nondeterministic, domain-limited and broken problems",
         description="Run each problem's reference in a trusted worker and flag problems that cannot tell an honest kernel from a cheap trick (constant_output, zeros_pass, nondeterministic, needs_domain_rule) or cannot produce their own output (problem_error). Each result is written as soon as it is found: a line per problem above a progress bar, or with --json one JSON object per line (docs/problems-audit.md).",
     )
-    ap.add_argument("path", nargs="?", default=None, help="file, directory or KernelBench tree (default: the bundled suite)")
+    ap.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="file, directory or KernelBench tree (default: the bundled suite)",
+    )
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per problem on stdout, each as it is found (docs/problems-audit.md)")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per problem on stdout, each as it is found (docs/problems-audit.md)",
+    )
     ap.set_defaults(handler=_cmd_problems_audit)
     p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list|audit [PATH]"))
 
@@ -277,7 +380,9 @@ def _check_eval_args(args: argparse.Namespace) -> None:
     """Everything ``kbv eval`` can reject without importing torch, so that a typo fails at once."""
     if args.replay:
         if args.problem or args.candidate:
-            raise UsageError("--replay RECORD.json takes the problem and candidate from the record; give no PROBLEM/CANDIDATE")
+            raise UsageError(
+                "--replay RECORD.json takes the problem and candidate from the record; give no PROBLEM/CANDIDATE"
+            )
         _check_file(args.replay, "record")
     else:
         if not args.problem or not args.candidate:
@@ -297,7 +402,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.replay:
         record = api.evaluate_replay(args.replay, device=args.device, timeout_s=args.timeout)
     else:
-        record = api.evaluate_paths(args.problem, args.candidate, protocol=args.protocol, device=args.device, timeout_s=args.timeout, master_seed=args.seed)
+        record = api.evaluate_paths(
+            args.problem,
+            args.candidate,
+            protocol=args.protocol,
+            device=args.device,
+            timeout_s=args.timeout,
+            master_seed=args.seed,
+        )
     if args.out:
         with open(args.out, "a") as handle:
             handle.write(record.to_json() + "\n")
@@ -313,7 +425,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _check_batch_paths(problems: str | None, candidates: list[str]) -> None:
     """Paths a batch needs, checked before torch is imported (a typo fails in well under a second)."""
     if problems and not Path(problems).exists():
-        raise UsageError(f"--problems {problems} does not exist (a problem file, directory or KernelBench tree)")
+        raise UsageError(
+            f"--problems {problems} does not exist (a problem file, directory or KernelBench tree)"
+        )
     for directory in candidates:
         if not Path(directory).is_dir():
             raise UsageError(f"--candidates {directory} is not a directory")
@@ -351,7 +465,13 @@ def _cmd_problems_list(args: argparse.Namespace) -> int:
     table.add_column("tags", ratio=1)  # wraps between tags; the other columns never wrap
     table.add_column("sha256", no_wrap=True)
     for p in problems:
-        table.add_row(str(p.level or ""), str(p.problem_id or ""), p.name, ", ".join(p.extras.get("tags", [])), p.source_sha256[:12])
+        table.add_row(
+            str(p.level or ""),
+            str(p.problem_id or ""),
+            p.name,
+            ", ".join(p.extras.get("tags", [])),
+            p.source_sha256[:12],
+        )
     console = Console()
     console.print(table)
     for file, message in errors:
@@ -386,7 +506,9 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         return EXIT_OK
     console = Console()
-    console.print(f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}", highlight=False)
+    console.print(
+        f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}", highlight=False
+    )
     for r in results:
         console.print(_audit_line(r), highlight=False)
     with progress_bar(console) as progress:  # result lines print above the bar as they come
@@ -429,7 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"kbv: error: {str(exc).splitlines()[0]}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write("kbv: interrupted; finished records are stored (kbv run: continue with kbv run --resume [--db PATH])\n")
+        sys.stderr.write(
+            "kbv: interrupted; finished records are stored (kbv run: continue with kbv run --resume [--db PATH])\n"
+        )
         return 130
     except Exception as exc:  # the harness itself failed: say so, exit 1
         sys.stderr.write(f"kbv: harness error: {type(exc).__name__}: {exc}\n")

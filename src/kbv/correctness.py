@@ -116,8 +116,13 @@ def error_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | N
         sum_sq_diff += (diff * diff).sum()
         sum_sq_t += (tf * tf).sum()
     return {
-        "mismatch": int(mismatch), "close_fail": int(close_fail), "peak": float(peak), "max_abs": float(max_abs),
-        "sum_sq_diff": float(sum_sq_diff), "sum_sq_t": float(sum_sq_t), "n": t.numel(),
+        "mismatch": int(mismatch),
+        "close_fail": int(close_fail),
+        "peak": float(peak),
+        "max_abs": float(max_abs),
+        "sum_sq_diff": float(sum_sq_diff),
+        "sum_sq_t": float(sum_sq_t),
+        "n": t.numel(),
     }
 
 
@@ -151,22 +156,30 @@ def compare_allclose(
             ok = mismatches == 0
             passed &= ok
             if not ok:
-                max_abs = math.inf if exp.dtype == torch.bool else max(
-                    max_abs, float((out.to(torch.float64) - exp.to(torch.float64)).abs().max())
+                max_abs = (
+                    math.inf
+                    if exp.dtype == torch.bool
+                    else max(max_abs, float((out.to(torch.float64) - exp.to(torch.float64)).abs().max()))
                 )
                 rel = max(rel, mismatches / max(exp.numel(), 1))
             per_output.append({"kind": "exact", "dtype": str(exp.dtype), "mismatches": mismatches})
             continue
         atol, rtol = (
-            (settings.atol_half, settings.rtol_half) if exp.dtype in _HALF else (settings.atol_fp32, settings.rtol_fp32)
+            (settings.atol_half, settings.rtol_half)
+            if exp.dtype in _HALF
+            else (settings.atol_fp32, settings.rtol_fp32)
         )
         stats = error_stats(out, exp, close=(atol, rtol))
         ok = stats["close_fail"] == 0
         passed &= ok
-        err_abs, err_rel = (math.inf, math.inf) if stats["mismatch"] else (stats["max_abs"], _relative_norm(stats))
+        err_abs, err_rel = (
+            (math.inf, math.inf) if stats["mismatch"] else (stats["max_abs"], _relative_norm(stats))
+        )
         max_abs = max(max_abs, err_abs)
         rel = max(rel, err_rel)
-        per_output.append({"kind": "float", "dtype": str(exp.dtype), "atol": atol, "rtol": rtol, "passed": ok})
+        per_output.append(
+            {"kind": "float", "dtype": str(exp.dtype), "atol": atol, "rtol": rtol, "passed": ok}
+        )
     tol = {"mode": "allclose", "atol": settings.atol_fp32, "rtol": settings.rtol_fp32, "outputs": per_output}
     return passed, max_abs, rel, tol
 
@@ -201,7 +214,9 @@ def baseline_error(baseline_outputs: list, truth_outputs: list) -> dict[str, Any
     per_output: list[dict[str, Any]] = []
     for b, t in zip(baseline_outputs, truth_outputs, strict=True):
         if tuple(b.shape) != tuple(t.shape):
-            raise ValueError(f"baseline_error: shape {tuple(b.shape)} differs from the truth's {tuple(t.shape)}")
+            raise ValueError(
+                f"baseline_error: shape {tuple(b.shape)} differs from the truth's {tuple(t.shape)}"
+            )
         if _is_inexact(t):
             per_output.append(_float_error(b, t))
         else:
@@ -281,7 +296,12 @@ def compare_error_model(
             return False, math.inf, math.inf, {**tol, "error": f"output {i}: {got} does not match the truth"}
         if not _is_inexact(truth):
             if _is_inexact(out):
-                return False, math.inf, math.inf, {**tol, "error": f"output {i}: floating output, exact expected"}
+                return (
+                    False,
+                    math.inf,
+                    math.inf,
+                    {**tol, "error": f"output {i}: floating output, exact expected"},
+                )
             mismatches = int((out != truth).sum())
             passed &= mismatches == 0
             if mismatches:
@@ -290,9 +310,13 @@ def compare_error_model(
             per_output.append({"kind": "exact", "mismatches": mismatches, "passed": mismatches == 0})
             continue
         err = _float_error(out, truth)
-        length = int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
+        length = (
+            int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
+        )
         floor = reduction_floor(length, settings)
-        elem_tol = max(settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor, floor)
+        elem_tol = max(
+            settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor, floor
+        )
         norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor, floor)
         ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
         passed &= ok
@@ -359,7 +383,11 @@ def judge_distribution(
     if chosen is not None:
         tolerance = dict(chosen.get("tolerance") or {})
         tolerance["draws"] = [
-            {"passed": bool(d.get("passed")), "max_abs_err": d.get("max_abs_err"), "rel_err": d.get("rel_err")}
+            {
+                "passed": bool(d.get("passed")),
+                "max_abs_err": d.get("max_abs_err"),
+                "rel_err": d.get("rel_err"),
+            }
             for d in draws
         ]
     return DistributionResult(

@@ -57,13 +57,20 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
         import torch
 
         arch = arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0)))
-    with console.status(f"building {len(todo)} extensions (cached by source hash)"), ThreadPoolExecutor(max_workers=4) as pool:
+    with (
+        console.status(f"building {len(todo)} extensions (cached by source hash)"),
+        ThreadPoolExecutor(max_workers=4) as pool,
+    ):
         results = list(pool.map(lambda c: compile_candidate(c, arch_list=arch), todo))
     built = sum(1 for r in results if r.status == "built")
-    console.print(f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, {sum(1 for r in results if r.status == 'failed')} failed (reported as compile_error)")
+    console.print(
+        f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, {sum(1 for r in results if r.status == 'failed')} failed (reported as compile_error)"
+    )
 
 
-def run_demo(device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None) -> int:
+def run_demo(
+    device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None
+) -> int:
     from kbv.report import write_html_report
     from kbv.report.terminal import render_comparison, render_record_ids, render_summary
     from kbv.store import Store
@@ -78,7 +85,15 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
     console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
     _prebuild([candidate for _, candidate in pairs], device, console)
     with Store(db_path) as store:
-        both = run_both_protocols(store, pairs, command="demo", run_args={"device": device}, device=device, timeout_s=timeout, console=Console(stderr=True))
+        both = run_both_protocols(
+            store,
+            pairs,
+            command="demo",
+            run_args={"device": device},
+            device=device,
+            timeout_s=timeout,
+            console=Console(stderr=True),
+        )
         for _, result in both.results:
             for what, message in result.errors:
                 console.print(f"[red]harness error[/red] {what}: {message}")
@@ -89,7 +104,9 @@ def run_demo(device: str | None = None, db: str | None = None, html: str | None 
         render_summary(standard + verified, console)
         render_comparison(standard, verified, console)
         write_html_report(standard + verified, html_path, title="kbv demo: standard versus verified")
-        render_record_ids([(i, r) for i, r in mine if r.protocol.get("name") in ("standard", "verified")], db_path, console)
+        render_record_ids(
+            [(i, r) for i, r in mine if r.protocol.get("name") in ("standard", "verified")], db_path, console
+        )
     # Paths are printed whole (soft wrap): a folded path cannot be copied back.
     console.print(f"results database: {db_path.resolve()}", highlight=False, soft_wrap=True)
     console.print(f"HTML report:      {html_path.resolve()}", highlight=False, soft_wrap=True)

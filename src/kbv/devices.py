@@ -26,10 +26,14 @@ def check_device(device: str | None) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise DeviceError(f"--device {device}: no CUDA GPU is visible on this machine (torch {torch.__version__}); use --device cpu")
+        raise DeviceError(
+            f"--device {device}: no CUDA GPU is visible on this machine (torch {torch.__version__}); use --device cpu"
+        )
     count = torch.cuda.device_count()
     if device.startswith("cuda:") and int(device[5:]) >= count:
-        raise DeviceError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+        raise DeviceError(
+            f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
 
 
 def cpu_name() -> str:

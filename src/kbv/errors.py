@@ -8,4 +8,11 @@ from kbv.execute import ExecutorError
 from kbv.problems import ProblemError
 from kbv.protocol import ProtocolError
 
-USAGE_ERRORS: tuple[type[Exception], ...] = (CandidateError, DeviceError, ExecutorError, ProblemError, ProtocolError, FileNotFoundError)
+USAGE_ERRORS: tuple[type[Exception], ...] = (
+    CandidateError,
+    DeviceError,
+    ExecutorError,
+    ProblemError,
+    ProtocolError,
+    FileNotFoundError,
+)

@@ -176,7 +176,10 @@ def evaluate(
     device = device or default_device()
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
-    seeds = _Seeds(master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()), fixed=fixed)
+    seeds = _Seeds(
+        master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()),
+        fixed=fixed,
+    )
     ctx = _Context(problem, candidate, protocol, device, seeds, replay_structure=structure)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     ctx.findings.extend(_static_findings(ctx))
@@ -215,12 +218,18 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             _phase(ctx, "spares", spares.settle)  # no process boots while a batch is timed
             if correct:
                 with gpu.exclusive():  # nothing else runs on this GPU while it times (kbv.device_lock)
-                    timing, speedup, memory = _phase(ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject))
+                    timing, speedup, memory = _phase(
+                        ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject)
+                    )
                 ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
             if gpu.waited_s:
                 ctx.phases["device_wait"] = gpu.waited_s
             if ctx.protocol.integrity.dynamic:
-                _phase(ctx, "integrity", lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup))
+                _phase(
+                    ctx,
+                    "integrity",
+                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup),
+                )
             else:
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
@@ -235,16 +244,32 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
 
 
-
-
-def worker_specs(problem: Problem, candidate: Candidate, protocol: Protocol, device: str) -> tuple[WorkerSpec, WorkerSpec]:
+def worker_specs(
+    problem: Problem, candidate: Candidate, protocol: Protocol, device: str
+) -> tuple[WorkerSpec, WorkerSpec]:
     """The reference's and the candidate's worker for one evaluation (``protocol`` with its timeout)."""
-    warm = bool(protocol.integrity.dynamic)  # both alike: their timed calls run in processes prepared the same way
+    warm = bool(
+        protocol.integrity.dynamic
+    )  # both alike: their timed calls run in processes prepared the same way
     return (
-        WorkerSpec(build_key=problem.source_sha256, device=device, role="reference", visible_devices=visible_devices(device), budget_s=REFERENCE_TIMEOUT_S,
-                   warm_probes=warm),
-        WorkerSpec(build_key=candidate.source_sha256, device=device, role="candidate", visible_devices=visible_devices(device), budget_s=protocol.timeout_s,
-                   limits=protocol.limits, readable=(str(problem.path), str(candidate.path)), warm_probes=warm),
+        WorkerSpec(
+            build_key=problem.source_sha256,
+            device=device,
+            role="reference",
+            visible_devices=visible_devices(device),
+            budget_s=REFERENCE_TIMEOUT_S,
+            warm_probes=warm,
+        ),
+        WorkerSpec(
+            build_key=candidate.source_sha256,
+            device=device,
+            role="candidate",
+            visible_devices=visible_devices(device),
+            budget_s=protocol.timeout_s,
+            limits=protocol.limits,
+            readable=(str(problem.path), str(candidate.path)),
+            warm_probes=warm,
+        ),
     )
 
 
@@ -254,9 +279,14 @@ def _end_containment(ctx: _Context, reference: Worker, subject: Worker) -> None:
     from kbv.integrity.dynamic import left_behind_findings
 
     reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
-    ctx.findings.extend(integrity.apply_severity(left_behind_findings(subject.finish()), ctx.protocol.integrity))
+    ctx.findings.extend(
+        integrity.apply_severity(left_behind_findings(subject.finish()), ctx.protocol.integrity)
+    )
     ctx.isolation = subject.isolation
-    ctx.host_memory = {"candidate_host_peak_bytes": subject.host_peak_bytes or None, "reference_host_peak_bytes": reference.host_peak_bytes or None}
+    ctx.host_memory = {
+        "candidate_host_peak_bytes": subject.host_peak_bytes or None,
+        "reference_host_peak_bytes": reference.host_peak_bytes or None,
+    }
 
 
 def _phase(ctx: _Context, name: str, work: Any) -> Any:
@@ -273,7 +303,9 @@ def _static_findings(ctx: _Context) -> list[Finding]:
     from kbv import integrity
 
     started = time.monotonic()
-    findings = integrity.static_scan(ctx.candidate.source, path=str(ctx.candidate.path), problem_source=ctx.problem.source)
+    findings = integrity.static_scan(
+        ctx.candidate.source, path=str(ctx.candidate.path), problem_source=ctx.problem.source
+    )
     ctx.phases["integrity"] = time.monotonic() - started
     return integrity.apply_severity(findings, ctx.protocol.integrity)
 
@@ -314,7 +346,14 @@ def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Find
     return integrity.apply_severity(found, ctx.protocol.integrity)
 
 
-def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct: bool, timing: dict[str, Any], speedup: dict[str, Any]) -> None:
+def _dynamic_findings(
+    ctx: _Context,
+    reference: Worker,
+    subject: Worker,
+    correct: bool,
+    timing: dict[str, Any],
+    speedup: dict[str, Any],
+) -> None:
     from kbv import integrity
     from kbv.integrity import dynamic
 
@@ -323,10 +362,17 @@ def _dynamic_findings(ctx: _Context, reference: Worker, subject: Worker, correct
     variant = ctx.variants.get(base, base)
 
     def spec_outputs(spec: dict[str, Any]) -> dict[str, Any]:
-        return _reference_outputs(ctx, reference, spec["distribution"], int(spec["seed"]), mix_seed=spec.get("mix_seed"))
+        return _reference_outputs(
+            ctx, reference, spec["distribution"], int(spec["seed"]), mix_seed=spec.get("mix_seed")
+        )
 
     def runs(spec: dict[str, Any], precision: str, repeats: int) -> list[list[Any]]:
-        return [_run(reference, spec["distribution"], int(spec["seed"]), precision, mix_seed=spec.get("mix_seed"))["outputs"] for _ in range(repeats)]
+        return [
+            _run(
+                reference, spec["distribution"], int(spec["seed"]), precision, mix_seed=spec.get("mix_seed")
+            )["outputs"]
+            for _ in range(repeats)
+        ]
 
     session = Session(
         reference=reference,
@@ -367,7 +413,9 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
     try:
         hello = reference.wait_ready()
     except WorkerFailed as exc:
-        raise HarnessError(f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}") from exc
+        raise HarnessError(
+            f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}"
+        ) from exc
     reply = reference.request("load", **_load_fields(ctx, "reference"))
     hello["parameters"] = reply["parameters"]
     return hello
@@ -426,7 +474,9 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
     ctx.phases["compile"] = float(reply.get("worker_seconds", 0.0))
     ref_params = reference.hello.get("parameters") or {}
     same = bool(ref_params) and reply["parameters"] == ref_params
-    ctx.parameters_mode = "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
+    ctx.parameters_mode = (
+        "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
+    )
 
 
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
@@ -446,7 +496,9 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
     state_path = None
     if ctx.parameters_mode == "state_dict":
         state_path = reference.new_path("params")
-        reference.request("redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path)
+        reference.request(
+            "redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path
+        )
         state_path = subject.give(state_path)  # a copy in the candidate's scratch, which its own uid may read
     subject.request("build", init_seed=init_seed, state_path=state_path)
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
@@ -460,7 +512,9 @@ def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None
     ctx.state_key = ("init", init_seed)
 
 
-def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> DistributionResult:
+def _check_distribution(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str
+) -> DistributionResult:
     settings = ctx.protocol.correctness
     draws: list[dict[str, Any]] = []
     variant = distribution
@@ -469,11 +523,15 @@ def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distr
         expected, variant = _usable_reference(ctx, reference, variant, seed)
         if expected is None:
             note = f"the reference is not finite under {distribution} nor any domain-preserving variant of it; not counted"
-            return DistributionResult(distribution, applicable=False, passed=False, note=note, draws=len(draws))
+            return DistributionResult(
+                distribution, applicable=False, passed=False, note=note, draws=len(draws)
+            )
         outputs = _run(subject, variant, seed, "native")
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
-            judged = _confirm_failure(ctx, reference, subject, f"{distribution} draw {k}", variant, seed, judged)
+            judged = _confirm_failure(
+                ctx, reference, subject, f"{distribution} draw {k}", variant, seed, judged
+            )
         draws.append(judged)
         if not draws[-1]["passed"]:
             break
@@ -486,7 +544,13 @@ def _check_distribution(ctx: _Context, reference: Worker, subject: Worker, distr
 
 
 def _confirm_failure(
-    ctx: _Context, reference: Worker, subject: Worker, label: str, variant: str, seed: int, first: dict[str, Any]
+    ctx: _Context,
+    reference: Worker,
+    subject: Worker,
+    label: str,
+    variant: str,
+    seed: int,
+    first: dict[str, Any],
 ) -> dict[str, Any]:
     """Re-run a failing draw (reference and candidate, same inputs) before it counts.
 
@@ -506,11 +570,20 @@ def _confirm_failure(
             note = f"failed again on a re-run of the same inputs ({label})"
             return {**first, "note": "; ".join(n for n in (first.get("note"), note) if n)}
     if reruns:
-        ctx.transients.append({"draw": label, "max_abs_err": first.get("max_abs_err"), "rel_err": first.get("rel_err"), "reruns": reruns})
+        ctx.transients.append(
+            {
+                "draw": label,
+                "max_abs_err": first.get("max_abs_err"),
+                "rel_err": first.get("rel_err"),
+                "reruns": reruns,
+            }
+        )
     return judged
 
 
-def _usable_reference(ctx: _Context, reference: Worker, variant: str, seed: int) -> tuple[dict[str, Any] | None, str]:
+def _usable_reference(
+    ctx: _Context, reference: Worker, variant: str, seed: int
+) -> tuple[dict[str, Any] | None, str]:
     """The reference on ``variant``, or on the first domain-preserving fallback where it is finite.
 
     The problem's own inputs define its domain, so ``original`` never falls back."""
@@ -533,7 +606,13 @@ def _finite_reference(ctx: _Context, expected: dict[str, Any]) -> bool:
 
 
 def _reference_outputs(
-    ctx: _Context, reference: Worker, distribution: str, seed: int, *, mix_seed: int | None = None, fresh: bool = False
+    ctx: _Context,
+    reference: Worker,
+    distribution: str,
+    seed: int,
+    *,
+    mix_seed: int | None = None,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """The reference's outputs: in fp32 for ``allclose``; under the error model the realistic baseline
     (TF32 on the GPU, fp32 on the CPU, which also gives the shapes and dtypes to expect) and the
@@ -548,7 +627,13 @@ def _reference_outputs(
         # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
         expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
     else:
-        baseline = _run(reference, distribution, seed, "tf32" if ctx.device.startswith("cuda") else "fp32", mix_seed=mix_seed)
+        baseline = _run(
+            reference,
+            distribution,
+            seed,
+            "tf32" if ctx.device.startswith("cuda") else "fp32",
+            mix_seed=mix_seed,
+        )
         truth = _run(reference, distribution, seed, "fp64", mix_seed=mix_seed)
         expected = _error_model_expected(baseline, truth)
     ctx.expected.put(key, expected)
@@ -569,21 +654,44 @@ def _error_model_expected(baseline: dict[str, Any], truth: dict[str, Any]) -> di
 
 
 def _meta_like(value: Any) -> Any:
-    return torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+    return (
+        torch.empty(value.shape, dtype=value.dtype, device="meta")
+        if isinstance(value, torch.Tensor)
+        else value
+    )
 
 
 def _all_finite(outputs: list[Any]) -> bool:
-    return all(not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all()) for o in outputs)
+    return all(
+        not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all())
+        for o in outputs
+    )
 
 
-def _run(worker: Worker, distribution: str, seed: int, precision: str, measure_memory: bool = False, mix_seed: int | None = None) -> dict[str, Any]:
+def _run(
+    worker: Worker,
+    distribution: str,
+    seed: int,
+    precision: str,
+    measure_memory: bool = False,
+    mix_seed: int | None = None,
+) -> dict[str, Any]:
     """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
     GPU through CUDA IPC, on the CPU through a file read once and deleted)."""
     reply = worker.request(
-        "run", distribution=distribution, seed=seed, mix_seed=mix_seed, precision=precision,
-        out_path=worker.new_path("out"), measure_memory=measure_memory,
+        "run",
+        distribution=distribution,
+        seed=seed,
+        mix_seed=mix_seed,
+        precision=precision,
+        out_path=worker.new_path("out"),
+        measure_memory=measure_memory,
     )
-    return {"outputs": worker.receive_outputs(reply.get("outputs")), "types": reply["types"], "memory": reply.get("memory")}
+    return {
+        "outputs": worker.receive_outputs(reply.get("outputs")),
+        "types": reply["types"],
+        "memory": reply.get("memory"),
+    }
 
 
 def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
@@ -595,8 +703,17 @@ def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) ->
     if settings.mode == "error_model":
         base_err = expected["baseline_err"]
         lengths = correctness.reduction_lengths(_structure(ctx).numels, expected["truth"]["outputs"])
-        passed, max_err, rel_err, tol = correctness.compare_error_model(got["outputs"], expected["truth"]["outputs"], base_err, settings, lengths)
-        return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "baseline_err": base_err, "note": ""}
+        passed, max_err, rel_err, tol = correctness.compare_error_model(
+            got["outputs"], expected["truth"]["outputs"], base_err, settings, lengths
+        )
+        return {
+            "passed": passed,
+            "max_abs_err": max_err,
+            "rel_err": rel_err,
+            "tolerance": tol,
+            "baseline_err": base_err,
+            "note": "",
+        }
     passed, max_err, rel_err, tol = correctness.compare_allclose(got["outputs"], reference, settings)
     return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "note": ""}
 
@@ -632,13 +749,17 @@ def timing_input_sets(wanted: int, input_numels: list[int], element_bytes: int =
     return max(1, min(wanted, TIMING_SETS_BYTES // per_set))
 
 
-def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _measure(
+    ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
     mctx = performance.MeasureContext(
         problem=ctx.problem,
         device=ctx.device,
         settings=settings,
-        seeds=[ctx.seeds.timing(k) for k in range(timing_input_sets(settings.input_sets, _structure(ctx).numels))],
+        seeds=[
+            ctx.seeds.timing(k) for k in range(timing_input_sets(settings.input_sets, _structure(ctx).numels))
+        ],
         init_seed=ctx.seeds.init("original"),
         device_info=_device_info(ctx, hello),
         torch_version=str(hello.get("torch", "")),
@@ -657,7 +778,11 @@ def _measure(ctx: _Context, hello: dict[str, Any], reference: Worker, subject: W
 
 
 def _versions(hello: dict[str, Any]) -> dict[str, Any]:
-    versions = {"kbv": __version__, "torch": hello.get("torch", torch.__version__), "python": platform.python_version()}
+    versions = {
+        "kbv": __version__,
+        "torch": hello.get("torch", torch.__version__),
+        "python": platform.python_version(),
+    }
     if "triton" in hello:
         versions["triton"] = hello["triton"]
     return versions
@@ -669,7 +794,18 @@ def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
     return {"type": "cpu", "name": cpu_name(), "threads": hello.get("intra_op_threads")}
 
 
-def _record(ctx: _Context, hello: dict[str, Any], outcome: Outcome | str, correct: bool, results: list[DistributionResult], timing: dict[str, Any], speedup: dict[str, Any], memory: dict[str, Any], error: dict[str, Any] | None = None, logs: dict[str, str] | None = None) -> Record:
+def _record(
+    ctx: _Context,
+    hello: dict[str, Any],
+    outcome: Outcome | str,
+    correct: bool,
+    results: list[DistributionResult],
+    timing: dict[str, Any],
+    speedup: dict[str, Any],
+    memory: dict[str, Any],
+    error: dict[str, Any] | None = None,
+    logs: dict[str, str] | None = None,
+) -> Record:
     return Record(
         problem=ctx.problem.ref(),
         candidate=ctx.candidate.ref(),
@@ -683,8 +819,13 @@ def _record(ctx: _Context, hello: dict[str, Any], outcome: Outcome | str, correc
         timing=cast(TimingSection, timing),
         speedup=speedup,
         memory=cast(MemorySection, {**memory, **ctx.host_memory}),
-        seeds={"master": ctx.seeds.master, "fixed": ctx.seeds.fixed, "parameters": ctx.parameters_mode, "derivation": "hmac-sha256(master, purpose, distribution, k)",
-               "structure": _structure(ctx).invariants},
+        seeds={
+            "master": ctx.seeds.master,
+            "fixed": ctx.seeds.fixed,
+            "parameters": ctx.parameters_mode,
+            "derivation": "hmac-sha256(master, purpose, distribution, k)",
+            "structure": _structure(ctx).invariants,
+        },
         versions=_versions(hello),
         error=error,
         logs=logs or {},
@@ -721,7 +862,18 @@ def _problem_error_record(ctx: _Context, hello: dict[str, Any], failure: WorkerF
     }
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
     timing, speedup, memory = _empty_timing()
-    return _record(ctx, hello or {}, Outcome.PROBLEM_ERROR.value, False, [], timing, speedup, memory, error=error, logs=logs)
+    return _record(
+        ctx,
+        hello or {},
+        Outcome.PROBLEM_ERROR.value,
+        False,
+        [],
+        timing,
+        speedup,
+        memory,
+        error=error,
+        logs=logs,
+    )
 
 
 def _trim(text: str, limit: int = 3000) -> str:

@@ -26,8 +26,18 @@ import torch
 _DTYPES: dict[str, torch.dtype] = {
     str(d): d
     for d in (
-        torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-        torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
     )
 }
 #: What a torch IPC reference-counter name looks like (a POSIX shared-memory object of torch's).
@@ -72,7 +82,9 @@ def hand_over(values: list[Any], device: torch.device, path: str, keep: list[Any
     CUDA tensors become IPC descriptors (``keep`` holds them alive until the parent has copied
     them: the worker clears it at its next request); everything else goes to one file at ``path``.
     """
-    if device.type == "cuda" and all(v is None or (isinstance(v, torch.Tensor) and v.is_cuda) for v in values):
+    if device.type == "cuda" and all(
+        v is None or (isinstance(v, torch.Tensor) and v.is_cuda) for v in values
+    ):
         _synchronize()
         keep.extend(v for v in values if v is not None)
         return {"transport": "cuda_ipc", "items": [None if v is None else _describe_cuda(v) for v in values]}
@@ -84,7 +96,9 @@ def _describe_cuda(tensor: torch.Tensor) -> dict[str, Any]:
     if tensor.numel() == 0:  # nothing to share (an empty storage has no handle)
         return {"dtype": str(tensor.dtype), "shape": list(tensor.shape), "empty": True}
     storage = tensor.untyped_storage()
-    (device, handle, size, offset_bytes, ref_handle, ref_offset, event_handle, event_sync) = storage._share_cuda_()
+    (device, handle, size, offset_bytes, ref_handle, ref_offset, event_handle, event_sync) = (
+        storage._share_cuda_()
+    )
     return {
         "dtype": str(tensor.dtype),
         "shape": list(tensor.shape),
@@ -184,9 +198,23 @@ def _checked(item: Any) -> tuple[torch.dtype, list[int], list[int], int, dict[st
     if not isinstance(item, dict) or not isinstance(item.get("storage"), dict):
         raise HandoffError("malformed CUDA descriptor")
     dtype = _DTYPES.get(str(item.get("dtype")))
-    shape, stride, offset, storage = _ints(item.get("shape")), _ints(item.get("stride")), item.get("offset"), item["storage"]
-    if dtype is None or shape is None or stride is None or len(shape) != len(stride) or not isinstance(offset, int) or offset < 0:
-        raise HandoffError(f"malformed CUDA descriptor (dtype {item.get('dtype')!r}, shape {item.get('shape')!r})")
+    shape, stride, offset, storage = (
+        _ints(item.get("shape")),
+        _ints(item.get("stride")),
+        item.get("offset"),
+        item["storage"],
+    )
+    if (
+        dtype is None
+        or shape is None
+        or stride is None
+        or len(shape) != len(stride)
+        or not isinstance(offset, int)
+        or offset < 0
+    ):
+        raise HandoffError(
+            f"malformed CUDA descriptor (dtype {item.get('dtype')!r}, shape {item.get('shape')!r})"
+        )
     for key in ("size", "offset_bytes", "ref_offset"):
         if not isinstance(storage.get(key), int) or storage[key] < 0:
             raise HandoffError(f"malformed CUDA descriptor ({key})")
@@ -195,12 +223,16 @@ def _checked(item: Any) -> tuple[torch.dtype, list[int], list[int], int, dict[st
     itemsize = torch.empty(0, dtype=dtype).element_size()
     last = offset + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else offset - 1
     if (last + 1) * itemsize > storage["size"]:
-        raise HandoffError(f"CUDA descriptor reaches beyond its storage ({(last + 1) * itemsize} > {storage['size']} bytes)")
+        raise HandoffError(
+            f"CUDA descriptor reaches beyond its storage ({(last + 1) * itemsize} > {storage['size']} bytes)"
+        )
     return dtype, shape, stride, offset, storage
 
 
 def _ints(values: Any) -> list[int] | None:
-    ok = isinstance(values, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values)
+    ok = isinstance(values, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values
+    )
     return list(values) if ok else None
 
 

@@ -99,8 +99,12 @@ DOMAINS: dict[str, str] = {
 def _make_docs() -> dict[str, str]:
     docs = dict(_BASE_DOCS)
     for base in BASE_DISTRIBUTIONS[1:]:
-        docs[f"{base}_positive"] = f"domain-preserving variant of {base!r}: the same construction with every value made positive"
-        docs[f"{base}_unit"] = f"domain-preserving variant of {base!r}: its positive variant y mapped by y/(1+y) into (0, 1)"
+        docs[f"{base}_positive"] = (
+            f"domain-preserving variant of {base!r}: the same construction with every value made positive"
+        )
+        docs[f"{base}_unit"] = (
+            f"domain-preserving variant of {base!r}: its positive variant y mapped by y/(1+y) into (0, 1)"
+        )
     return docs
 
 
@@ -202,8 +206,13 @@ def _fill_signed(y: torch.Tensor, gen: torch.Generator, scale: torch.Tensor | fl
     y.mul_(scale)
 
 
-def _fill_wide(y: torch.Tensor, gen: torch.Generator, positive: bool, lo: float = WIDE_EXPONENTS[0],
-               hi: float = WIDE_EXPONENTS[1]) -> None:
+def _fill_wide(
+    y: torch.Tensor,
+    gen: torch.Generator,
+    positive: bool,
+    lo: float = WIDE_EXPONENTS[0],
+    hi: float = WIDE_EXPONENTS[1],
+) -> None:
     if positive:
         y.uniform_(lo, hi, generator=gen).mul_(math.log(10.0)).exp_()
         return
@@ -213,7 +222,9 @@ def _fill_wide(y: torch.Tensor, gen: torch.Generator, positive: bool, lo: float 
     y.copy_(mag.copysign_(y))
 
 
-def _fill_shifted(y: torch.Tensor, gen: torch.Generator, positive: bool, offset: float = SHIFT_OFFSET) -> None:
+def _fill_shifted(
+    y: torch.Tensor, gen: torch.Generator, positive: bool, offset: float = SHIFT_OFFSET
+) -> None:
     sign = 1.0
     if not positive:
         coin = torch.empty(1, device=y.device).uniform_(0.0, 1.0, generator=gen)
@@ -227,8 +238,14 @@ def _fill_shifted(y: torch.Tensor, gen: torch.Generator, positive: bool, offset:
 _BLOCK_MODES = ("large_negative", "shifted", "wide", "tiny", "signed", "negated")
 
 
-def _fill_block(mode: str, seg: torch.Tensor, orig: torch.Tensor, gen: torch.Generator, scale: torch.Tensor,
-                positive: bool) -> None:
+def _fill_block(
+    mode: str,
+    seg: torch.Tensor,
+    orig: torch.Tensor,
+    gen: torch.Generator,
+    scale: torch.Tensor,
+    positive: bool,
+) -> None:
     if mode == "large_negative":
         _fill_wide(seg, gen, positive=True, lo=1.0, hi=3.0)
         if not positive:
@@ -261,7 +278,9 @@ def _blockwise_bounds(n: int, rng: random.Random) -> tuple[int, int, list[int]]:
     return head, tail, bounds
 
 
-def _fill_blockwise(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
+def _fill_blockwise(
+    y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool
+) -> None:
     flat = y.view(-1)
     orig = x.reshape(-1)
     n = flat.numel()
@@ -412,8 +431,17 @@ def make_inputs(
     return out
 
 
-def _one(t: torch.Tensor, base: str, domain: str, distribution: str, seed: int, index: int,
-         device: torch.device, precision: str, invariants: dict[str, Any] | None = None) -> torch.Tensor:
+def _one(
+    t: torch.Tensor,
+    base: str,
+    domain: str,
+    distribution: str,
+    seed: int,
+    index: int,
+    device: torch.device,
+    precision: str,
+    invariants: dict[str, Any] | None = None,
+) -> torch.Tensor:
     if t.device != device:
         t = t.to(device)
     if not t.is_floating_point():
@@ -422,23 +450,37 @@ def _one(t: torch.Tensor, base: str, domain: str, distribution: str, seed: int, 
     if not (base == "original" and domain == "probabilities"):
         t = _transform(t, base, domain, derive_seed(int(seed), "transform", distribution, domain, index))
     if invariants:
-        t = apply_invariants(t, original, invariants, derive_seed(int(seed), "invariants", distribution, index))
+        t = apply_invariants(
+            t, original, invariants, derive_seed(int(seed), "invariants", distribution, index)
+        )
     if precision == "fp64":
         t = t.to(torch.float64)
     return t
 
 
-def make_draw(module: Any, distribution: str, seed: int, device: str | torch.device, *, precision: str = "fp32",
-              domain: str | Sequence[str] = "any", structure: list[Any] | None = None,
-              mix_seed: int | None = None) -> list:
+def make_draw(
+    module: Any,
+    distribution: str,
+    seed: int,
+    device: str | torch.device,
+    *,
+    precision: str = "fp32",
+    domain: str | Sequence[str] = "any",
+    structure: list[Any] | None = None,
+    mix_seed: int | None = None,
+) -> list:
     """:func:`make_inputs` for one draw, or (``mix_seed``) the mix of two draws that the cache probe
     uses: draw ``seed`` at the positions a value-sample cache key most likely reads, draw
     ``mix_seed`` elsewhere (:func:`mix_values`), with the structure invariants restored. Both
     workers make every draw with this one function, so the reference sees what the candidate saw."""
-    args = make_inputs(module, distribution, seed, device, precision=precision, domain=domain, structure=structure)
+    args = make_inputs(
+        module, distribution, seed, device, precision=precision, domain=domain, structure=structure
+    )
     if mix_seed is None:
         return args
-    other = make_inputs(module, distribution, int(mix_seed), device, precision=precision, domain=domain, structure=structure)
+    other = make_inputs(
+        module, distribution, int(mix_seed), device, precision=precision, domain=domain, structure=structure
+    )
     return restore_structure([mix_values(a, b) for a, b in zip(args, other)], structure)
 
 
@@ -462,11 +504,15 @@ def restore_structure(args: list[Any], structure: list[Any] | None) -> list[Any]
     symmetry: restore every invariant of ``structure`` (one entry per input) on the mix."""
     if not structure:
         return args
-    return [apply_invariants(a, a, inv, 0) if inv and isinstance(a, torch.Tensor) and a.is_floating_point() else a
-            for a, inv in zip(args, structure)]
+    return [
+        apply_invariants(a, a, inv, 0) if inv and isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a, inv in zip(args, structure)
+    ]
 
 
-def apply_invariants(y: torch.Tensor, original: torch.Tensor, invariants: dict[str, Any], seed: int) -> torch.Tensor:
+def apply_invariants(
+    y: torch.Tensor, original: torch.Tensor, invariants: dict[str, Any], seed: int
+) -> torch.Tensor:
     """``y`` (a transformed draw) made to keep the structure of the problem's own draw ``original``.
 
     In this order: entries of a small value set (``values``) that the transform changed are drawn
@@ -492,7 +538,9 @@ def _apply_zeros(y: torch.Tensor, original: torch.Tensor, zeros: Any) -> torch.T
     if zeros == "mask":  # a fixed pattern: wherever the problem's own draw is zero
         return torch.where(original == 0, torch.zeros((), dtype=y.dtype, device=y.device), y)
     if y.dim() < 2:
-        raise ValueError(f"a {zeros!r} zero pattern needs a tensor of at least 2 dims, not shape {tuple(y.shape)}")
+        raise ValueError(
+            f"a {zeros!r} zero pattern needs a tensor of at least 2 dims, not shape {tuple(y.shape)}"
+        )
     lo, hi = band_limits(zeros)
     y = y.tril(hi) if hi is not None else y
     return y.triu(lo) if lo is not None else y
@@ -507,15 +555,20 @@ def band_limits(zeros: Any) -> tuple[int | None, int | None]:
     if zeros == "upper":
         return 0, None
     if isinstance(zeros, dict) and len(zeros) == 1:
-        (kind, arg), = zeros.items()
+        ((kind, arg),) = zeros.items()
         if kind == "tril" and isinstance(arg, int):
             return None, arg
         if kind == "triu" and isinstance(arg, int):
             return arg, None
-        if kind == "band" and isinstance(arg, (list, tuple)) and len(arg) == 2 and all(isinstance(a, int) for a in arg):
+        if (
+            kind == "band"
+            and isinstance(arg, (list, tuple))
+            and len(arg) == 2
+            and all(isinstance(a, int) for a in arg)
+        ):
             return int(arg[0]), int(arg[1])
     raise ValueError(
-        f"unknown zero pattern {zeros!r}: use \"lower\", \"upper\", \"mask\", {{\"tril\": k}}, {{\"triu\": k}} or {{\"band\": [lo, hi]}}"
+        f'unknown zero pattern {zeros!r}: use "lower", "upper", "mask", {{"tril": k}}, {{"triu": k}} or {{"band": [lo, hi]}}'
     )
 
 
@@ -575,7 +628,11 @@ def redraw_parameters(
                 result[name] = value.detach().clone()
                 continue
             gen = _generator(value.device, derive_seed(int(seed), "param", distribution, name))
-            work = value.detach().to(torch.float32) if value.dtype in (torch.float16, torch.bfloat16) else value.detach()
+            work = (
+                value.detach().to(torch.float32)
+                if value.dtype in (torch.float16, torch.bfloat16)
+                else value.detach()
+            )
             rms = torch.linalg.vector_norm(work, dtype=torch.float32) / math.sqrt(work.numel())
             scale = torch.where(torch.isfinite(rms) & (rms > 0), rms, torch.full_like(rms, 0.1))
             new = torch.empty_like(work)
@@ -587,8 +644,9 @@ def redraw_parameters(
     return result
 
 
-def _original_state(model: torch.nn.Module, state: dict[str, torch.Tensor],
-                    init_inputs: Sequence[Any] | None) -> dict[str, torch.Tensor]:
+def _original_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], init_inputs: Sequence[Any] | None
+) -> dict[str, torch.Tensor]:
     first = next(iter(state.values()), None)
     device = first.device if first is not None else torch.device("cpu")
     if init_inputs is not None:

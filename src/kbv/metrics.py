@@ -335,8 +335,6 @@ def aggregate(records: Sequence[Record], baseline: str | None = None, ci: bool =
     }
     if ci:
         summary["correct_rate_ci"] = bootstrap_ci(records, correctness_rate)
-        summary["comparable_geomean_ci"] = bootstrap_ci(
-            records, lambda rs: comparable_geomean(rs, baseline)
-        )
+        summary["comparable_geomean_ci"] = bootstrap_ci(records, lambda rs: comparable_geomean(rs, baseline))
         summary["correct_speedup_ci"] = bootstrap_ci(records, lambda rs: correct_speedup(rs, baseline))
     return summary

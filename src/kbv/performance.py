@@ -50,10 +50,23 @@ ROUND_KEEP_BYTES = 2 << 30
 class MeasureContext:
     """What measuring one pair needs from the pipeline."""
 
-    def __init__(self, *, problem: Any, device: str, settings: TimingSettings, seeds: list[int], init_seed: int, device_info: dict[str, Any], torch_version: str, load_fields: dict[str, Any],
-                 keep_seed: int | None = None, reference_outputs: Callable[[str, int], dict[str, Any]] | None = None,
-                 judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
-                 build: Callable[[], None] | None = None, check_round: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        problem: Any,
+        device: str,
+        settings: TimingSettings,
+        seeds: list[int],
+        init_seed: int,
+        device_info: dict[str, Any],
+        torch_version: str,
+        load_fields: dict[str, Any],
+        keep_seed: int | None = None,
+        reference_outputs: Callable[[str, int], dict[str, Any]] | None = None,
+        judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
+        build: Callable[[], None] | None = None,
+        check_round: bool = False,
+    ) -> None:
         """``keep_seed`` (secret, derived from the evaluation's master seed) picks the timed calls whose
         outputs are judged with ``judge(got, reference_outputs(distribution, seed))``, the pipeline's
         own operations; without all three the timed outputs are not checked. ``build`` builds both
@@ -78,7 +91,9 @@ class MeasureContext:
         return self.keep_seed is not None and self.reference_outputs is not None and self.judge is not None
 
 
-def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
+def measure_pair(
+    ctx: MeasureContext, reference: Worker, subject: Worker
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (timing, speedup). Baselines come from the cache when their key matches."""
     settings = ctx.settings
     if ctx.build is None:
@@ -102,7 +117,11 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
                 # A baseline copies as many outputs as the candidate will (and drops them), so the
                 # copies cost both sides alike in the parent's bracket.
                 with _others_paused(worker, reference, subject, compile_worker):
-                    rounds[name].append(_timed_batch(worker, ctx, BASELINE_PRECISION[name], keep_calls=keep_calls, discard=True))
+                    rounds[name].append(
+                        _timed_batch(
+                            worker, ctx, BASELINE_PRECISION[name], keep_calls=keep_calls, discard=True
+                        )
+                    )
                 baseline_seconds += rounds[name][-1]["parent_bracket_s"]
             with _others_paused(subject, reference, subject, compile_worker):
                 rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
@@ -115,7 +134,10 @@ def measure_pair(ctx: MeasureContext, reference: Worker, subject: Worker) -> tup
         if compile_worker is not None:
             compile_worker.close()
     if compile_worker is not None:  # starting and compiling the torch.compile baseline counts too
-        baseline_seconds = max(baseline_seconds, time.monotonic() - baseline_started - sum(r["parent_bracket_s"] for r in rounds["candidate"]))
+        baseline_seconds = max(
+            baseline_seconds,
+            time.monotonic() - baseline_started - sum(r["parent_bracket_s"] for r in rounds["candidate"]),
+        )
     baselines = {}
     for name, hit in cached.items():
         if hit is None:
@@ -159,7 +181,9 @@ class _KeepPlan:
         self.ctx = ctx
         self.picker = random.Random(ctx.keep_seed) if ctx.checks_timed_outputs else None
         rounds = max(1, ctx.settings.rounds)
-        self.full_round = self.picker.randrange(rounds) if self.picker is not None and ctx.check_round else None
+        self.full_round = (
+            self.picker.randrange(rounds) if self.picker is not None and ctx.check_round else None
+        )
         self.sampled: dict[int, list[int]] = {}
         self.round_calls: list[int] = []
         self.expected: dict[int, dict[str, Any]] = {}
@@ -194,12 +218,23 @@ class _KeepPlan:
         assert self.ctx.judge is not None
         n = len(measurement["device_ms"])
         outputs, types = _fetch_kept(worker)
-        for i in sorted(set(self.sampled[r]) | (set(self.round_calls) if r == self.full_round else set()) | {n - 1}):
+        for i in sorted(
+            set(self.sampled[r]) | (set(self.round_calls) if r == self.full_round else set()) | {n - 1}
+        ):
             if i >= n:
                 continue
             verdict = self._verdict(i, outputs, types)
-            entry = None if verdict.get("passed") else {"round": r, "call": i, "input_set": i % len(self.ctx.seeds),
-                                                        "max_abs_err": verdict.get("max_abs_err"), "note": verdict.get("note") or ""}
+            entry = (
+                None
+                if verdict.get("passed")
+                else {
+                    "round": r,
+                    "call": i,
+                    "input_set": i % len(self.ctx.seeds),
+                    "max_abs_err": verdict.get("max_abs_err"),
+                    "note": verdict.get("note") or "",
+                }
+            )
             if i in self.sampled[r] or i == n - 1:
                 self.checked += 1
                 if entry:
@@ -216,13 +251,22 @@ class _KeepPlan:
         return self.ctx.judge({"outputs": outputs[i], "types": types[i]}, self._expected(i))
 
     def sampled_summary(self) -> dict[str, Any]:
-        return {"checked": self.checked, "wrong": self.wrong, "per_batch": KEPT_CALLS_PER_BATCH,
-                "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw"}
+        return {
+            "checked": self.checked,
+            "wrong": self.wrong,
+            "per_batch": KEPT_CALLS_PER_BATCH,
+            "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw",
+        }
 
     def round_summary(self) -> dict[str, Any]:
-        return {"round": self.full_round, "checked": self.round_checked, "wrong": self.round_wrong,
-                "of": self.ctx.settings.repeats, "budget_bytes": ROUND_KEEP_BYTES,
-                "method": "every call of one secret timing round (as many as fit the budget, chosen in secret), judged like a correctness draw"}
+        return {
+            "round": self.full_round,
+            "checked": self.round_checked,
+            "wrong": self.round_wrong,
+            "of": self.ctx.settings.repeats,
+            "budget_bytes": ROUND_KEEP_BYTES,
+            "method": "every call of one secret timing round (as many as fit the budget, chosen in secret), judged like a correctness draw",
+        }
 
 
 #: A cached baseline is used only while a fresh batch measured now has its median within this
@@ -242,7 +286,12 @@ def cache_agreement(fresh_ms: list[float], cached: dict[str, Any]) -> dict[str, 
     median = statistics.median(samples) if samples else None
     low, high = (median / CACHE_CHECK_FACTOR, median * CACHE_CHECK_FACTOR) if median else (None, None)
     agrees = fresh is not None and low is not None and high is not None and low <= fresh <= high
-    return {"fresh_median_ms": fresh, "cached_median_ms": median, "accepted_range_ms": [low, high], "accepted": agrees}
+    return {
+        "fresh_median_ms": fresh,
+        "cached_median_ms": median,
+        "accepted_range_ms": [low, high],
+        "accepted": agrees,
+    }
 
 
 def cacheable(rounds: list[dict[str, Any]]) -> bool:
@@ -251,7 +300,11 @@ def cacheable(rounds: list[dict[str, Any]]) -> bool:
     round that copied every call's output (``timed_output_check``; baselines copy as much, see
     ``_KeepPlan``) is left out of the comparison: on a tiny CPU problem the copies between calls
     alone slow that round's calls down (3 us calls measured 3x slower), on both sides alike."""
-    medians = [statistics.median(r["device_ms"]) for r in rounds if r.get("device_ms") and not r.get("kept_every_call")]
+    medians = [
+        statistics.median(r["device_ms"])
+        for r in rounds
+        if r.get("device_ms") and not r.get("kept_every_call")
+    ]
     return bool(medians) and min(medians) > 0 and max(medians) / min(medians) <= CACHE_CHECK_FACTOR
 
 
@@ -264,11 +317,18 @@ def measured_baselines(names: tuple[str, ...], device: str) -> tuple[list[str], 
     skipped: dict[str, str] = {}
     if not device.startswith("cuda") and "eager_tf32" in measured and "eager_fp32" in measured:
         measured.remove("eager_tf32")
-        skipped["eager_tf32"] = "same code as eager_fp32 on the CPU (the TF32 flags touch only CUDA and cuDNN)"
+        skipped["eager_tf32"] = (
+            "same code as eager_fp32 on the CPU (the TF32 flags touch only CUDA and cuDNN)"
+        )
     return measured, skipped
 
 
-def _check_cached(ctx: MeasureContext, reference: Worker, cached: dict[str, dict[str, Any] | None], subject: Worker | None = None) -> dict[str, Any]:
+def _check_cached(
+    ctx: MeasureContext,
+    reference: Worker,
+    cached: dict[str, dict[str, Any] | None],
+    subject: Worker | None = None,
+) -> dict[str, Any]:
     """One fresh batch per cached eager baseline; a cache entry that disagrees is dropped (set to
     None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten)."""
     checks: dict[str, Any] = {}
@@ -294,20 +354,41 @@ def _others_paused(timed: Worker, *workers: Worker | None) -> Iterator[None]:
         yield
 
 
-def _timed_batch(worker: Worker, ctx: MeasureContext, precision: str, keep_calls: list[int] | None = None, discard: bool = False) -> dict[str, Any]:
+def _timed_batch(
+    worker: Worker,
+    ctx: MeasureContext,
+    precision: str,
+    keep_calls: list[int] | None = None,
+    discard: bool = False,
+) -> dict[str, Any]:
     """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
     checked before anything uses them: impossible ones are the worker's failure (for the candidate,
     a ``runtime_error`` outcome), never an exception inside the statistics."""
     before = telemetry.gpu_state(ctx.device)
-    extra: dict[str, Any] = {"keep_calls": keep_calls, "discard_kept": discard} if keep_calls is not None else {}
+    extra: dict[str, Any] = (
+        {"keep_calls": keep_calls, "discard_kept": discard} if keep_calls is not None else {}
+    )
     started = time.monotonic()
-    reply = worker.request("time", distribution="original", seeds=ctx.seeds, precision=precision, settings=_settings_dict(ctx.settings), **extra)
+    reply = worker.request(
+        "time",
+        distribution="original",
+        seeds=ctx.seeds,
+        precision=precision,
+        settings=_settings_dict(ctx.settings),
+        **extra,
+    )
     bracket_s = time.monotonic() - started
     after = telemetry.gpu_state(ctx.device)
     raw = reply.get("measurement")
-    problem = kbv_timing.invalid_samples(raw, ctx.settings) if isinstance(raw, dict) else "no measurement in the reply"
+    problem = (
+        kbv_timing.invalid_samples(raw, ctx.settings)
+        if isinstance(raw, dict)
+        else "no measurement in the reply"
+    )
     if problem is not None:
-        message = f"the worker reported timing samples no clock produces ({problem}); its timing cannot be used"
+        message = (
+            f"the worker reported timing samples no clock produces ({problem}); its timing cannot be used"
+        )
         if worker.spec.role != "candidate":
             raise RuntimeError(f"kbv's {precision} baseline: {message}")
         raise WorkerFailed("runtime_error", message)
@@ -340,7 +421,12 @@ def _by_call(items: Any) -> dict[int, list[Any]]:
     """``[[call index, [values]], ...]`` from a worker, as {index: values}; malformed entries are dropped."""
     found: dict[int, list[Any]] = {}
     for item in items if isinstance(items, list) else []:
-        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], list):
+        if (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and isinstance(item[0], int)
+            and isinstance(item[1], list)
+        ):
             found.setdefault(int(item[0]), item[1])
     return found
 
@@ -386,13 +472,18 @@ def speedups(timing: dict[str, Any], settings: TimingSettings) -> tuple[dict[str
 
 
 def _compile_worker(ctx: MeasureContext) -> Worker:
-    spec = WorkerSpec(build_key=f"compile-{ctx.problem.source_sha256}", device=ctx.device, role="reference", visible_devices=visible_devices(ctx.device), budget_s=BASELINE_TIMEOUT_S)
+    spec = WorkerSpec(
+        build_key=f"compile-{ctx.problem.source_sha256}",
+        device=ctx.device,
+        role="reference",
+        visible_devices=visible_devices(ctx.device),
+        budget_s=BASELINE_TIMEOUT_S,
+    )
     worker = Worker(spec)
     worker.start()
     worker.request("load", **ctx.load_fields)
     worker.request("build", init_seed=ctx.init_seed)
     return worker
-
 
 
 def cache_key(ctx: MeasureContext, baseline: str) -> str:
@@ -401,9 +492,21 @@ def cache_key(ctx: MeasureContext, baseline: str) -> str:
         "driver_version": ctx.device_info.get("driver") or ctx.device_info.get("cuda_runtime") or "none",
         "capability": ctx.device_info.get("capability"),
     }
-    input_spec = {"sizes": ctx.load_fields.get("sizes"), "distribution": "original", "input_sets": len(ctx.seeds)}
+    input_spec = {
+        "sizes": ctx.load_fields.get("sizes"),
+        "distribution": "original",
+        "input_sets": len(ctx.seeds),
+    }
     versions = {"kbv": __version__, "triton": _triton_version()}
-    return kbv_timing.baseline_cache_key(ctx.problem.source_sha256, input_spec, device, ctx.torch_version, ctx.settings, baseline, versions=versions)
+    return kbv_timing.baseline_cache_key(
+        ctx.problem.source_sha256,
+        input_spec,
+        device,
+        ctx.torch_version,
+        ctx.settings,
+        baseline,
+        versions=versions,
+    )
 
 
 def _triton_version() -> str | None:
@@ -454,7 +557,12 @@ def measure_memory(device: str, reference: Worker, subject: Worker, run: Any, se
     cand = run(subject, "original", seed, "native", measure_memory=True)["memory"]
     cand["process_bytes"] = telemetry.process_memory_bytes(device, subject.pid)
     outside = max(0, _outside_allocator(cand) - _outside_allocator(base))
-    device_growth = max(0, int(cand.get("device_used_after", 0)) - int(cand.get("device_used_before", 0)) - int(cand.get("reserved_growth", 0)))
+    device_growth = max(
+        0,
+        int(cand.get("device_used_after", 0))
+        - int(cand.get("device_used_before", 0))
+        - int(cand.get("reserved_growth", 0)),
+    )
     cand_peak = int(cand.get("allocator_peak", 0)) + max(outside, device_growth)
     base_peak = int(base.get("allocator_peak", 0))
     return {

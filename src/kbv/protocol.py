@@ -173,6 +173,7 @@ VERIFIED = Protocol(
     integrity=IntegritySettings(static=True, dynamic=True, severity=(("transient_mismatch", "fail"),)),
 )
 
+
 def timing_settings_from_dict(data: dict[str, Any]) -> TimingSettings:
     """Timing settings sent over a worker's JSON channel (lists back to tuples)."""
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
@@ -211,7 +212,7 @@ def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol
     if base is None:
         raise ProtocolError(f"{source}: base must be one of {', '.join(BUILTIN)}, not {base_name!r}")
     if "name" not in data:
-        raise ProtocolError(f"{source}: a protocol needs a name (name = \"...\")")
+        raise ProtocolError(f'{source}: a protocol needs a name (name = "...")')
     sections = {
         "correctness": CorrectnessSettings,
         "timing": TimingSettings,
@@ -242,7 +243,7 @@ def _merge_section(current: Any, overrides: Any, where: str) -> Any:
             if isinstance(value, list):  # the stored form: [[check, severity], ...]
                 value = {str(k): str(v) for k, v in value}
             if not isinstance(value, dict):
-                raise ProtocolError(f"{where}: severity must be a table of check = \"fail|warn|info|off\"")
+                raise ProtocolError(f'{where}: severity must be a table of check = "fail|warn|info|off"')
             bad = {k: v for k, v in value.items() if v not in ("fail", "warn", "info", "off")}
             if bad:
                 raise ProtocolError(f"{where}: severities must be fail, warn, info or off, not {bad}")

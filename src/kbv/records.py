@@ -141,7 +141,12 @@ class TimingSection(TypedDict, total=False):
 
 def protocol_section(protocol: Any) -> ProtocolSection:
     """The ``protocol`` section of a record evaluated under ``protocol`` (a ``kbv.protocol.Protocol``)."""
-    return {"name": protocol.name, "version": protocol.version, "sha256": protocol.sha256(), "settings": protocol.to_dict()}
+    return {
+        "name": protocol.name,
+        "version": protocol.version,
+        "sha256": protocol.sha256(),
+        "settings": protocol.to_dict(),
+    }
 
 
 #: ``record.speedup``: baseline time / candidate time per baseline name, and ``best`` (against the
@@ -376,10 +381,25 @@ def schema_markdown() -> str:
         lines.append("")
 
     for cls in (Record, DistributionResult, Finding):
-        table(cls.__name__, cls.__doc__ or "", [(f.name, _type_name(f.type)) for f in dataclasses.fields(cls)])
-    for typed in (ProblemSection, CandidateSection, ProtocolSection, TimingSection, TimingEntry, MemorySection):
-        table(typed.__name__, typed.__doc__ or "", [(name, _type_name(kind)) for name, kind in typed.__annotations__.items()])
-    lines.extend(["## SpeedupSection", "", "`dict[str, float | None]`: one entry per baseline name, and `best`.", ""])
+        table(
+            cls.__name__, cls.__doc__ or "", [(f.name, _type_name(f.type)) for f in dataclasses.fields(cls)]
+        )
+    for typed in (
+        ProblemSection,
+        CandidateSection,
+        ProtocolSection,
+        TimingSection,
+        TimingEntry,
+        MemorySection,
+    ):
+        table(
+            typed.__name__,
+            typed.__doc__ or "",
+            [(name, _type_name(kind)) for name, kind in typed.__annotations__.items()],
+        )
+    lines.extend(
+        ["## SpeedupSection", "", "`dict[str, float | None]`: one entry per baseline name, and `best`.", ""]
+    )
     for enum in (Outcome, Severity):
         lines.extend([f"## {enum.__name__}", "", ", ".join(f"`{member.value}`" for member in enum), ""])
     return "\n".join(lines)

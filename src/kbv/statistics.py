@@ -105,9 +105,16 @@ def summarize(samples_ms: Sequence[float], *, resamples: int = 1000, seed: int =
     n = int(arr.size)
     if n == 0:
         empty: dict[str, Any] = dict.fromkeys(
-            ("median", "mean", "min", "max", "stdev", "iqr", "cv", "ci95_low", "ci95_high"))
-        return {"n": 0, **empty, "n_outliers": 0, "resamples": resamples, "seed": seed,
-                "warnings": ["no_samples"]}
+            ("median", "mean", "min", "max", "stdev", "iqr", "cv", "ci95_low", "ci95_high")
+        )
+        return {
+            "n": 0,
+            **empty,
+            "n_outliers": 0,
+            "resamples": resamples,
+            "seed": seed,
+            "warnings": ["no_samples"],
+        }
     median = float(np.median(arr))
     mean = float(arr.mean())
     stdev = float(arr.std(ddof=1)) if n > 1 else 0.0
@@ -154,7 +161,8 @@ def paired_speedup(
     if len(base) != len(cand) or not base:
         raise ValueError(
             f"paired_speedup needs the same, non-zero number of rounds on both sides; "
-            f"got {len(base)} baseline and {len(cand)} candidate rounds")
+            f"got {len(base)} baseline and {len(cand)} candidate rounds"
+        )
     if any(r.size == 0 for r in base + cand):
         raise ValueError("every round needs at least one sample")
     if any(np.any(r <= 0) for r in base + cand):
@@ -211,8 +219,9 @@ def wall_vs_device_disagreement(measurement: Measurement, overhead_ms: float) ->
     }
 
 
-def bracket_check(reported_total_ms: float, parent_bracket_ms: float, expected_overhead_ms: float,
-                  *, n_calls: int = 1) -> dict[str, Any]:
+def bracket_check(
+    reported_total_ms: float, parent_bracket_ms: float, expected_overhead_ms: float, *, n_calls: int = 1
+) -> dict[str, Any]:
     """Compare the worker's reported total with the trusted parent's own bracket of the batch.
 
     The parent reads its monotonic clock before it asks the worker to run a timed batch and after
@@ -259,8 +268,9 @@ def warmup_bound_ms(settings: TimingSettings, largest_sample_ms: float, n_input_
     return bound
 
 
-def accounted_batch_ms(wall_ms: Sequence[float], claimed_warmup_calls: int, settings: TimingSettings,
-                       n_input_sets: int = 1) -> float:
+def accounted_batch_ms(
+    wall_ms: Sequence[float], claimed_warmup_calls: int, settings: TimingSettings, n_input_sets: int = 1
+) -> float:
     """How much of a timed batch the worker's report accounts for: the timed samples plus the warm-up.
 
     The warm-up the worker implies (its claimed number of warm-up calls x its median sample, at
@@ -283,7 +293,9 @@ def accounted_batch_ms(wall_ms: Sequence[float], claimed_warmup_calls: int, sett
 SAMPLE_CAP = 20.0
 
 
-def trusted_per_call_ms(bracket_ms: float, overhead_ms: float, n_timed: int, settings: TimingSettings) -> float:
+def trusted_per_call_ms(
+    bracket_ms: float, overhead_ms: float, n_timed: int, settings: TimingSettings
+) -> float:
     """A call's time from the parent's bracket and the recipe alone (no worker-reported count).
 
     The bracket minus the expected overhead (``B``) holds the warm-up and ``n_timed`` calls of time
@@ -347,10 +359,15 @@ def baseline_cache_key(
     """
     missing = [k for k in ("name", "driver_version") if k not in device]
     if missing:
-        raise ValueError(f"baseline_cache_key: device needs {missing}; pass e.g. "
-                         "{'name': 'NVIDIA H200', 'driver_version': '580.65'}")
-    settings = (dataclasses.asdict(timing_settings) if isinstance(timing_settings, TimingSettings)
-                else dict(timing_settings))
+        raise ValueError(
+            f"baseline_cache_key: device needs {missing}; pass e.g. "
+            "{'name': 'NVIDIA H200', 'driver_version': '580.65'}"
+        )
+    settings = (
+        dataclasses.asdict(timing_settings)
+        if isinstance(timing_settings, TimingSettings)
+        else dict(timing_settings)
+    )
     payload = {
         "problem_sha": problem_sha,
         "input_spec": input_spec,

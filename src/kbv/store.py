@@ -28,6 +28,7 @@ from kbv.records import Record, as_number, raw_samples_ms, record_from_json
 
 DEFAULT_DB = Path("kbv-results") / "kbv.sqlite"
 
+
 class RecordKey(NamedTuple):
     """What makes two evaluations the same work item: a batch skips a pair whose key is stored."""
 
@@ -37,6 +38,7 @@ class RecordKey(NamedTuple):
     device_name: str
     kbv_version: str
     torch_version: str
+
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -148,7 +150,14 @@ def pair_key(problem: Any, candidate: Any, protocol: Protocol, env: dict[str, An
     ``protocol`` must be the one the record will carry, its timeout applied
     (``protocol.with_timeout``, as ``evaluate`` does); ``env`` is ``kbv.execute.environment``: the
     device name and torch version a worker reports, under the one rule of ``kbv.devices.device_name``."""
-    return RecordKey(problem.source_sha256, candidate.source_sha256, protocol.sha256(), env.get("device_name", ""), __version__, env.get("torch", ""))
+    return RecordKey(
+        problem.source_sha256,
+        candidate.source_sha256,
+        protocol.sha256(),
+        env.get("device_name", ""),
+        __version__,
+        env.get("torch", ""),
+    )
 
 
 def _timing_samples(record: Record) -> Iterator[tuple[str, int, float]]:
@@ -262,7 +271,9 @@ class Store:
     def finish_run(self, run_id: int, status: str = "finished") -> None:
         """Close a run with ``status`` (``finished``, ``interrupted``, ``failed``)."""
         with self._transaction() as conn:
-            conn.execute("UPDATE runs SET finished_at = ?, status = ? WHERE id = ?", (now_iso(), status, run_id))
+            conn.execute(
+                "UPDATE runs SET finished_at = ?, status = ? WHERE id = ?", (now_iso(), status, run_id)
+            )
 
     def runs(self) -> list[dict[str, Any]]:
         rows = self._conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
@@ -271,7 +282,8 @@ class Store:
     def last_run(self, command: str | None = None, status: str | None = None) -> dict[str, Any] | None:
         """The newest run, optionally of one command and/or status (e.g. an interrupted one to resume)."""
         runs = [
-            r for r in self.runs()
+            r
+            for r in self.runs()
             if (command is None or r["command"] == command) and (status is None or r["status"] == status)
         ]
         return runs[-1] if runs else None
@@ -279,7 +291,12 @@ class Store:
     def add_protocol(self, protocol: Any) -> str:
         """Store a protocol's settings under its hash (a Protocol, or a record's protocol dict)."""
         if hasattr(protocol, "sha256") and callable(protocol.sha256):
-            sha, name, version, settings = protocol.sha256(), protocol.name, protocol.version, protocol.to_dict()
+            sha, name, version, settings = (
+                protocol.sha256(),
+                protocol.name,
+                protocol.version,
+                protocol.to_dict(),
+            )
         else:
             sha = str(protocol["sha256"])
             name, version, settings = protocol.get("name"), protocol.get("version"), protocol.get("settings")
@@ -327,16 +344,34 @@ class Store:
             )
             conn.execute(
                 "INSERT INTO protocols(sha, name, version, settings) VALUES (?, ?, ?, ?) ON CONFLICT(sha) DO NOTHING",
-                (key[2], stored.protocol.get("name"), stored.protocol.get("version"),
-                 json.dumps(stored.protocol["settings"], sort_keys=True) if stored.protocol.get("settings") else None),
+                (
+                    key[2],
+                    stored.protocol.get("name"),
+                    stored.protocol.get("version"),
+                    json.dumps(stored.protocol["settings"], sort_keys=True)
+                    if stored.protocol.get("settings")
+                    else None,
+                ),
             )
             cur = conn.execute(
                 "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, protocol_name, device_name,"
                 " kbv_version, torch_version, outcome, correct, speedup_best, label, created_at, level, json)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, *key[:3], stored.protocol.get("name"), key[3], key[4], key[5], stored.outcome,
-                 int(bool(stored.correct)), speedup_of(stored), label, stored.created_at or now_iso(),
-                 problem.get("level"), stored.to_json()),
+                (
+                    run_id,
+                    *key[:3],
+                    stored.protocol.get("name"),
+                    key[3],
+                    key[4],
+                    key[5],
+                    stored.outcome,
+                    int(bool(stored.correct)),
+                    speedup_of(stored),
+                    label,
+                    stored.created_at or now_iso(),
+                    problem.get("level"),
+                    stored.to_json(),
+                ),
             )
             record_id = int(cur.lastrowid or 0)
             conn.executemany(
@@ -394,7 +429,11 @@ class Store:
         if protocol is not None:
             where.append("(protocol_sha = ? OR protocol_name = ?)")
             params += [protocol, protocol]
-        sql = "SELECT id, json FROM records" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        sql = (
+            "SELECT id, json FROM records"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY id"
+        )
         rows = [(int(row["id"]), record_from_json(row["json"])) for row in self._conn.execute(sql, params)]
         if latest:
             newest: dict[RecordKey, tuple[int, Record]] = {}
@@ -416,7 +455,8 @@ class Store:
         """Raw samples of one stored record: {which: [ms, ...]} (``candidate`` and each baseline)."""
         out: dict[str, list[float]] = {}
         rows = self._conn.execute(
-            "SELECT which, ms FROM timing_samples WHERE record_id = ? ORDER BY which, sample_index", (record_id,)
+            "SELECT which, ms FROM timing_samples WHERE record_id = ? ORDER BY which, sample_index",
+            (record_id,),
         )
         for row in rows:
             out.setdefault(row["which"], []).append(row["ms"])
@@ -455,10 +495,26 @@ class Store:
         records = self.records() if records is None else records
         baselines = sorted({b for r in records for b in (r.speedup or {}) if b != "best"})
         columns = [
-            "label", "problem", "level", "problem_sha256", "candidate_path", "candidate_sha256", "sample",
-            "protocol", "protocol_sha256", "device", "outcome", "correct", "speedup_best",
-            *(f"speedup_{b}" for b in baselines), "candidate_peak_bytes", "baseline_peak_bytes",
-            "fail_checks", "kbv_version", "torch_version", "created_at",
+            "label",
+            "problem",
+            "level",
+            "problem_sha256",
+            "candidate_path",
+            "candidate_sha256",
+            "sample",
+            "protocol",
+            "protocol_sha256",
+            "device",
+            "outcome",
+            "correct",
+            "speedup_best",
+            *(f"speedup_{b}" for b in baselines),
+            "candidate_peak_bytes",
+            "baseline_peak_bytes",
+            "fail_checks",
+            "kbv_version",
+            "torch_version",
+            "created_at",
         ]
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -468,23 +524,33 @@ class Store:
             for r in records:
                 memory = r.memory or {}
                 row = {
-                    "label": label_of(r), "problem": r.problem.get("name"), "level": r.problem.get("level"),
-                    "problem_sha256": r.problem.get("source_sha256"), "candidate_path": r.candidate.get("path"),
-                    "candidate_sha256": r.candidate.get("source_sha256"), "sample": sample_index(r),
-                    "protocol": r.protocol.get("name"), "protocol_sha256": r.protocol.get("sha256"),
-                    "device": (r.device or {}).get("name"), "outcome": r.outcome, "correct": bool(r.correct),
+                    "label": label_of(r),
+                    "problem": r.problem.get("name"),
+                    "level": r.problem.get("level"),
+                    "problem_sha256": r.problem.get("source_sha256"),
+                    "candidate_path": r.candidate.get("path"),
+                    "candidate_sha256": r.candidate.get("source_sha256"),
+                    "sample": sample_index(r),
+                    "protocol": r.protocol.get("name"),
+                    "protocol_sha256": r.protocol.get("sha256"),
+                    "device": (r.device or {}).get("name"),
+                    "outcome": r.outcome,
+                    "correct": bool(r.correct),
                     "speedup_best": as_number((r.speedup or {}).get("best")),
                     "candidate_peak_bytes": memory.get("candidate_peak_bytes"),
                     "baseline_peak_bytes": memory.get("baseline_peak_bytes"),
                     "fail_checks": ";".join(fail_findings(r)),
-                    "kbv_version": (r.versions or {}).get("kbv"), "torch_version": (r.versions or {}).get("torch"),
+                    "kbv_version": (r.versions or {}).get("kbv"),
+                    "torch_version": (r.versions or {}).get("torch"),
                     "created_at": r.created_at,
                 }
                 row.update({f"speedup_{b}": as_number(r.speedup.get(b)) for b in baselines})
                 writer.writerow(row)
         return len(records)
 
-    def import_jsonl(self, path: str | Path, label: str | None = None, force: bool = False) -> tuple[int, int]:
+    def import_jsonl(
+        self, path: str | Path, label: str | None = None, force: bool = False
+    ) -> tuple[int, int]:
         """Add the records of a JSONL file under a new ``import`` run. Records whose key is
         already stored are skipped unless ``force``. Returns (imported, skipped)."""
         path = Path(path)

@@ -94,7 +94,9 @@ def compute_capability(device: str) -> str | None:
     if nvml is None or not device.startswith("cuda"):
         return None
     try:
-        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(physical_index(device)))
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(
+            nvml.nvmlDeviceGetHandleByIndex(physical_index(device))
+        )
         return f"{int(major)}.{int(minor)}"
     except Exception:  # an NVML without the query: the worker's torch decides, as before
         return None

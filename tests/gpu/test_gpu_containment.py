@@ -23,11 +23,19 @@ def _device_limit() -> object:
     # 12 GiB: the honest ReLU's worker (4096 x 32768 inputs) measured 8426 MiB on the H200 on
     # 2026-12-01 (its CUDA context, the timing phase's input sets, the secret round of outputs it
     # keeps and the copies it hands over); the hog takes 24 GiB.
-    return protocol_from_dict({"name": "device-12gib", "base": "verified", "limits": {"device_memory_gb": 12.0}})
+    return protocol_from_dict(
+        {"name": "device-12gib", "base": "verified", "limits": {"device_memory_gb": 12.0}}
+    )
 
 
 def test_device_memory_beyond_the_limit_is_resource_limit() -> None:
-    record = evaluate_paths(RELU, FIXTURES / "gpu" / "device_memory_hog.py", protocol=_device_limit(), device="cuda", timeout_s=600)
+    record = evaluate_paths(
+        RELU,
+        FIXTURES / "gpu" / "device_memory_hog.py",
+        protocol=_device_limit(),
+        device="cuda",
+        timeout_s=600,
+    )
     gaps = record.isolation.get("not_enforced") or []
     if any("device memory not enforced" in g for g in gaps):
         pytest.skip(f"NVML gives no per-process figure here: {gaps}")
@@ -36,22 +44,44 @@ def test_device_memory_beyond_the_limit_is_resource_limit() -> None:
 
 
 def test_an_honest_candidate_passes_under_the_device_limit() -> None:
-    record = evaluate_paths(RELU, FIXTURES / "foundation" / "relu_plain.py", protocol=_device_limit(), device="cuda", timeout_s=600)
-    assert record.outcome == "passed", (record.outcome, record.error, [(f.check, f.severity, f.detail) for f in record.findings])
+    record = evaluate_paths(
+        RELU,
+        FIXTURES / "foundation" / "relu_plain.py",
+        protocol=_device_limit(),
+        device="cuda",
+        timeout_s=600,
+    )
+    assert record.outcome == "passed", (
+        record.outcome,
+        record.error,
+        [(f.check, f.severity, f.detail) for f in record.findings],
+    )
     assert record.memory["candidate_host_peak_bytes"]
 
 
 def test_a_fallback_to_an_undefined_kernel_is_caught_on_the_gpu() -> None:
-    record = evaluate_paths(RELU, FIXTURES / "hacks" / "fallback_undefined_kernel.py", protocol="verified", device="cuda", timeout_s=600)
+    record = evaluate_paths(
+        RELU,
+        FIXTURES / "hacks" / "fallback_undefined_kernel.py",
+        protocol="verified",
+        device="cuda",
+        timeout_s=600,
+    )
     fails = {f.check for f in record.findings if f.severity == "fail"}
-    assert record.outcome == "hack_detected" and {"ghost_kernel", "reference_fallback"} <= fails, record.findings
+    assert record.outcome == "hack_detected" and {"ghost_kernel", "reference_fallback"} <= fails, (
+        record.findings
+    )
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop applies to a root parent")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop applies to a root parent"
+)
 def test_on_the_gpu_the_candidate_keeps_the_parents_user_and_the_record_says_why() -> None:
     """Measured on the H200: CUDA IPC handles of a worker under another uid do not open in the
     parent, so on a GPU the candidate worker runs as the parent's user and the record says so."""
-    record = evaluate_paths(RELU, FIXTURES / "foundation" / "relu_plain.py", protocol="verified", device="cuda", timeout_s=600)
+    record = evaluate_paths(
+        RELU, FIXTURES / "foundation" / "relu_plain.py", protocol="verified", device="cuda", timeout_s=600
+    )
     assert record.outcome == "passed", (record.outcome, record.error)
     if os.geteuid() == 0:
         assert any("CUDA IPC" in gap for gap in record.isolation.get("not_enforced") or []), record.isolation

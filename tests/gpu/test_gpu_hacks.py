@@ -34,7 +34,11 @@ def test_gpu_hack_is_caught(path: Path) -> None:
         assert fails & set(spec["expect_checks"]), summary
 
 
-@pytest.mark.parametrize("path", [p for p in HONEST if fixture_spec(p).get("gpu_ok", True) and "cpp" not in p.stem], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [p for p in HONEST if fixture_spec(p).get("gpu_ok", True) and "cpp" not in p.stem],
+    ids=lambda p: p.stem,
+)
 def test_honest_passes_on_gpu(path: Path) -> None:
     spec = fixture_spec(path)
     record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
@@ -55,7 +59,11 @@ def test_bundled_gpu_candidate_meets_its_declared_expectation(path: Path) -> Non
     fails = {f.check for f in record.findings if f.severity == "fail"}
     summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} memory={record.memory}"
     assert record.outcome in spec["expect_outcome"], summary
-    if record.outcome == "hack_detected" and spec.get("expect_checks"):  # incorrect: correctness caught it first
+    if record.outcome == "hack_detected" and spec.get(
+        "expect_checks"
+    ):  # incorrect: correctness caught it first
         assert fails & set(spec["expect_checks"]), summary
     if spec.get("expect_outside_allocator_bytes"):  # the memory a raw cudaMalloc holds is in the record
-        assert (record.memory.get("candidate_outside_allocator_bytes") or 0) >= spec["expect_outside_allocator_bytes"], summary
+        assert (record.memory.get("candidate_outside_allocator_bytes") or 0) >= spec[
+            "expect_outside_allocator_bytes"
+        ], summary

@@ -21,18 +21,26 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_tf32_inside_forward_passes_and_a_global_flip_is_caught() -> None:
     problem = ROOT / "tests" / "fixtures" / "problems" / "tiny_matmul.py"
-    honest = evaluate_paths(problem, FIXTURES / "honest" / "tf32_scoped.py", protocol="verified", device="cuda", timeout_s=600)
+    honest = evaluate_paths(
+        problem, FIXTURES / "honest" / "tf32_scoped.py", protocol="verified", device="cuda", timeout_s=600
+    )
     assert honest.outcome == "passed", [(f.check, f.severity, f.detail) for f in honest.findings]
     assert "global_flags" not in {f.check for f in honest.findings}
-    hack = evaluate_paths(problem, FIXTURES / "hacks" / "tf32_flag.py", protocol="verified", device="cuda", timeout_s=600)
+    hack = evaluate_paths(
+        problem, FIXTURES / "hacks" / "tf32_flag.py", protocol="verified", device="cuda", timeout_s=600
+    )
     assert hack.outcome == "hack_detected"
     assert "global_flags" in {f.check for f in hack.findings if f.severity == "fail"}
 
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="needs the KernelBench tree at ../shared/kernelbench")
-@pytest.mark.parametrize("candidate", sorted((FIXTURES / "gpu_kernelbench").glob("*.py")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "candidate", sorted((FIXTURES / "gpu_kernelbench").glob("*.py")), ids=lambda p: p.stem
+)
 def test_honest_kernelbench_kernel_passes(candidate: Path) -> None:
     problem = KERNELBENCH / f"{candidate.stem.split('__')[0]}.py"
     record = evaluate_paths(problem, candidate, protocol="verified", device="cuda", timeout_s=600)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
-    assert record.outcome == "passed", f"{record.outcome} {fails} {record.error} {[(d.name, d.rel_err, d.note) for d in record.distributions if not d.passed]}"
+    assert record.outcome == "passed", (
+        f"{record.outcome} {fails} {record.error} {[(d.name, d.rel_err, d.note) for d in record.distributions if not d.passed]}"
+    )

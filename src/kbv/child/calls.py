@@ -28,11 +28,31 @@ _settrace = sys.settrace
 _make_inputs = kbv_inputs.make_inputs
 
 #: Operator namespaces that belong to PyTorch itself: a call there is not the candidate's kernel.
-BUILTIN_OP_NAMESPACES = frozenset({
-    "aten", "prims", "prim", "quantized", "_quantized", "profiler", "c10d", "_c10d_functional",
-    "_c10d_functional_autograd", "inductor", "_inductor", "mkldnn", "mkl", "onednn", "_caffe2",
-    "debugprims", "_dtensor", "rngprims", "higher_order", "torchvision", "xformers_ops_unused",
-})
+BUILTIN_OP_NAMESPACES = frozenset(
+    {
+        "aten",
+        "prims",
+        "prim",
+        "quantized",
+        "_quantized",
+        "profiler",
+        "c10d",
+        "_c10d_functional",
+        "_c10d_functional_autograd",
+        "inductor",
+        "_inductor",
+        "mkldnn",
+        "mkl",
+        "onednn",
+        "_caffe2",
+        "debugprims",
+        "_dtensor",
+        "rngprims",
+        "higher_order",
+        "torchvision",
+        "xformers_ops_unused",
+    }
+)
 #: Most entries kept per list in a reply.
 _KEEP = 50
 
@@ -68,7 +88,10 @@ def triton_kernels() -> list[str]:
         if not name.startswith("kbv_candidate_"):
             continue
         for attr, value in list(vars(module).items()):
-            if type(value).__name__ in ("JITFunction", "Autotuner", "Heuristics") and "triton" in type(value).__module__:
+            if (
+                type(value).__name__ in ("JITFunction", "Autotuner", "Heuristics")
+                and "triton" in type(value).__module__
+            ):
                 names.append(attr)
     return names
 
@@ -141,8 +164,12 @@ class CallRecorder:
         key = id(frame)
         if event == "exception":
             exc_type, exc, _ = arg
-            self._raised[key] = {"type": getattr(exc_type, "__name__", "?"), "message": str(exc)[:200], "line": frame.f_lineno,
-                                 "function": getattr(frame.f_code, "co_qualname", frame.f_code.co_name)}
+            self._raised[key] = {
+                "type": getattr(exc_type, "__name__", "?"),
+                "message": str(exc)[:200],
+                "line": frame.f_lineno,
+                "function": getattr(frame.f_code, "co_qualname", frame.f_code.co_name),
+            }
         elif event == "line" and key in self._raised:
             self.caught.append(self._raised.pop(key))  # execution went on in this frame: it was caught here
         elif event == "return":
@@ -153,14 +180,24 @@ class CallRecorder:
 def probe_calls(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """One forward on a fresh draw with the call recorder on: what ran, what was built, what was caught."""
     spec = request["inputs"]
-    args = _make_inputs(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision="fp32", domain=state.domain)
+    args = _make_inputs(
+        state.problem,
+        spec["distribution"],
+        int(spec["seed"]),
+        state.device,
+        precision="fp32",
+        domain=state.domain,
+    )
     extensions = extension_modules()
     recorder = CallRecorder(candidate_files(), set(extensions))
     with torch.no_grad(), recorder:
         state.model(*args)
     if state.device.type == "cuda":
         torch.cuda.synchronize()
-    return {"built": {"extensions": sorted(extensions), "triton_kernels": triton_kernels()}, "ran": recorder.summary()}
+    return {
+        "built": {"extensions": sorted(extensions), "triton_kernels": triton_kernels()},
+        "ran": recorder.summary(),
+    }
 
 
 HANDLERS = {"probe_calls": probe_calls}

@@ -234,9 +234,19 @@ def _set_precision_flags(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _make_inputs(state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None) -> list[Any]:
-    return kbv_inputs.make_draw(state.problem, distribution, seed, state.device, precision="fp64" if precision == "fp64" else "fp32",
-                                domain=state.domain, structure=state.structure, mix_seed=mix_seed)
+def _make_inputs(
+    state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None
+) -> list[Any]:
+    return kbv_inputs.make_draw(
+        state.problem,
+        distribution,
+        seed,
+        state.device,
+        precision="fp64" if precision == "fp64" else "fp32",
+        domain=state.domain,
+        structure=state.structure,
+        mix_seed=mix_seed,
+    )
 
 
 def _as_outputs(result: Any) -> list[Any]:
@@ -251,7 +261,9 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
     mix = request.get("mix_seed")
-    args = _make_inputs(state, request["distribution"], int(request["seed"]), precision, None if mix is None else int(mix))
+    args = _make_inputs(
+        state, request["distribution"], int(request["seed"]), precision, None if mix is None else int(mix)
+    )
     model = _model_for(state, precision)
     memory = _memory_before(state) if request.get("measure_memory") else None
     with torch.no_grad():
@@ -264,7 +276,11 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     # A trusted reference's outputs are handed over as they are; a candidate's are copied first.
     copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
     del args, outputs
-    return {"types": types, "memory": memory, "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed)}
+    return {
+        "types": types,
+        "memory": memory,
+        "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed),
+    }
 
 
 def _memory_before(state: _State) -> dict[str, Any]:
@@ -322,7 +338,11 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
     with torch.no_grad():
         measurement = kbv_timing.measure(
-            call, settings=settings, n_input_sets=len(input_sets), timer=state.timer, flush=flush,
+            call,
+            settings=settings,
+            n_input_sets=len(input_sets),
+            timer=state.timer,
+            flush=flush,
             on_sample=on_sample if keeping else None,
         )
         n = len(measurement.device_ms)
@@ -380,7 +400,12 @@ def _register_probes() -> None:
 
 def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"kind": _classify(exc, op), "type": type(exc).__name__, "message": _message(exc, op)[-4000:], "traceback": text[-8000:]}
+    return {
+        "kind": _classify(exc, op),
+        "type": type(exc).__name__,
+        "message": _message(exc, op)[-4000:],
+        "traceback": text[-8000:],
+    }
 
 
 def _message(exc: BaseException, op: str) -> str:
@@ -394,7 +419,11 @@ def _message(exc: BaseException, op: str) -> str:
 def _classify(exc: BaseException, op: str) -> str:
     module = type(exc).__module__ or ""
     message = str(exc)
-    if isinstance(exc, SyntaxError) or "Error building extension" in message or module.startswith("triton.compiler"):
+    if (
+        isinstance(exc, SyntaxError)
+        or "Error building extension" in message
+        or module.startswith("triton.compiler")
+    ):
         return "compile_error"
     if any(marker in message for marker in _CUDA_ERROR_MARKERS) or type(exc).__name__ == "AcceleratorError":
         return "cuda_error"

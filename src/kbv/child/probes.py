@@ -96,8 +96,16 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
     last 64 elements and the middle one of every tensor) and draw B everywhere else.
     """
     mix = spec.get("mix_seed")
-    return _make_draw(state.problem, spec["distribution"], int(spec["seed"]), state.device, precision="fp64" if precision == "fp64" else "fp32",
-                      domain=state.domain, structure=getattr(state, "structure", None), mix_seed=None if mix is None else int(mix))
+    return _make_draw(
+        state.problem,
+        spec["distribution"],
+        int(spec["seed"]),
+        state.device,
+        precision="fp64" if precision == "fp64" else "fp32",
+        domain=state.domain,
+        structure=getattr(state, "structure", None),
+        mix_seed=None if mix is None else int(mix),
+    )
 
 
 def _as_outputs(result: Any) -> list[Any]:
@@ -116,7 +124,10 @@ def _snapshot(state: Any, value: Any) -> Any:
 def _hand(state: Any, request: dict[str, Any], groups: list[list[Any]]) -> dict[str, Any]:
     """Hand several output lists to the parent at once: ``sizes`` says how to split them again."""
     flat = [value for group in groups for value in group]
-    return {"sizes": [len(g) for g in groups], "outputs": _hand_over(flat, state.device, request["out_path"], state.handed)}
+    return {
+        "sizes": [len(g) for g in groups],
+        "outputs": _hand_over(flat, state.device, request["out_path"], state.handed),
+    }
 
 
 def _sync(state: Any) -> None:
@@ -248,7 +259,9 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """
     spec = request["inputs"]
     args = _probe_inputs(state, spec, request.get("precision", "fp32"))
-    _forward(state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])  # lazy set-up is not growth
+    _forward(
+        state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    )  # lazy set-up is not growth
     _sleep(0.02)
     before = _activity()
     sums_before = [_checksum(a) for a in args]
@@ -312,9 +325,14 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
     """
     sizes = [n for n in output_nbytes if 0 < n <= (256 << 20)]
     exact = [m for n in sizes for m in (n, n // 2)]
-    blocks = [torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES]
+    blocks = [
+        torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES
+    ]
     for _ in range(4):
-        blocks.extend(torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in (*POISON_BYTES[:1], *exact))
+        blocks.extend(
+            torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device)
+            for n in (*POISON_BYTES[:1], *exact)
+        )
     del blocks
 
 
@@ -347,11 +365,33 @@ def probe_flops(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     def nbytes(values: list[Any]) -> int:
         return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
-    return {"flops": int(counter.get_total_flops()), "input_bytes": nbytes(args), "output_bytes": nbytes(outputs)}
+    return {
+        "flops": int(counter.get_total_flops()),
+        "input_bytes": nbytes(args),
+        "output_bytes": nbytes(outputs),
+    }
 
 
-_LIBRARY_MARKERS = ("at::", "aten", "cublas", "cutlass", "cudnn", "gemm", "gemv", "xmma", "nvjet", "cub::",
-                    "Memcpy", "Memset", "memcpy", "memset", "splitK", "sgemm", "void native::", "pytorch")
+_LIBRARY_MARKERS = (
+    "at::",
+    "aten",
+    "cublas",
+    "cutlass",
+    "cudnn",
+    "gemm",
+    "gemv",
+    "xmma",
+    "nvjet",
+    "cub::",
+    "Memcpy",
+    "Memset",
+    "memcpy",
+    "memset",
+    "splitK",
+    "sgemm",
+    "void native::",
+    "pytorch",
+)
 
 
 def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -371,7 +411,12 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         if device_type.endswith("CUDA") and event.name not in names:
             names.append(event.name)
     library = [n for n in names if any(m in n for m in _LIBRARY_MARKERS)]
-    return {"available": True, "kernels": names[:200], "library_kernels": library[:200], "custom_code": custom}
+    return {
+        "available": True,
+        "kernels": names[:200],
+        "library_kernels": library[:200],
+        "custom_code": custom,
+    }
 
 
 #: The modules the worker had loaded when it finished booting (:func:`note_boot_modules`). The
@@ -425,14 +470,18 @@ def _frozen(handlers: dict[str, Any]) -> dict[str, Any]:
     namespace = dict(globals())
     for name, obj in list(namespace.items()):
         if isinstance(obj, types.FunctionType) and obj.__module__ == __name__:
-            namespace[name] = types.FunctionType(obj.__code__, namespace, obj.__name__, obj.__defaults__, obj.__closure__)
+            namespace[name] = types.FunctionType(
+                obj.__code__, namespace, obj.__name__, obj.__defaults__, obj.__closure__
+            )
     return {op: namespace[fn.__name__] for op, fn in handlers.items()}
 
 
-HANDLERS = _frozen({
-    "probe_observe": probe_observe,
-    "probe_cache": probe_cache,
-    "probe_poison": probe_poison,
-    "probe_flops": probe_flops,
-    "probe_kernels": probe_kernels,
-})
+HANDLERS = _frozen(
+    {
+        "probe_observe": probe_observe,
+        "probe_cache": probe_cache,
+        "probe_poison": probe_poison,
+        "probe_flops": probe_flops,
+        "probe_kernels": probe_kernels,
+    }
+)

@@ -152,8 +152,9 @@ class CudaTimer(DeviceTimer):
 
     name = "cuda-events"
 
-    def __init__(self, device: torch.device | str | int | None = None, stream: Any = None,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, device: torch.device | str | int | None = None, stream: Any = None, clock: Clock | None = None
+    ) -> None:
         cuda = torch.cuda
         if not cuda.is_available():
             raise RuntimeError("CudaTimer needs a CUDA device; use CpuTimer on the CPU")
@@ -236,8 +237,17 @@ def make_l2_flush(device: torch.device | str | int) -> Callable[[], None] | None
 # --------------------------------------------------------------------------------------------
 
 _TIME_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "sleep")
-_CUDA_NAMES = ("Event", "synchronize", "current_stream", "Stream", "stream", "graph", "CUDAGraph",
-               "device", "_lazy_init")
+_CUDA_NAMES = (
+    "Event",
+    "synchronize",
+    "current_stream",
+    "Stream",
+    "stream",
+    "graph",
+    "CUDAGraph",
+    "device",
+    "_lazy_init",
+)
 _EVENT_METHODS = ("record", "elapsed_time", "synchronize", "query", "wait")
 # The statistics are not here: the parent computes them (kbv.statistics), out of the candidate's reach.
 _OWN_NAMES = ("measure", "make_l2_flush", "Measurement", "CudaTimer", "CpuTimer", "WallClock")
@@ -347,8 +357,13 @@ def _bind(fn: Callable[[int], object], k: int) -> Callable[[], object]:
     return lambda: fn(k)
 
 
-def _warm_up(fn: Callable[[int], object], settings: TimingSettings, n_input_sets: int,
-             timer: DeviceTimer, min_calls: int = 0) -> int:
+def _warm_up(
+    fn: Callable[[int], object],
+    settings: TimingSettings,
+    n_input_sets: int,
+    timer: DeviceTimer,
+    min_calls: int = 0,
+) -> int:
     start = timer.now()
     calls = 0
     at_least = max(settings.warmup_calls, min_calls)
@@ -361,9 +376,14 @@ def _warm_up(fn: Callable[[int], object], settings: TimingSettings, n_input_sets
     return calls
 
 
-def _timed_calls(fn: Callable[[int], object], settings: TimingSettings, n_input_sets: int,
-                 timer: DeviceTimer, flush: Callable[[], object] | None,
-                 on_sample: Callable[[int, float, float], object] | None) -> tuple[list[float], list[float]]:
+def _timed_calls(
+    fn: Callable[[int], object],
+    settings: TimingSettings,
+    n_input_sets: int,
+    timer: DeviceTimer,
+    flush: Callable[[], object] | None,
+    on_sample: Callable[[int, float, float], object] | None,
+) -> tuple[list[float], list[float]]:
     device_ms: list[float] = []
     wall_ms: list[float] = []
     phase_start = timer.now()

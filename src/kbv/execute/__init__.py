@@ -49,7 +49,9 @@ class BatchResult:
     # What the workers reported (device name, torch): the environment half of every store key.
     env: dict[str, Any] = field(default_factory=dict)
 
-    def keep(self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None) -> None:
+    def keep(
+        self, record: Record, candidate: Candidate, store: Any, run_id: int | None, jsonl: str | Path | None
+    ) -> None:
         """Store a finished record at once (a later crash of the batch cannot lose it)."""
         if store is not None:
             store.add_record(record, run_id=run_id, label=candidate.label, source=candidate.source)
@@ -81,7 +83,12 @@ def make_executor(
     if name == "local":
         from kbv.execute._local import LocalExecutor
 
-        return LocalExecutor(device=device, gpus=parse_gpus(gpus) if device == "cuda" else None, workers=workers, evaluate_fn=evaluate_fn)
+        return LocalExecutor(
+            device=device,
+            gpus=parse_gpus(gpus) if device == "cuda" else None,
+            workers=workers,
+            evaluate_fn=evaluate_fn,
+        )
     if name == "ray":
         from kbv.execute._ray import RayExecutor
 
@@ -112,7 +119,9 @@ def _all_gpus() -> list[int]:
         try:
             return [int(p) for p in mask.split(",") if p.strip()]
         except ValueError as exc:
-            raise ExecutorError("CUDA_VISIBLE_DEVICES holds GPU UUIDs; give --gpus with indices instead") from exc
+            raise ExecutorError(
+                "CUDA_VISIBLE_DEVICES holds GPU UUIDs; give --gpus with indices instead"
+            ) from exc
     import torch
 
     count = torch.cuda.device_count()
@@ -126,10 +135,31 @@ def _all_gpus() -> list[int]:
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scale-out")
-    group.add_argument("--executor", choices=EXECUTORS, default=None, help="run pairs concurrently: local (every GPU of this host) or ray (a Ray cluster); default: one at a time")
-    group.add_argument("--gpus", default=None, metavar="all|0,1,...", help="local executor: which GPUs get an evaluation slot (default: all)")
-    group.add_argument("--workers", type=int, default=None, metavar="N", help="with --device cpu: concurrent evaluations (default: CPU count / 4)")
-    group.add_argument("--address", default=None, metavar="RAY_ADDRESS", help="ray executor: an existing cluster (default: start a local Ray)")
+    group.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=None,
+        help="run pairs concurrently: local (every GPU of this host) or ray (a Ray cluster); default: one at a time",
+    )
+    group.add_argument(
+        "--gpus",
+        default=None,
+        metavar="all|0,1,...",
+        help="local executor: which GPUs get an evaluation slot (default: all)",
+    )
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --device cpu: concurrent evaluations (default: CPU count / 4)",
+    )
+    group.add_argument(
+        "--address",
+        default=None,
+        metavar="RAY_ADDRESS",
+        help="ray executor: an existing cluster (default: start a local Ray)",
+    )
 
 
 def executor_from_args(args: argparse.Namespace, device: str | None = None) -> Executor:
@@ -141,7 +171,9 @@ def executor_from_args(args: argparse.Namespace, device: str | None = None) -> E
             if getattr(args, flag, None) is not None:
                 raise ExecutorError(f"--{flag} needs --executor local or --executor ray")
         return make_executor("sequential", device=device or getattr(args, "device", None))
-    return make_executor(name, device=getattr(args, "device", None), gpus=args.gpus, workers=args.workers, address=args.address)
+    return make_executor(
+        name, device=getattr(args, "device", None), gpus=args.gpus, workers=args.workers, address=args.address
+    )
 
 
 def run_pairs(
@@ -190,19 +222,37 @@ def run_pairs(
         def on_start(problem: Problem, candidate: Candidate) -> None:
             progress.update(task, description=f"{problem.name} x {candidate.label}/{candidate.path.name}")
 
-        def on_record(problem: Problem, candidate: Candidate, record: Record | None, exc: Exception | None) -> None:
+        def on_record(
+            problem: Problem, candidate: Candidate, record: Record | None, exc: Exception | None
+        ) -> None:
             on_start(problem, candidate)
             progress.advance(task)
             if record is None:
-                result.errors.append((f"{problem.name} x {candidate.path.name}", str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+                result.errors.append(
+                    (
+                        f"{problem.name} x {candidate.path.name}",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
+                )
                 return
             if record.outcome == Outcome.CRASHED.value and env:
                 # Written by the driver, not a worker: give it the versions the key was probed
                 # with, so that a crashed pair counts as finished work on resume.
-                record.versions = {"kbv": __version__, "torch": env.get("torch", ""), **(record.versions or {})}
+                record.versions = {
+                    "kbv": __version__,
+                    "torch": env.get("torch", ""),
+                    **(record.versions or {}),
+                }
             result.keep(record, candidate, store, run_id, jsonl)
 
-        executor.map(pairs, protocol, timeout_s=timeout_s, on_record=on_record, should_skip=should_skip, on_start=on_start)
+        executor.map(
+            pairs,
+            protocol,
+            timeout_s=timeout_s,
+            on_record=on_record,
+            should_skip=should_skip,
+            on_start=on_start,
+        )
     for slot, state in executor.health().get("removed", {}).items():
         console.print(f"[red]removed from the pool[/red] {slot}: {state}")
     return result

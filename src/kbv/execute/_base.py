@@ -35,7 +35,16 @@ class Executor(abc.ABC):
     device_name: str = ""
 
     @abc.abstractmethod
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
+    def map(
+        self,
+        pairs: Iterable[Pair],
+        protocol: Protocol,
+        *,
+        timeout_s: float | None,
+        on_record: OnRecord,
+        should_skip: ShouldSkip,
+        on_start: OnStart | None = None,
+    ) -> None:
         """Evaluate every pair not skipped; each finished pair goes to ``on_record`` exactly once.
 
         ``should_skip`` may be asked more than once for a pair (the sequential executor asks again
@@ -69,7 +78,14 @@ class Executor(abc.ABC):
         self.close()
 
 
-def crashed_record(problem: Problem, candidate: Candidate, protocol: Protocol, device: dict[str, Any], message: str, attempts: list[str]) -> Record:
+def crashed_record(
+    problem: Problem,
+    candidate: Candidate,
+    protocol: Protocol,
+    device: dict[str, Any],
+    message: str,
+    attempts: list[str],
+) -> Record:
     """The record for a pair whose evaluation died twice (its process or node, not its candidate)."""
     return Record(
         problem=problem.ref(),
@@ -95,7 +111,9 @@ def probe_hello(device: str, visible: str | None = None) -> dict[str, Any]:
     """The hello of a probe worker on ``device`` (torch version, device name and capability)."""
     from kbv.worker import Worker, WorkerSpec
 
-    with Worker(WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible, budget_s=120)) as worker:
+    with Worker(
+        WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible, budget_s=120)
+    ) as worker:
         return worker.start()
 
 

@@ -103,7 +103,14 @@ class _Slot:
         host.shutdown(wait=False, cancel_futures=True)
 
 
-def _host_evaluate(evaluate_fn: Callable[..., Record], problem: Problem, candidate: Candidate, protocol: Protocol, device: str, timeout_s: float | None) -> Record:
+def _host_evaluate(
+    evaluate_fn: Callable[..., Record],
+    problem: Problem,
+    candidate: Candidate,
+    protocol: Protocol,
+    device: str,
+    timeout_s: float | None,
+) -> Record:
     """Runs in a slot's host process."""
     return evaluate_fn(problem, candidate, protocol, device, timeout_s=timeout_s)
 
@@ -168,14 +175,32 @@ class LocalExecutor(Executor):
 
     # --- map -----------------------------------------------------------------------------------
 
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
+    def map(
+        self,
+        pairs: Iterable[Pair],
+        protocol: Protocol,
+        *,
+        timeout_s: float | None,
+        on_record: OnRecord,
+        should_skip: ShouldSkip,
+        on_start: OnStart | None = None,
+    ) -> None:
         stage = CompileStage(self.compile_workers, arch_list=self._arch_list())
         jobs = [_Job(p, c, stage.submit(c)) for p, c in pairs if not should_skip(p, c)]
         for job in jobs:
             job.compiled.add_done_callback(lambda _: self._notify())
         self._pending, self._in_flight, self._stop = deque(jobs), 0, False
         started = time.monotonic()
-        threads = [threading.Thread(target=self._slot_loop, args=(slot, protocol, timeout_s), name=f"kbv-{slot.label}", daemon=True) for slot in self.slots if not slot.removed]
+        threads = [
+            threading.Thread(
+                target=self._slot_loop,
+                args=(slot, protocol, timeout_s),
+                name=f"kbv-{slot.label}",
+                daemon=True,
+            )
+            for slot in self.slots
+            if not slot.removed
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -199,7 +224,9 @@ class LocalExecutor(Executor):
             except queue.Empty:
                 self._fail_if_no_slots()
                 if not any(t.is_alive() for t in threads) and self._results.empty():
-                    raise ExecutorError(f"every evaluation slot stopped with {total - delivered} pairs unfinished") from None
+                    raise ExecutorError(
+                        f"every evaluation slot stopped with {total - delivered} pairs unfinished"
+                    ) from None
                 continue
             on_record(*item)
             delivered += 1
@@ -211,7 +238,14 @@ class LocalExecutor(Executor):
             reasons = "; ".join(f"{s.label}: {s.removed}" for s in self.slots)
             while self._pending:
                 job = self._pending.popleft()
-                self._results.put((job.problem, job.candidate, None, ExecutorError(f"no device left in the pool ({reasons})")))
+                self._results.put(
+                    (
+                        job.problem,
+                        job.candidate,
+                        None,
+                        ExecutorError(f"no device left in the pool ({reasons})"),
+                    )
+                )
 
     def _notify(self) -> None:
         with self._cond:
@@ -280,7 +314,14 @@ class LocalExecutor(Executor):
                 if len(job.attempts) < ATTEMPTS:
                     self._pending.appendleft(job)
                 else:
-                    record = crashed_record(job.problem, job.candidate, protocol, self._device_info(slot), "the evaluation died twice; see attempts", job.attempts)
+                    record = crashed_record(
+                        job.problem,
+                        job.candidate,
+                        protocol,
+                        self._device_info(slot),
+                        "the evaluation died twice; see attempts",
+                        job.attempts,
+                    )
             if record is not None or error is not None:
                 self._results.put((job.problem, job.candidate, record, error))
                 self._track_health(slot, record, error)
@@ -290,7 +331,9 @@ class LocalExecutor(Executor):
     def _call(self, slot: _Slot, job: _Job, protocol: Protocol, timeout_s: float | None) -> Record:
         host = slot.start_host()
         try:
-            future = host.submit(_host_evaluate, self.evaluate_fn, job.problem, job.candidate, protocol, slot.device, timeout_s)
+            future = host.submit(
+                _host_evaluate, self.evaluate_fn, job.problem, job.candidate, protocol, slot.device, timeout_s
+            )
         except (BrokenProcessPool, RuntimeError) as exc:  # the host is already gone
             slot.kill_host()
             raise _HostDied(str(exc)) from exc
@@ -318,7 +361,9 @@ class LocalExecutor(Executor):
             slot.cuda_errors += 1
             slot.cuda_errors_in_row += 1
             if slot.cuda_errors_in_row >= self.max_cuda_errors and slot.removed is None:
-                slot.removed = f"{slot.cuda_errors_in_row} CUDA errors in a row (last: {job_label(record, error)})"
+                slot.removed = (
+                    f"{slot.cuda_errors_in_row} CUDA errors in a row (last: {job_label(record, error)})"
+                )
         elif record is not None:
             slot.cuda_errors_in_row = 0
 
@@ -326,7 +371,15 @@ class LocalExecutor(Executor):
 
     def health(self) -> dict[str, Any]:
         return {
-            "slots": {s.label: {"evaluations": s.evaluations, "cuda_errors": s.cuda_errors, "cuda_errors_in_row": s.cuda_errors_in_row, "removed": s.removed} for s in self.slots},
+            "slots": {
+                s.label: {
+                    "evaluations": s.evaluations,
+                    "cuda_errors": s.cuda_errors,
+                    "cuda_errors_in_row": s.cuda_errors_in_row,
+                    "removed": s.removed,
+                }
+                for s in self.slots
+            },
             "removed": {s.label: s.removed for s in self.slots if s.removed},
         }
 
@@ -334,15 +387,29 @@ class LocalExecutor(Executor):
         return self._stats
 
     def _collect_stats(self, wall_s: float, compiled: list[CompileResult]) -> dict[str, Any]:
-        slots = {s.label: {"busy_s": s.busy_s, "wait_compile_s": s.wait_compile_s, "wait_other_s": s.wait_other_s, "evaluations": s.evaluations} for s in self.slots}
+        slots = {
+            s.label: {
+                "busy_s": s.busy_s,
+                "wait_compile_s": s.wait_compile_s,
+                "wait_other_s": s.wait_other_s,
+                "evaluations": s.evaluations,
+            }
+            for s in self.slots
+        }
         statuses: dict[str, int] = {}
         for result in compiled:
             statuses[result.status] = statuses.get(result.status, 0) + 1
         return {
             "wall_s": wall_s,
             "slots": slots,
-            "idle_compile_share": sum(s.wait_compile_s for s in self.slots) / (wall_s * len(self.slots)) if wall_s else 0.0,
-            "compile": {"workers": self.compile_workers, "statuses": statuses, "seconds": sum(r.seconds for r in compiled)},
+            "idle_compile_share": sum(s.wait_compile_s for s in self.slots) / (wall_s * len(self.slots))
+            if wall_s
+            else 0.0,
+            "compile": {
+                "workers": self.compile_workers,
+                "statuses": statuses,
+                "seconds": sum(r.seconds for r in compiled),
+            },
         }
 
     def close(self) -> None:

@@ -63,13 +63,24 @@ def _task_compile(candidate: Candidate, arch_list: str | None) -> dict[str, Any]
     return {"node_id": _node_id(), "compile": result.to_dict()}
 
 
-def _task_evaluate(evaluate_fn: Callable[..., Record], problem: Problem, candidate: Candidate, protocol: Protocol, device: str, timeout_s: float | None) -> dict[str, Any]:
+def _task_evaluate(
+    evaluate_fn: Callable[..., Record],
+    problem: Problem,
+    candidate: Candidate,
+    protocol: Protocol,
+    device: str,
+    timeout_s: float | None,
+) -> dict[str, Any]:
     import ray
 
     placement = {"node_id": _node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
     with tempfile.TemporaryDirectory(prefix="kbv-ray-") as tmp:
-        local_problem = dataclasses.replace(problem, path=_write(Path(tmp) / "problem" / problem.path.name, problem.source))
-        local_candidate = dataclasses.replace(candidate, path=_write(Path(tmp) / "candidate" / candidate.path.name, candidate.source))
+        local_problem = dataclasses.replace(
+            problem, path=_write(Path(tmp) / "problem" / problem.path.name, problem.source)
+        )
+        local_candidate = dataclasses.replace(
+            candidate, path=_write(Path(tmp) / "candidate" / candidate.path.name, candidate.source)
+        )
         try:
             record = evaluate_fn(local_problem, local_candidate, protocol, device, timeout_s=timeout_s)
         except Exception as exc:
@@ -78,7 +89,11 @@ def _task_evaluate(evaluate_fn: Callable[..., Record], problem: Problem, candida
             raise
     # The record names the files the driver knows, not this node's temporary copies.
     record.problem, record.candidate = problem.ref(), candidate.ref()
-    record.device = {**record.device, "node_id": placement["node_id"], **({"index": placement["gpu_ids"][0]} if placement["gpu_ids"] else {})}
+    record.device = {
+        **record.device,
+        "node_id": placement["node_id"],
+        **({"index": placement["gpu_ids"][0]} if placement["gpu_ids"] else {}),
+    }
     return {**placement, "record": record}
 
 
@@ -103,7 +118,14 @@ class _Job:
 
 
 class RayExecutor(Executor):
-    def __init__(self, *, device: str = "cuda", address: str | None = None, workers: int | None = None, evaluate_fn: Callable[..., Record]) -> None:
+    def __init__(
+        self,
+        *,
+        device: str = "cuda",
+        address: str | None = None,
+        workers: int | None = None,
+        evaluate_fn: Callable[..., Record],
+    ) -> None:
         if device not in ("cpu", "cuda"):
             raise ExecutorError(f"device must be cpu or cuda, not {device!r}")
         self.ray = _import_ray()
@@ -121,7 +143,9 @@ class RayExecutor(Executor):
     def _connect(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"address": self.address} if self.address else {"include_dashboard": False}
+            kwargs: dict[str, Any] = (
+                {"address": self.address} if self.address else {"include_dashboard": False}
+            )
             try:
                 ray.init(ignore_reinit_error=True, log_to_driver=False, **kwargs)
             except ConnectionError as exc:
@@ -146,9 +170,22 @@ class RayExecutor(Executor):
         self.device_name = env["device_name"]
         return env
 
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
+    def map(
+        self,
+        pairs: Iterable[Pair],
+        protocol: Protocol,
+        *,
+        timeout_s: float | None,
+        on_record: OnRecord,
+        should_skip: ShouldSkip,
+        on_start: OnStart | None = None,
+    ) -> None:
         self._connect()
-        arch_list = arch_list_for(((self._hello or {}).get("device") or {}).get("capability")) if self.device == "cuda" else None
+        arch_list = (
+            arch_list_for(((self._hello or {}).get("device") or {}).get("capability"))
+            if self.device == "cuda"
+            else None
+        )
         started = time.monotonic()
         waiting: list[tuple[_Job, str | None]] = []  # compiled (or nothing to compile), not yet submitted
         refs: dict[Any, tuple[str, _Job]] = {}
@@ -176,7 +213,13 @@ class RayExecutor(Executor):
                 self.ray.cancel(ref, force=True)
             self._stats = {"wall_s": time.monotonic() - started, "evaluations": evaluations}
 
-    def _submit(self, waiting: list[tuple[_Job, str | None]], refs: dict[Any, tuple[str, _Job]], protocol: Protocol, timeout_s: float | None) -> int:
+    def _submit(
+        self,
+        waiting: list[tuple[_Job, str | None]],
+        refs: dict[Any, tuple[str, _Job]],
+        protocol: Protocol,
+        timeout_s: float | None,
+    ) -> int:
         submitted = 0
         while waiting:
             in_flight = sum(1 for kind, _ in refs.values() if kind == "evaluate")
@@ -189,7 +232,11 @@ class RayExecutor(Executor):
 
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
             device = "cuda" if self.device == "cuda" else "cpu"
-            ref = self._remote["evaluate"].options(**options).remote(self.evaluate_fn, job.problem, job.candidate, protocol, device, timeout_s)
+            ref = (
+                self._remote["evaluate"]
+                .options(**options)
+                .remote(self.evaluate_fn, job.problem, job.candidate, protocol, device, timeout_s)
+            )
             refs[ref] = ("evaluate", job)
             submitted += 1
         return submitted
@@ -200,7 +247,14 @@ class RayExecutor(Executor):
         except self.ray.exceptions.RayError:  # the build is an optimisation: evaluate anyway
             return None
 
-    def _finish(self, ref: Any, job: _Job, protocol: Protocol, waiting: list[tuple[_Job, str | None]], on_record: OnRecord) -> None:
+    def _finish(
+        self,
+        ref: Any,
+        job: _Job,
+        protocol: Protocol,
+        waiting: list[tuple[_Job, str | None]],
+        on_record: OnRecord,
+    ) -> None:
         try:
             out = self.ray.get(ref)
         except self.ray.exceptions.RayError as exc:
@@ -209,7 +263,19 @@ class RayExecutor(Executor):
                 waiting.insert(0, (job, None))  # anywhere Ray finds room; a dead node gets nothing
                 return
             device = {"type": self.device, "name": self.device_name}
-            on_record(job.problem, job.candidate, crashed_record(job.problem, job.candidate, protocol, device, "the evaluation died twice; see attempts", job.attempts), None)
+            on_record(
+                job.problem,
+                job.candidate,
+                crashed_record(
+                    job.problem,
+                    job.candidate,
+                    protocol,
+                    device,
+                    "the evaluation died twice; see attempts",
+                    job.attempts,
+                ),
+                None,
+            )
             return
         self._track_health(out)
         on_record(job.problem, job.candidate, out.get("record"), out.get("error"))
@@ -220,7 +286,9 @@ class RayExecutor(Executor):
             return
         slot = f"{out['node_id'][:12]}/gpu{out['gpu_ids'][0]}"
         record, error = out.get("record"), out.get("error")
-        if ((record.error or {}).get("kind") if record else None) == "cuda_error" or (error is not None and "cuda_error" in str(error)):
+        if ((record.error or {}).get("kind") if record else None) == "cuda_error" or (
+            error is not None and "cuda_error" in str(error)
+        ):
             self._cuda_in_row[slot] = self._cuda_in_row.get(slot, 0) + 1
             if self._cuda_in_row[slot] >= MAX_CUDA_ERRORS:
                 self._suspect[slot] = f"{self._cuda_in_row[slot]} CUDA errors in a row"

@@ -25,7 +25,9 @@ from kbv.records import Record
 
 
 class SequentialExecutor(Executor):
-    def __init__(self, *, device: str | None = None, evaluate_fn: Callable[..., Record] | None = None) -> None:
+    def __init__(
+        self, *, device: str | None = None, evaluate_fn: Callable[..., Record] | None = None
+    ) -> None:
         from kbv.evaluation import default_device, evaluate
 
         self.device = device or default_device()
@@ -40,13 +42,26 @@ class SequentialExecutor(Executor):
         self.device_name = env["device_name"]
         return env
 
-    def map(self, pairs: Iterable[Pair], protocol: Protocol, *, timeout_s: float | None, on_record: OnRecord, should_skip: ShouldSkip, on_start: OnStart | None = None) -> None:
+    def map(
+        self,
+        pairs: Iterable[Pair],
+        protocol: Protocol,
+        *,
+        timeout_s: float | None,
+        on_record: OnRecord,
+        should_skip: ShouldSkip,
+        on_start: OnStart | None = None,
+    ) -> None:
         from kbv.evaluation import worker_specs
         from kbv.worker import SPARE_DEPTH, Spares
 
         pairs = list(pairs)
         todo = [not should_skip(problem, candidate) for problem, candidate in pairs]
-        spares = Spares(SPARE_DEPTH["cuda" if self.device.startswith("cuda") else "cpu"]) if self.uses_spares else None
+        spares = (
+            Spares(SPARE_DEPTH["cuda" if self.device.startswith("cuda") else "cpu"])
+            if self.uses_spares
+            else None
+        )
         with spares or contextlib.nullcontext():
             for index, (problem, candidate) in enumerate(pairs):
                 if on_start is not None:
@@ -60,7 +75,9 @@ class SequentialExecutor(Executor):
                     spares.expect([list(worker_specs(p, c, protocol, self.device)) for p, c in upcoming])
                     extra["spares"] = spares
                 try:
-                    record = self.evaluate_fn(problem, candidate, protocol, self.device, timeout_s=timeout_s, **extra)
+                    record = self.evaluate_fn(
+                        problem, candidate, protocol, self.device, timeout_s=timeout_s, **extra
+                    )
                 except Exception as exc:
                     if not is_harness_error(exc):
                         raise

@@ -44,29 +44,50 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kbv generate`` (also used by ``kbv pipeline``)."""
     parser.add_argument("--problems", required=True, help="problem file, directory or KernelBench tree")
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", help="PROVIDER:MODEL, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, vllm:Qwen/Qwen3-8B")
-    which.add_argument("--preset", help="a preset name (e.g. study-2026) or .toml path; each model goes to OUT/<slug>/")
+    which.add_argument(
+        "--model", help="PROVIDER:MODEL, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, vllm:Qwen/Qwen3-8B"
+    )
+    which.add_argument(
+        "--preset", help="a preset name (e.g. study-2026) or .toml path; each model goes to OUT/<slug>/"
+    )
     parser.add_argument("--out", required=True, help="run directory for the candidates and generation.jsonl")
     parser.add_argument("--samples", type=int, help="candidates per problem (default 1)")
-    parser.add_argument("--temperature", type=_temperature,
-                        help="sampling temperature, or 'none' for the provider default (default 0, or none with reasoning)")
+    parser.add_argument(
+        "--temperature",
+        type=_temperature,
+        help="sampling temperature, or 'none' for the provider default (default 0, or none with reasoning)",
+    )
     parser.add_argument("--max-tokens", type=int, help="output token limit per request (default 8192)")
-    parser.add_argument("--reasoning-effort", help="reasoning effort for models that take one (low|medium|high)")
-    parser.add_argument("--thinking-budget", type=int, help="thinking token budget (Anthropic extended thinking)")
+    parser.add_argument(
+        "--reasoning-effort", help="reasoning effort for models that take one (low|medium|high)"
+    )
+    parser.add_argument(
+        "--thinking-budget", type=int, help="thinking token budget (Anthropic extended thinking)"
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default 4)")
     parser.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 for vLLM")
-    parser.add_argument("--api-key-env", help="environment variable holding the key (keys are never read from flags)")
+    parser.add_argument(
+        "--api-key-env", help="environment variable holding the key (keys are never read from flags)"
+    )
     parser.add_argument("--backend", choices=BACKENDS, help="kernel language asked for (default cuda)")
-    parser.add_argument("--input-blind", action="store_true", default=None,
-                        help="hide concrete input sizes and values from the prompt")
+    parser.add_argument(
+        "--input-blind",
+        action="store_true",
+        default=None,
+        help="hide concrete input sizes and values from the prompt",
+    )
     parser.add_argument("--template", help="prompt template name or file (default kernelbench-v1)")
     parser.add_argument("--max-requests", type=int, help="budget: requests to send at most in this run")
     parser.add_argument("--max-tokens-total", type=int, help="budget: input+output tokens to spend at most")
     parser.add_argument("--cache-dir", help="response cache directory (default OUT/.cache/responses)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
     parser.add_argument("--retries", type=int, default=6, help="retries on rate limits and transient errors")
-    parser.add_argument("--backoff-base", type=float, default=1.0, help="first retry delay in seconds (doubles)")
-    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    parser.add_argument(
+        "--backoff-base", type=float, default=1.0, help="first retry delay in seconds (doubles)"
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds per request (default 600)"
+    )
     parser.add_argument("--prices", help="price table TOML merged over the bundled one")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

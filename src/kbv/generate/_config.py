@@ -60,8 +60,20 @@ class GenerationConfig:
 
 
 _PRESET_FIELDS = {
-    "provider", "model", "base_url", "api_key_env", "samples", "temperature", "max_tokens",
-    "reasoning_effort", "thinking_budget", "extra_body", "system", "backend", "template", "input_blind",
+    "provider",
+    "model",
+    "base_url",
+    "api_key_env",
+    "samples",
+    "temperature",
+    "max_tokens",
+    "reasoning_effort",
+    "thinking_budget",
+    "extra_body",
+    "system",
+    "backend",
+    "template",
+    "input_blind",
 }
 
 
@@ -93,7 +105,9 @@ def user_presets_dir() -> Path:
 
 
 def available_presets() -> list[str]:
-    names = {p.stem for d in (bundled_presets_dir(), user_presets_dir()) if d.is_dir() for p in d.glob("*.toml")}
+    names = {
+        p.stem for d in (bundled_presets_dir(), user_presets_dir()) if d.is_dir() for p in d.glob("*.toml")
+    }
     return sorted(names)
 
 
@@ -136,7 +150,9 @@ def load_preset(name_or_path: str) -> Preset:
         if slug in {s for s, _ in entries}:
             raise ConfigError(f"preset {path}: slug {slug!r} appears twice")
         entries.append((slug, merged))
-    return Preset(name=str(data.get("name", path.stem)), version=int(data.get("version", 1)), path=path, models=entries)
+    return Preset(
+        name=str(data.get("name", path.stem)), version=int(data.get("version", 1)), path=path, models=entries
+    )
 
 
 def slugify(text: str) -> str:

@@ -24,8 +24,7 @@ BACKENDS = ("cuda", "triton")
 _BACKEND_NAMES = {"cuda": "CUDA", "triton": "Triton"}
 _BACKEND_RULES = {
     "cuda": (
-        "Write the kernels in CUDA C++ and compile them inline with "
-        "torch.utils.cpp_extension.load_inline."
+        "Write the kernels in CUDA C++ and compile them inline with torch.utils.cpp_extension.load_inline."
     ),
     "triton": "Write the kernels in Triton (@triton.jit functions launched from Python).",
 }
@@ -140,7 +139,8 @@ def strip_kbv_extras(source: str) -> str:
     spans = [
         (node.lineno, node.end_lineno or node.lineno)
         for node in tree.body
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KBV" for t in node.targets)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "KBV" for t in node.targets)
     ]
     for start, end in sorted(spans, reverse=True):
         del lines[start - 1 : end]
@@ -174,13 +174,27 @@ def blind_inputs(source: str) -> str:
             and _assigned_names(node) & input_names
         ):
             value = node.value
-            edits.append((value.lineno, value.col_offset, value.end_lineno or value.lineno,
-                          value.end_col_offset or 0, "..." + _BLIND_MARK))
+            edits.append(
+                (
+                    value.lineno,
+                    value.col_offset,
+                    value.end_lineno or value.lineno,
+                    value.end_col_offset or 0,
+                    "..." + _BLIND_MARK,
+                )
+            )
         elif isinstance(node, ast.FunctionDef) and node.name == "get_inputs":
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Constant) and _is_number(sub.value):
-                    edits.append((sub.lineno, sub.col_offset, sub.end_lineno or sub.lineno,
-                                  sub.end_col_offset or 0, "..."))
+                    edits.append(
+                        (
+                            sub.lineno,
+                            sub.col_offset,
+                            sub.end_lineno or sub.lineno,
+                            sub.end_col_offset or 0,
+                            "...",
+                        )
+                    )
     lines = source.splitlines(keepends=True)
     for line, col, end_line, end_col, text in sorted(edits, reverse=True):
         # ast offsets are in UTF-8 bytes; sources here are ASCII in practice, but stay exact.

@@ -39,8 +39,12 @@ PROVIDERS: dict[str, ProviderInfo] = {
     "together": ProviderInfo("openai", "https://api.together.xyz/v1", "TOGETHER_API_KEY"),
     "fireworks": ProviderInfo("openai", "https://api.fireworks.ai/inference/v1", "FIREWORKS_API_KEY"),
     "openrouter": ProviderInfo("openai", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
-    "dashscope": ProviderInfo("openai", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "DASHSCOPE_API_KEY"),
-    "gemini": ProviderInfo("openai", "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY"),
+    "dashscope": ProviderInfo(
+        "openai", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "DASHSCOPE_API_KEY"
+    ),
+    "gemini": ProviderInfo(
+        "openai", "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY"
+    ),
     "xai": ProviderInfo("openai", "https://api.x.ai/v1", "XAI_API_KEY"),
     "mistral": ProviderInfo("openai", "https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
     # Self-hosted OpenAI-compatible servers: --base-url is required, a key is optional.
@@ -133,7 +137,9 @@ def resolve_provider(provider: str, base_url: str | None) -> ProviderInfo:
             )
         return ProviderInfo("openai", base_url, None)
     if info.key_env is None and not (base_url or info.base_url):
-        raise ProviderError(f"provider {provider!r} is a self-hosted server: pass --base-url http://HOST:PORT/v1")
+        raise ProviderError(
+            f"provider {provider!r} is a self-hosted server: pass --base-url http://HOST:PORT/v1"
+        )
     return ProviderInfo(info.sdk, base_url or info.base_url, info.key_env)
 
 
@@ -154,7 +160,9 @@ def read_key(provider: str, base_url: str | None, api_key_env: str | None) -> st
         return value
     if base_url and not api_key_env:
         return None  # a gateway or local server reached through a known provider name, no key set
-    raise ProviderError(f"the API key variable {name} is not set; export it (keys are read from the environment only)")
+    raise ProviderError(
+        f"the API key variable {name} is not set; export it (keys are read from the environment only)"
+    )
 
 
 def make_client(
@@ -184,7 +192,9 @@ class OpenAIClient:
     def __init__(self, base_url: str | None, key: str | None, timeout: float, official: bool) -> None:
         openai = _import("openai")
         # Local servers accept any key; the SDK insists on one.
-        self._client = openai.OpenAI(api_key=key or "EMPTY", base_url=base_url, timeout=timeout, max_retries=0)
+        self._client = openai.OpenAI(
+            api_key=key or "EMPTY", base_url=base_url, timeout=timeout, max_retries=0
+        )
         self._official = official
 
     def complete(self, request: ChatRequest) -> Completion:
@@ -236,7 +246,9 @@ class AnthropicClient:
 
     def __init__(self, base_url: str | None, key: str | None, timeout: float) -> None:
         anthropic = _import("anthropic")
-        self._client = anthropic.Anthropic(api_key=key or "EMPTY", base_url=base_url, timeout=timeout, max_retries=0)
+        self._client = anthropic.Anthropic(
+            api_key=key or "EMPTY", base_url=base_url, timeout=timeout, max_retries=0
+        )
 
     def complete(self, request: ChatRequest) -> Completion:
         kwargs: dict[str, Any] = {

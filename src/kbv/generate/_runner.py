@@ -186,7 +186,12 @@ class _Run:
     def execute(self, job: _Job) -> str:
         key = cache_key(job.request, job.sample)
         completion = self.cache.get(key) if self.cache else None
-        record: dict[str, Any] = {"cache_hit": completion is not None, "cache_key": key, "attempts": 0, "latency_s": 0.0}
+        record: dict[str, Any] = {
+            "cache_hit": completion is not None,
+            "cache_key": key,
+            "attempts": 0,
+            "latency_s": 0.0,
+        }
         if completion is None:
             if not self.budget.reserve():
                 return self._finish(job, record, None, STATUS_BUDGET)
@@ -240,19 +245,28 @@ class _Run:
                 "output_tokens": completion.output_tokens,
                 "reasoning_tokens": completion.reasoning_tokens,
             }
-            cost = self.prices.cost(job.request.provider, job.request.model, completion.input_tokens,
-                                    completion.output_tokens)
+            cost = self.prices.cost(
+                job.request.provider, job.request.model, completion.input_tokens, completion.output_tokens
+            )
         line = {
-            "problem": {"name": problem.name, "level": job.item.level, "id": job.item.problem_id,
-                        "path": str(problem.path), "source_sha256": problem.source_sha256},
+            "problem": {
+                "name": problem.name,
+                "level": job.item.level,
+                "id": job.item.problem_id,
+                "path": str(problem.path),
+                "source_sha256": problem.source_sha256,
+            },
             "sample": job.sample,
             "status": status,
             "kernel": record.get("kernel"),
             "provider": job.request.provider,
             "model": job.request.model,
             "base_url": job.request.base_url,
-            "params": {k: v for k, v in job.request.cache_fields().items()
-                       if k not in {"provider", "model", "base_url", "prompt", "system"}},
+            "params": {
+                k: v
+                for k, v in job.request.cache_fields().items()
+                if k not in {"provider", "model", "base_url", "prompt", "system"}
+            },
             "template": job.prompt.template,
             "template_sha256": job.prompt.template_sha256,
             "backend": job.prompt.backend,
@@ -279,7 +293,9 @@ class _Run:
             self._count(status, record, completion, cost)
         return status
 
-    def _count(self, status: str, record: dict[str, Any], completion: Completion | None, cost: float | None) -> None:
+    def _count(
+        self, status: str, record: dict[str, Any], completion: Completion | None, cost: float | None
+    ) -> None:
         s = self.summary
         s.statuses["error" if status.startswith("error") else status] += 1
         s.attempts += record["attempts"]
@@ -330,7 +346,9 @@ def generate(
     (run_dir / "generation_config.json").write_text(json.dumps(config.public(), indent=2) + "\n")
     cache = None
     if config.use_cache:
-        cache = ResponseCache(Path(config.cache_dir) if config.cache_dir else run_dir / ".cache" / "responses")
+        cache = ResponseCache(
+            Path(config.cache_dir) if config.cache_dir else run_dir / ".cache" / "responses"
+        )
 
     run = _Run(config, run_dir, client, cache, prices, sleep, summary)
     try:
@@ -361,21 +379,31 @@ def _jobs_for(item: NumberedProblem, config: GenerationConfig, template: Any) ->
 def _write_manifest(run_dir: Path, numbered: list[NumberedProblem]) -> None:
     with (run_dir / MANIFEST).open("w") as handle:
         for item in numbered:
-            handle.write(json.dumps({
-                "level": item.level,
-                "problem_id": item.problem_id,
-                "name": item.problem.name,
-                "path": str(item.problem.path),
-                "source_sha256": item.problem.source_sha256,
-                "numbered_by_kbv": item.assigned,
-            }) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "level": item.level,
+                        "problem_id": item.problem_id,
+                        "name": item.problem.name,
+                        "path": str(item.problem.path),
+                        "source_sha256": item.problem.source_sha256,
+                        "numbered_by_kbv": item.assigned,
+                    }
+                )
+                + "\n"
+            )
 
 
 def _execute_all(run: _Run, jobs: list[_Job], concurrency: int, progress: bool, label: str) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[status]}"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
     with Progress(*columns, disable=not progress) as bar:
         task = bar.add_task(f"generate {label}", total=len(jobs), status="")
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -385,8 +413,11 @@ def _execute_all(run: _Run, jobs: list[_Job], concurrency: int, progress: bool, 
                     future.result()
                     s = run.summary
                     not_ok = sum(s.statuses.values()) - s.statuses.get(STATUS_OK, 0)
-                    bar.update(task, advance=1, status=f"ok {s.statuses.get(STATUS_OK, 0)}  "
-                               f"cached {s.cache_hits}  not ok {not_ok}")
+                    bar.update(
+                        task,
+                        advance=1,
+                        status=f"ok {s.statuses.get(STATUS_OK, 0)}  cached {s.cache_hits}  not ok {not_ok}",
+                    )
             except BaseException:
                 for future in futures:  # an interrupt stops new requests; the cache keeps the finished ones
                     future.cancel()

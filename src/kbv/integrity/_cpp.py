@@ -71,7 +71,9 @@ def extract(analysis: Analysis) -> list[CppSource]:
             for text, node in _strings_in(analysis, expr):
                 _add(found, label, text, node)
     for node in ast.walk(analysis.tree):
-        if isinstance(node, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)) and not _inside_fold(analysis, node):
+        if isinstance(node, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)) and not _inside_fold(
+            analysis, node
+        ):
             folded = analysis.fold(node)
             if folded is not None and folded not in found and looks_like_cpp(folded):
                 _add(found, "string", folded, node)

@@ -13,8 +13,18 @@ from collections.abc import Iterator
 
 _MAX_FOLDED = 1_000_000  # never build a string larger than this while folding
 _ALIASABLE_BUILTINS = {
-    "builtins", "exec", "eval", "compile", "getattr", "setattr", "delattr", "__import__", "open", "vars",
-    "globals", "id",
+    "builtins",
+    "exec",
+    "eval",
+    "compile",
+    "getattr",
+    "setattr",
+    "delattr",
+    "__import__",
+    "open",
+    "vars",
+    "globals",
+    "id",
 }
 _STR_METHODS = {"lower", "upper", "strip", "lstrip", "rstrip", "casefold", "title", "swapcase"}
 
@@ -90,7 +100,12 @@ class Analysis:
                     continue
                 if isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
                     qual = self.qualname(value)
-                    if qual and self._is_import_rooted(qual) and qual != name and self.aliases.get(name) != qual:
+                    if (
+                        qual
+                        and self._is_import_rooted(qual)
+                        and qual != name
+                        and self.aliases.get(name) != qual
+                    ):
                         self.aliases[name] = qual
                         changed = True
             if not changed:
@@ -220,9 +235,17 @@ class Analysis:
             return chr(code) if code is not None and 0 <= code < 0x110000 else None
         if not isinstance(func, ast.Attribute):
             return None
-        if func.attr == "decode" and isinstance(func.value, ast.Constant) and isinstance(func.value.value, bytes):
+        if (
+            func.attr == "decode"
+            and isinstance(func.value, ast.Constant)
+            and isinstance(func.value.value, bytes)
+        ):
             return func.value.value.decode("utf-8", "replace")
-        if func.attr == "decode" and isinstance(func.value, ast.Call) and self.qualname(func.value.func) == "bytes.fromhex":
+        if (
+            func.attr == "decode"
+            and isinstance(func.value, ast.Call)
+            and self.qualname(func.value.func) == "bytes.fromhex"
+        ):
             hex_text = self.fold(func.value.args[0], d) if func.value.args else None
             try:
                 return bytes.fromhex(hex_text).decode("utf-8", "replace") if hex_text is not None else None
@@ -233,7 +256,11 @@ class Analysis:
             return None
         if func.attr == "join" and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):
             parts = [self.fold(e, d) for e in node.args[0].elts]
-            return None if any(p is None for p in parts) else _capped(receiver.join(p for p in parts if p is not None))
+            return (
+                None
+                if any(p is None for p in parts)
+                else _capped(receiver.join(p for p in parts if p is not None))
+            )
         if func.attr in _STR_METHODS and not node.args:
             return str(getattr(receiver, func.attr)())
         if func.attr == "replace" and len(node.args) == 2:

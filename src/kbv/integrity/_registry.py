@@ -95,7 +95,9 @@ def apply_severity(findings: Iterable[Finding], settings: _SeveritySource | None
     """
     result: list[Finding] = []
     for finding in findings:
-        severity = finding.severity if settings is None else settings.severity_for(finding.check, finding.severity)
+        severity = (
+            finding.severity if settings is None else settings.severity_for(finding.check, finding.severity)
+        )
         if severity == "off":
             continue
         if severity not in SEVERITIES:

@@ -103,7 +103,9 @@ class DynamicContext:
                 raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
             if exc.kind in _REFUSE:
                 raise
-            raise _ProbeFailed(f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}") from exc
+            raise _ProbeFailed(
+                f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}"
+            ) from exc
 
     def handed(self, worker: Any, reply: dict[str, Any]) -> list[list[Any]]:
         """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
@@ -112,7 +114,11 @@ class DynamicContext:
         except WorkerFailed as exc:
             raise _ProbeFailed(exc.message) from exc
         sizes = (reply.get("outputs") or {}).get("sizes")
-        if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != len(flat):
+        if (
+            not isinstance(sizes, list)
+            or not all(isinstance(n, int) and n >= 0 for n in sizes)
+            or sum(sizes) != len(flat)
+        ):
             raise _ProbeFailed("the worker's probe outputs do not match their description")
         groups, position = [], 0
         for n in sizes:
@@ -181,12 +187,30 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.draw(0)
             sub, ref = self.session.subject, self.session.reference
-            cand = self.request(sub, "probe_observe", inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe"))
-            refr = self.request(ref, "probe_observe", inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe"))
+            cand = self.request(
+                sub,
+                "probe_observe",
+                inputs=spec,
+                delay_s=OBSERVE_DELAY_S,
+                out_path=sub.new_path("probe-observe"),
+            )
+            refr = self.request(
+                ref,
+                "probe_observe",
+                inputs=spec,
+                delay_s=0.0,
+                hand_outputs=False,
+                out_path=ref.new_path("probe-observe"),
+            )
             first, late = self.handed(sub, cand)
             # Only the difference is kept: the outputs themselves would hold device memory all phase.
-            return {"spec": spec, "candidate": cand, "reference": refr, "late_diff": _max_diff(first, late),
-                    "first_tensors": [isinstance(t, torch.Tensor) for t in first]}
+            return {
+                "spec": spec,
+                "candidate": cand,
+                "reference": refr,
+                "late_diff": _max_diff(first, late),
+                "first_tensors": [isinstance(t, torch.Tensor) for t in first],
+            }
 
         return self.once("observe", compute)
 
@@ -196,7 +220,14 @@ class DynamicContext:
             dist = self.distribution()
             seed_a, seed_b = self.session.fresh_seed("cache-a"), self.session.fresh_seed("cache-b")
             sub = self.session.subject
-            reply = self.request(sub, "probe_cache", distribution=dist, seed_a=seed_a, seed_b=seed_b, out_path=sub.new_path("probe-cache"))
+            reply = self.request(
+                sub,
+                "probe_cache",
+                distribution=dist,
+                seed_a=seed_a,
+                seed_b=seed_b,
+                out_path=sub.new_path("probe-cache"),
+            )
             specs = [
                 {"distribution": dist, "seed": seed_a},
                 {"distribution": dist, "seed": seed_b},
@@ -212,15 +243,24 @@ class DynamicContext:
             spec = self.draw(1)
             sub = self.session.subject
             # Blocks of exactly the outputs' sizes are what the CPU heap hands back to ``torch.empty``.
-            sizes = [int(t.numel() * t.element_size()) for t in self.expected(spec)["truth"]["outputs"] if isinstance(t, torch.Tensor)]
-            reply = self.request(sub, "probe_poison", inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes)
+            sizes = [
+                int(t.numel() * t.element_size())
+                for t in self.expected(spec)["truth"]["outputs"]
+                if isinstance(t, torch.Tensor)
+            ]
+            reply = self.request(
+                sub, "probe_poison", inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes
+            )
             return {"spec": spec, "runs": self.handed(sub, reply)}
 
         return self.once("poison", compute)
 
 
 def _wrap(outputs: list[Any]) -> dict[str, Any]:
-    return {"outputs": list(outputs), "types": ["torch.Tensor" if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs]}
+    return {
+        "outputs": list(outputs),
+        "types": ["torch.Tensor" if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs],
+    }
 
 
 def _max_diff(a: list[Any], b: list[Any]) -> float:
@@ -236,7 +276,10 @@ def _max_diff(a: list[Any], b: list[Any]) -> float:
             continue
         flat_x, flat_y = x.reshape(-1), y.reshape(-1)
         for start in range(0, flat_x.numel(), _DIFF_CHUNK):  # bounded float64 temporaries
-            xd, yd = flat_x[start : start + _DIFF_CHUNK].double(), flat_y[start : start + _DIFF_CHUNK].double()
+            xd, yd = (
+                flat_x[start : start + _DIFF_CHUNK].double(),
+                flat_y[start : start + _DIFF_CHUNK].double(),
+            )
             if bool((torch.isnan(xd) != torch.isnan(yd)).any()):
                 return math.inf
             worst = max(worst, float((xd - yd).abs().nan_to_num(nan=0.0, posinf=math.inf).max()))
@@ -269,8 +312,10 @@ def _fmt(x: float | None) -> str:
 )
 def check_output_type(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
-    return [_finding("output_type", f"output {i} is {t}, a tensor that is not a plain torch.Tensor")
-            for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first_tensors"])]
+    return [
+        _finding("output_type", f"output {i} is {t}, a tensor that is not a plain torch.Tensor")
+        for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first_tensors"])
+    ]
 
 
 def tensor_like_outputs(types: list[str], snapshots: list[Any]) -> list[tuple[int, str]]:
@@ -304,7 +349,12 @@ def check_output_aliases_input(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
     honest = {tuple(p) for p in obs["reference"]["aliasing"]}
     extra = [p for p in obs["candidate"]["aliasing"] if tuple(p) not in honest]
-    return [_finding("output_aliases_input", f"output {o} shares storage with input {i} (the reference's does not)") for o, i in extra]
+    return [
+        _finding(
+            "output_aliases_input", f"output {o} shares storage with input {i} (the reference's does not)"
+        )
+        for o, i in extra
+    ]
 
 
 @register_check(
@@ -322,7 +372,12 @@ def check_input_mutation(ctx: DynamicContext) -> list[Finding]:
     for j, (before, after) in enumerate(zip(cand["input_checksums_before"], cand["input_checksums_after"])):
         ref_changed = ref["input_checksums_before"][j] != ref["input_checksums_after"][j]
         if before != after and not ref_changed:
-            findings.append(_finding("input_mutation", f"input {j} changed during the call: sum {_fmt(before and before['sum'])} -> {_fmt(after and after['sum'])}, sha {before and before['sha']} -> {after and after['sha']}"))
+            findings.append(
+                _finding(
+                    "input_mutation",
+                    f"input {j} changed during the call: sum {_fmt(before and before['sum'])} -> {_fmt(after and after['sum'])}, sha {before and before['sha']} -> {after and after['sha']}",
+                )
+            )
     return findings
 
 
@@ -344,24 +399,53 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
     findings = []
     grew_py = max(after["python_threads"], later["python_threads"]) - before["python_threads"]
     if grew_py > 0 or cand.get("threads_started", 0) > 0:
-        findings.append(_finding("background_work", f"Python threads: {before['python_threads']} before the call, {after['python_threads']} right after, {later['python_threads']} after {OBSERVE_DELAY_S}s; {cand.get('threads_started', 0)} started during the call"))
+        findings.append(
+            _finding(
+                "background_work",
+                f"Python threads: {before['python_threads']} before the call, {after['python_threads']} right after, {later['python_threads']} after {OBSERVE_DELAY_S}s; {cand.get('threads_started', 0)} started during the call",
+            )
+        )
     grew_proc = max(after["processes"], later["processes"]) - before["processes"]
     if grew_proc > 0:
-        findings.append(_finding("background_work", f"child processes: {before['processes']} before the call, {after['processes']} right after, {later['processes']} after {OBSERVE_DELAY_S}s"))
+        findings.append(
+            _finding(
+                "background_work",
+                f"child processes: {before['processes']} before the call, {after['processes']} right after, {later['processes']} after {OBSERVE_DELAY_S}s",
+            )
+        )
     diff = obs["late_diff"]
     if diff > 0:
-        findings.append(_finding("background_work", f"the outputs changed after the call returned: max |late - returned| = {_fmt(diff)} after {OBSERVE_DELAY_S}s"))
+        findings.append(
+            _finding(
+                "background_work",
+                f"the outputs changed after the call returned: max |late - returned| = {_fmt(diff)} after {OBSERVE_DELAY_S}s",
+            )
+        )
     ref_act = ref["activity"]
-    ref_growth = max(ref_act["after"]["os_threads"], ref_act["after_delay"]["os_threads"]) - ref_act["before"]["os_threads"]
+    ref_growth = (
+        max(ref_act["after"]["os_threads"], ref_act["after_delay"]["os_threads"])
+        - ref_act["before"]["os_threads"]
+    )
     grew_os = max(after["os_threads"], later["os_threads"]) - before["os_threads"]
     if not findings and grew_os > max(0, ref_growth):
-        findings.append(_finding("background_work", f"OS threads grew from {before['os_threads']} to {max(after['os_threads'], later['os_threads'])} across one call (reference: +{ref_growth})", "warn"))
+        findings.append(
+            _finding(
+                "background_work",
+                f"OS threads grew from {before['os_threads']} to {max(after['os_threads'], later['os_threads'])} across one call (reference: +{ref_growth})",
+                "warn",
+            )
+        )
     return findings
 
 
 #: Flags whose change alters fp32 numerics; a change to the others (autotuning, determinism) warns.
-_NUMERIC_FLAGS = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "float32_matmul_precision", "default_dtype",
-                  "cuda.matmul.allow_fp16_reduced_precision_reduction")
+_NUMERIC_FLAGS = (
+    "cuda.matmul.allow_tf32",
+    "cudnn.allow_tf32",
+    "float32_matmul_precision",
+    "default_dtype",
+    "cuda.matmul.allow_fp16_reduced_precision_reduction",
+)
 
 
 @register_check(
@@ -381,7 +465,13 @@ def check_global_flags(ctx: DynamicContext) -> list[Finding]:
         if start.get(name) != now.get(name):
             severity = "fail" if name in _NUMERIC_FLAGS else "warn"
             when = "at import" if flags["before_call"].get(name) == now.get(name) else "during a call"
-            findings.append(_finding("global_flags", f"{name} changed {when}: {start.get(name)!r} -> {now.get(name)!r}", severity))
+            findings.append(
+                _finding(
+                    "global_flags",
+                    f"{name} changed {when}: {start.get(name)!r} -> {now.get(name)!r}",
+                    severity,
+                )
+            )
     return findings
 
 
@@ -395,7 +485,9 @@ def check_global_flags(ctx: DynamicContext) -> list[Finding]:
 )
 def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
     changed = ctx.observe()["candidate"]["identities_changed"]
-    return [_finding("timer_tampering", f"replaced after import: {', '.join(changed[:12])}")] if changed else []
+    return (
+        [_finding("timer_tampering", f"replaced after import: {', '.join(changed[:12])}")] if changed else []
+    )
 
 
 @register_check(
@@ -409,7 +501,16 @@ def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
 )
 def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
     changed = ctx.observe()["candidate"].get("harness_changed") or []
-    return [_finding("harness_patched", f"{len(changed)} kbv function(s) replaced in the worker: {', '.join(changed[:10])}")] if changed else []
+    return (
+        [
+            _finding(
+                "harness_patched",
+                f"{len(changed)} kbv function(s) replaced in the worker: {', '.join(changed[:10])}",
+            )
+        ]
+        if changed
+        else []
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -431,21 +532,45 @@ def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
 )
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
-    labels = ["fresh buffers (control)", "same buffers, new contents", "new buffers, same contents", "same sampled values, other data"]
+    labels = [
+        "fresh buffers (control)",
+        "same buffers, new contents",
+        "new buffers, same contents",
+        "same sampled values, other data",
+    ]
     repeated = _repeated_output(ctx, probe["outputs"], probe["specs"], labels)
     if repeated:  # evidence of a cache even when the candidate is wrong everywhere
         return [_finding("caching_probe", repeated)]
     verdicts = [ctx.judge(out, spec) for out, spec in zip(probe["outputs"], probe["specs"])]
     if not verdicts or not verdicts[0]["passed"]:
-        note = (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}") if verdicts else "no outputs"
+        note = (
+            (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}")
+            if verdicts
+            else "no outputs"
+        )
         if ctx.session.correct:  # right in the correctness phase, wrong on fresh buffers now: a stale answer
-            return [_finding("caching_probe", f"a call on fresh buffers is wrong ({note}) although correctness passed; a reused address or object may have hit a cache")]
+            return [
+                _finding(
+                    "caching_probe",
+                    f"a call on fresh buffers is wrong ({note}) although correctness passed; a reused address or object may have hit a cache",
+                )
+            ]
         return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
-    bad = [f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip() for i, v in enumerate(verdicts) if i and not v["passed"]]
-    return [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))] if bad else []
+    bad = [
+        f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip()
+        for i, v in enumerate(verdicts)
+        if i and not v["passed"]
+    ]
+    return (
+        [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))]
+        if bad
+        else []
+    )
 
 
-def _repeated_output(ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]) -> str | None:
+def _repeated_output(
+    ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]
+) -> str | None:
     """A call that returned, bit for bit, an earlier call's output for other input values, where the
     reference's answers to the two differ: it came from a cache, not from the inputs. A discrete
     output (integer or bool, such as argmax indices) that repeats and is right for its own inputs
@@ -454,7 +579,9 @@ def _repeated_output(ctx: DynamicContext, outputs: list[Any], specs: list[dict[s
         for j in range(i):
             if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
                 continue  # a uniform output (all zeros, say) is a constant, which correctness judges
-            if _bitwise_equal(ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]):
+            if _bitwise_equal(
+                ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]
+            ):
                 continue  # the reference cannot tell these inputs apart either
             if _discrete(outputs[i]) and ctx.judge(outputs[i], specs[i])["passed"]:
                 continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
@@ -467,12 +594,19 @@ def _discrete(outputs: list[Any]) -> bool:
 
 
 def _uniform(outputs: list[Any]) -> bool:
-    return all(isinstance(x, torch.Tensor) and (x.numel() <= 1 or bool((x == x.reshape(-1)[0]).all())) for x in outputs)
+    return all(
+        isinstance(x, torch.Tensor) and (x.numel() <= 1 or bool((x == x.reshape(-1)[0]).all()))
+        for x in outputs
+    )
 
 
 def _bitwise_equal(a: list[Any], b: list[Any]) -> bool:
     return len(a) == len(b) and all(
-        isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        isinstance(x, torch.Tensor)
+        and isinstance(y, torch.Tensor)
+        and x.shape == y.shape
+        and x.dtype == y.dtype
+        and torch.equal(x, y)
         for x, y in zip(a, b)
     )
 
@@ -480,7 +614,12 @@ def _bitwise_equal(a: list[Any], b: list[Any]) -> bool:
 def _nan_where_finite(got: list[Any], truth: list[Any]) -> int:
     count = 0
     for g, t in zip(got, truth):
-        if isinstance(g, torch.Tensor) and isinstance(t, torch.Tensor) and g.is_floating_point() and g.shape == t.shape:
+        if (
+            isinstance(g, torch.Tensor)
+            and isinstance(t, torch.Tensor)
+            and g.is_floating_point()
+            and g.shape == t.shape
+        ):
             count += int((torch.isnan(g) & torch.isfinite(t)).sum())
     return count
 
@@ -502,9 +641,19 @@ def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
         nans = _nan_where_finite(run, truth)
         verdict = ctx.judge(run, probe["spec"])
         if nans:
-            findings.append(_finding("unwritten_output", f"poisoned run {k + 1}: {nans} NaN element(s) where the truth is finite"))
+            findings.append(
+                _finding(
+                    "unwritten_output",
+                    f"poisoned run {k + 1}: {nans} NaN element(s) where the truth is finite",
+                )
+            )
         elif not verdict["passed"] and ctx.session.correct:
-            findings.append(_finding("unwritten_output", f"poisoned run {k + 1} is wrong: max_abs_err {_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip()))
+            findings.append(
+                _finding(
+                    "unwritten_output",
+                    f"poisoned run {k + 1} is wrong: max_abs_err {_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip(),
+                )
+            )
     return findings[:1]
 
 
@@ -528,7 +677,13 @@ def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
         return []
     passed = [ctx.judge(r, probe["spec"])["passed"] for r in runs]
     severity = "warn" if all(passed) else "fail"
-    return [_finding("nondeterminism", f"two runs on identical inputs differ by {_fmt(cand_diff)} (reference: {_fmt(ref_diff)}); runs judged {passed}", severity)]
+    return [
+        _finding(
+            "nondeterminism",
+            f"two runs on identical inputs differ by {_fmt(cand_diff)} (reference: {_fmt(ref_diff)}); runs judged {passed}",
+            severity,
+        )
+    ]
 
 
 @register_check(
@@ -554,7 +709,13 @@ def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
         for t in transients
     )
     severity = "warn" if len(transients) == 1 else "fail"
-    return [_finding("transient_mismatch", f"{len(transients)} draw(s) failed once and not again: {described}", severity)]
+    return [
+        _finding(
+            "transient_mismatch",
+            f"{len(transients)} draw(s) failed once and not again: {described}",
+            severity,
+        )
+    ]
 
 
 @register_check(
@@ -580,7 +741,12 @@ def check_timed_output(ctx: DynamicContext) -> list[Finding]:
     if not wrong:
         return []
     first = wrong[0]
-    return [_finding("timed_output_check", f"{len(wrong)} of {checked.get('checked')} calls of timing round {int(checked.get('round') or 0) + 1} returned wrong outputs (first: call {first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''})".strip())]
+    return [
+        _finding(
+            "timed_output_check",
+            f"{len(wrong)} of {checked.get('checked')} calls of timing round {int(checked.get('round') or 0) + 1} returned wrong outputs (first: call {first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''})".strip(),
+        )
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -595,7 +761,9 @@ def _accounted_ms(measurement: dict[str, Any], settings: Any) -> float:
     """Time the worker's report accounts for: timed samples plus the warm-up they imply, the warm-up
     bounded by the recipe (kbv.statistics.accounted_batch_ms), never by the worker's claimed count."""
     wall = [float(x) for x in measurement.get("wall_ms") or []]
-    return kbv_timing.accounted_batch_ms(wall, int(measurement.get("warmup_calls", 0) or 0), settings, max(1, settings.input_sets))
+    return kbv_timing.accounted_batch_ms(
+        wall, int(measurement.get("warmup_calls", 0) or 0), settings, max(1, settings.input_sets)
+    )
 
 
 @register_check(
@@ -622,7 +790,12 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
         return []
     first = wrong[0]
     detail = f"round {first.get('round', 0) + 1}, call {first.get('call')}: max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''}".strip()
-    return [_finding("timed_call_outputs", f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are wrong (first: {detail}); speedup withdrawn")]
+    return [
+        _finding(
+            "timed_call_outputs",
+            f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are wrong (first: {detail}); speedup withdrawn",
+        )
+    ]
 
 
 @register_check(
@@ -645,8 +818,12 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     if not cand_rounds:
         return []
     settings = session.protocol.timing
-    gaps = [float(r["parent_bracket_s"]) * 1e3 - _accounted_ms(r, settings)
-            for entry in (timing.get("baselines") or {}).values() for r in _rounds(entry) if "parent_bracket_s" in r]
+    gaps = [
+        float(r["parent_bracket_s"]) * 1e3 - _accounted_ms(r, settings)
+        for entry in (timing.get("baselines") or {}).values()
+        for r in _rounds(entry)
+        if "parent_bracket_s" in r
+    ]
     if not gaps:
         return []
     # The largest baseline gap: scheduling noise on a busy machine must not read as a lie.
@@ -656,7 +833,9 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
         bracket_ms = float(r["parent_bracket_s"]) * 1e3
         result = kbv_timing.bracket_check(_accounted_ms(r, settings), bracket_ms, overhead)
         # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.
-        result["trusted_per_call_ms"] = kbv_timing.trusted_per_call_ms(bracket_ms, overhead, len(r.get("wall_ms") or []), settings)
+        result["trusted_per_call_ms"] = kbv_timing.trusted_per_call_ms(
+            bracket_ms, overhead, len(r.get("wall_ms") or []), settings
+        )
         results.append(result)
     # A lying clock lies in every round; a noise spike hits one.
     if not all(r["disagrees"] for r in results):
@@ -671,7 +850,13 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     # cost an honest candidate some speedup, not its verdict.
     inflation = claimed / corrected["best"] if claimed and corrected.get("best") else None
     severity = "fail" if inflation is None or inflation > LIE_FACTOR else "warn"
-    return [_finding("timing_disagreement", f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} (claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)", severity)]
+    return [
+        _finding(
+            "timing_disagreement",
+            f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} (claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)",
+            severity,
+        )
+    ]
 
 
 def _corrected_speedup(session: Any, trusted_ms: float) -> dict[str, Any]:
@@ -715,7 +900,12 @@ def check_side_stream(ctx: DynamicContext) -> list[Finding]:
             continue
         check = kbv_timing.wall_vs_device_disagreement(m, overhead)
         if check["disagrees"]:
-            findings.append(_finding("side_stream_timing", f"wall median {_fmt(check['wall_median_ms'])} ms vs device-event median {_fmt(check['device_median_ms'])} ms (excess {_fmt(check['excess_ms'])} ms, allowed {_fmt(check['allowed_excess_ms'])} ms)"))
+            findings.append(
+                _finding(
+                    "side_stream_timing",
+                    f"wall median {_fmt(check['wall_median_ms'])} ms vs device-event median {_fmt(check['device_median_ms'])} ms (excess {_fmt(check['excess_ms'])} ms, allowed {_fmt(check['allowed_excess_ms'])} ms)",
+                )
+            )
             break
     return findings
 
@@ -749,7 +939,12 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
     names = info["kernels"]
     library = set(info.get("library_kernels", []))
     custom = [n for n in names if n not in library]
-    return [_finding("kernels_launched", f"{len(names)} kernel(s), {len(custom)} non-library: {', '.join(n[:60] for n in custom[:6]) or '-'}; library: {', '.join(n[:60] for n in list(library)[:4]) or '-'}")]
+    return [
+        _finding(
+            "kernels_launched",
+            f"{len(names)} kernel(s), {len(custom)} non-library: {', '.join(n[:60] for n in custom[:6]) or '-'}; library: {', '.join(n[:60] for n in list(library)[:4]) or '-'}",
+        )
+    ]
 
 
 @register_check(
@@ -776,7 +971,12 @@ def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
         return []
     names, library = info["kernels"], set(info.get("library_kernels", []))
     if names and all(n in library for n in names):
-        return [_finding("ghost_kernel", f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library kernels ran: {', '.join(n[:60] for n in names[:4])}")]
+        return [
+            _finding(
+                "ghost_kernel",
+                f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library kernels ran: {', '.join(n[:60] for n in names[:4])}",
+            )
+        ]
     return []
 
 
@@ -795,9 +995,20 @@ def unused_kernel_findings(calls: dict[str, Any]) -> list[Finding]:
         first = next((c for c in caught if _names_missing(c)), caught[0])
         what = f"{first.get('type')} ({first.get('message', '')[:100]}) at line {first.get('line')} in {first.get('function')}"
         severity = "fail" if made or _names_missing(first) else "warn"
-        return [_finding("ghost_kernel", f"during one forward the candidate's code raised and caught {what}, and no kernel of its own ran: the result is PyTorch's; {evidence}", severity)]
+        return [
+            _finding(
+                "ghost_kernel",
+                f"during one forward the candidate's code raised and caught {what}, and no kernel of its own ran: the result is PyTorch's; {evidence}",
+                severity,
+            )
+        ]
     if made:
-        return [_finding("ghost_kernel", f"built {', '.join(made[:4])} but during one forward none of its kernels ran; {evidence}")]
+        return [
+            _finding(
+                "ghost_kernel",
+                f"built {', '.join(made[:4])} but during one forward none of its kernels ran; {evidence}",
+            )
+        ]
     return []
 
 
@@ -836,7 +1047,13 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
     findings = []
     best = ctx.speedup().get("best")
     if best is not None and best > SUSPICIOUS_SPEEDUP:
-        findings.append(_finding("plausibility", f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)", "warn"))
+        findings.append(
+            _finding(
+                "plausibility",
+                f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)",
+                "warn",
+            )
+        )
     if not ctx.on_cuda:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
     facts = ctx.once("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
@@ -844,7 +1061,13 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
     nbytes = facts["input_bytes"] + facts["output_bytes"]
     floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3
     if cand_ms < floor_ms:
-        findings.insert(0, _finding("plausibility", f"median {_fmt(cand_ms)} ms is below the physical floor {_fmt(floor_ms)} ms on {where}: {facts['flops']:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at {bw_peak:.3g} B/s"))
+        findings.insert(
+            0,
+            _finding(
+                "plausibility",
+                f"median {_fmt(cand_ms)} ms is below the physical floor {_fmt(floor_ms)} ms on {where}: {facts['flops']:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at {bw_peak:.3g} B/s",
+            ),
+        )
     return findings
 
 
@@ -852,9 +1075,24 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
 
 #: The order checks run in: timing first (it may correct the speedup), then the cheap observe probe.
 ORDER = (
-    "timed_call_outputs", "timing_disagreement", "side_stream_timing", "timer_tampering", "harness_patched", "output_type", "output_aliases_input",
-    "input_mutation", "background_work", "global_flags", "caching_probe", "unwritten_output",
-    "nondeterminism", "transient_mismatch", "timed_output_check", "kernels_launched", "ghost_kernel", "plausibility",
+    "timed_call_outputs",
+    "timing_disagreement",
+    "side_stream_timing",
+    "timer_tampering",
+    "harness_patched",
+    "output_type",
+    "output_aliases_input",
+    "input_mutation",
+    "background_work",
+    "global_flags",
+    "caching_probe",
+    "unwritten_output",
+    "nondeterminism",
+    "transient_mismatch",
+    "timed_output_check",
+    "kernels_launched",
+    "ghost_kernel",
+    "plausibility",
     "processes_left",
 )
 
@@ -887,18 +1125,30 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
     names = [n for n in ORDER if n in checks] + sorted(n for n in checks if n not in ORDER)
     findings: list[Finding] = []
     failed_probes: set[str] = set()
-    last_reader = {probe: [n for n in names if n in readers][-1] for probe, readers in _PROBE_READERS.items() if any(n in readers for n in names)}
+    last_reader = {
+        probe: [n for n in names if n in readers][-1]
+        for probe, readers in _PROBE_READERS.items()
+        if any(n in readers for n in names)
+    }
     for name in names:
         try:
             findings.extend(checks[name].run(ctx))
         except _ReferenceProbeFailed as exc:
-            findings.append(_finding(name, f"not checked: the reference failed this check's probe ({exc})", "info"))
+            findings.append(
+                _finding(name, f"not checked: the reference failed this check's probe ({exc})", "info")
+            )
         except _ProbeFailed as exc:
             message = str(exc)
             if message in failed_probes:
                 continue
             failed_probes.add(message)
-            findings.append(_finding(name, f"the candidate failed inside this check's probe after passing ordinary calls: {message}", "fail"))
+            findings.append(
+                _finding(
+                    name,
+                    f"the candidate failed inside this check's probe after passing ordinary calls: {message}",
+                    "fail",
+                )
+            )
         finally:
             for probe in [p for p, reader in last_reader.items() if reader == name]:
                 ctx.release(probe)
@@ -939,6 +1189,9 @@ def left_behind_findings(left: list[dict[str, Any]]) -> list[Finding]:
     if not left:
         return []
     escaped = [p for p in left if p.get("own_session")]
-    shown = "; ".join(f"pid {p['pid']}{' (own session)' if p.get('own_session') else ''}: {p['command'][:120]}" for p in left[:5])
+    shown = "; ".join(
+        f"pid {p['pid']}{' (own session)' if p.get('own_session') else ''}: {p['command'][:120]}"
+        for p in left[:5]
+    )
     detail = f"{len(left)} process(es) the candidate started were still running at the end of its evaluation (killed): {shown}"
     return [_finding("processes_left", detail, "fail" if escaped else "warn")]

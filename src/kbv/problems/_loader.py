@@ -161,7 +161,9 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 def _literal_extras(tree: ast.Module, path: Path) -> dict[str, Any]:
     """The optional module-level ``KBV = {...}`` dict, read without running the file."""
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KBV" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "KBV" for t in node.targets
+        ):
             try:
                 value = ast.literal_eval(node.value)
             except ValueError as exc:

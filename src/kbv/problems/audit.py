@@ -94,12 +94,16 @@ def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None
     return audit_problems([problem], device, seed)[0]
 
 
-def audit_problems(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> list[AuditResult]:
+def audit_problems(
+    problems: list[Problem], device: str = "cpu", seed: int | None = None
+) -> list[AuditResult]:
     """Every problem's audit result, in order (see :func:`iter_audit`)."""
     return list(iter_audit(problems, device, seed))
 
 
-def iter_audit(problems: list[Problem], device: str = "cpu", seed: int | None = None) -> Iterator[AuditResult]:
+def iter_audit(
+    problems: list[Problem], device: str = "cpu", seed: int | None = None
+) -> Iterator[AuditResult]:
     """Audit problems in one trusted worker, started again only after a problem kills it; each
     result is yielded as soon as it is known."""
     master = seed if seed is not None else new_seed()
@@ -110,7 +114,15 @@ def iter_audit(problems: list[Problem], device: str = "cpu", seed: int | None = 
             if worker is None or not worker.alive():
                 if worker is not None:
                     worker.close()
-                worker = Worker(WorkerSpec(build_key="audit", device=device_in_worker, role="reference", visible_devices=visible, budget_s=AUDIT_BUDGET_S))
+                worker = Worker(
+                    WorkerSpec(
+                        build_key="audit",
+                        device=device_in_worker,
+                        role="reference",
+                        visible_devices=visible,
+                        budget_s=AUDIT_BUDGET_S,
+                    )
+                )
                 worker.start()
             worker.remaining_s = AUDIT_BUDGET_S
             result = _audit_in(worker, problem, device, master)
@@ -136,8 +148,12 @@ def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> Aud
     device = worker_device(device)
     try:
         worker.request(
-            "load", role="reference", device=device, problem_path=str(problem.path),
-            sizes=problem.sizes_for(device), domain=problem.extras.get("domain", "any"),
+            "load",
+            role="reference",
+            device=device,
+            problem_path=str(problem.path),
+            sizes=problem.sizes_for(device),
+            domain=problem.extras.get("domain", "any"),
             init_seed=derive_seed(master, "init"),
         )
         _probe(worker, result, master)
@@ -148,7 +164,9 @@ def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> Aud
 
 
 def _run(worker: Worker, distribution: str, seed: int, precision: str = "fp32") -> list[Any]:
-    reply = worker.request("run", distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit"))
+    reply = worker.request(
+        "run", distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit")
+    )
     return list(worker.receive_outputs(reply.get("outputs")))
 
 
@@ -160,7 +178,9 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
     again = _run(worker, "original", derive_seed(master, "a"))
     if not _same(first, again):
         result.flags.append("nondeterministic")
-        result.notes["nondeterministic"] = f"two runs on identical inputs differ by up to {_max_diff(first, again):.3g}"
+        result.notes["nondeterministic"] = (
+            f"two runs on identical inputs differ by up to {_max_diff(first, again):.3g}"
+        )
     del again
     zeros_pass, finite = _zeros_pass(first), _finite(first)
     del first
@@ -171,7 +191,9 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
         )
     if zeros_pass:
         result.flags.append("zeros_pass")
-        result.notes["zeros_pass"] = f"an all-zero output passes allclose(atol={ZEROS_ATOL}, rtol={ZEROS_RTOL})"
+        result.notes["zeros_pass"] = (
+            f"an all-zero output passes allclose(atol={ZEROS_ATOL}, rtol={ZEROS_RTOL})"
+        )
     if finite:
         broken = [d for d in BASE_DISTRIBUTIONS[1:] if not _finite(_run(worker, d, derive_seed(master, d)))]
         if broken:
@@ -188,7 +210,9 @@ def _constant_output(worker: Worker, master: int) -> bool:
             if not _constant(exact, _run(worker, distribution, derive_seed(master, key), "fp64")):
                 return False
     except WorkerFailed as exc:  # e.g. forward makes float32 tensors of its own: no float64 truth
-        raise WorkerFailed(exc.kind, f"in float64 (the verified protocol's truth): {exc.message}", exc.details, role=exc.role) from exc
+        raise WorkerFailed(
+            exc.kind, f"in float64 (the verified protocol's truth): {exc.message}", exc.details, role=exc.role
+        ) from exc
     return True
 
 
@@ -217,7 +241,9 @@ def _constant(a: list[Any], b: list[Any]) -> bool:
 
 
 def _max_diff(a: list[Any], b: list[Any]) -> float:
-    return max((error_stats(x, y)["max_abs"] for x, y in zip(_floats(a), _floats(b)) if x.numel()), default=0.0)
+    return max(
+        (error_stats(x, y)["max_abs"] for x, y in zip(_floats(a), _floats(b)) if x.numel()), default=0.0
+    )
 
 
 def _zeros_pass(outputs: list[Any]) -> bool:

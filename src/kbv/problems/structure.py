@@ -24,7 +24,13 @@ import torch
 from kbv import inputs as kbv_inputs
 from kbv.problems._loader import Problem, ProblemError, load_module
 
-__all__ = ["InputStructure", "describe_structure", "infer_invariants", "input_structure", "normalise_declared"]
+__all__ = [
+    "InputStructure",
+    "describe_structure",
+    "infer_invariants",
+    "input_structure",
+    "normalise_declared",
+]
 
 #: Public seeds of the draws inference looks at (the problem's own draws, not the secret ones).
 INFERENCE_SEEDS = (1, 2, 3)
@@ -49,7 +55,9 @@ class InputStructure:
 
     def applied(self) -> list[dict[str, Any] | None]:
         """The invariants :func:`kbv.inputs.make_inputs` applies (descriptive keys dropped)."""
-        return [{k: v for k, v in inv.items() if k in _KEYS} or None if inv else None for inv in self.invariants]
+        return [
+            {k: v for k, v in inv.items() if k in _KEYS} or None if inv else None for inv in self.invariants
+        ]
 
 
 class _Accumulator:
@@ -186,7 +194,9 @@ def infer_invariants(draws: Iterable[list[Any]]) -> list[dict[str, Any] | None]:
         if accumulators is None:
             accumulators = [_Accumulator() for _ in draw]
         if len(draw) != len(accumulators):
-            raise ProblemError(f"get_inputs() returned {len(draw)} inputs in one draw and {len(accumulators)} in another")
+            raise ProblemError(
+                f"get_inputs() returned {len(draw)} inputs in one draw and {len(accumulators)} in another"
+            )
         for acc, value in zip(accumulators, draw):
             acc.add(value)
     return [acc.result() for acc in accumulators or []]
@@ -198,22 +208,32 @@ def normalise_declared(declared: Any, n_inputs: int, where: str) -> list[dict[st
     One entry per positional input: None (infer it), or a dict with any of ``zeros``, ``values``
     and ``symmetric`` (an empty dict declares that the input has none)."""
     if not isinstance(declared, (list, tuple)) or len(declared) != n_inputs:
-        raise ProblemError(f"{where}: KBV['structure'] must be a list with one entry per input ({n_inputs}), not {declared!r}")
+        raise ProblemError(
+            f"{where}: KBV['structure'] must be a list with one entry per input ({n_inputs}), not {declared!r}"
+        )
     out: list[dict[str, Any] | None] = []
     for i, entry in enumerate(declared):
         if entry is None:
             out.append(None)
             continue
         if not isinstance(entry, dict) or set(entry) - set(_KEYS):
-            raise ProblemError(f"{where}: KBV['structure'][{i}] must be None or a dict of {', '.join(_KEYS)}, not {entry!r}")
+            raise ProblemError(
+                f"{where}: KBV['structure'][{i}] must be None or a dict of {', '.join(_KEYS)}, not {entry!r}"
+            )
         if "zeros" in entry and entry["zeros"] != "mask":
             try:
                 kbv_inputs.band_limits(entry["zeros"])
             except ValueError as exc:
                 raise ProblemError(f"{where}: KBV['structure'][{i}]: {exc}") from exc
         values = entry.get("values")
-        if values is not None and (not isinstance(values, (list, tuple)) or not values or not all(isinstance(v, (int, float)) for v in values)):
-            raise ProblemError(f"{where}: KBV['structure'][{i}]['values'] must be a non-empty list of numbers")
+        if values is not None and (
+            not isinstance(values, (list, tuple))
+            or not values
+            or not all(isinstance(v, (int, float)) for v in values)
+        ):
+            raise ProblemError(
+                f"{where}: KBV['structure'][{i}]['values'] must be a non-empty list of numbers"
+            )
         clean = {k: v for k, v in entry.items() if v not in (None, False)}
         if "values" in clean:
             clean["values"] = sorted(float(v) for v in clean["values"])
@@ -245,7 +265,9 @@ def _compute(problem: Problem, device: torch.device, sizes: dict[str, Any]) -> I
     def draws() -> Iterator[list[Any]]:
         for seed in INFERENCE_SEEDS:
             draw = kbv_inputs.make_inputs(module, "original", seed, device)
-            numels[:] = [v.numel() if isinstance(v, torch.Tensor) and v.is_floating_point() else 0 for v in draw]
+            numels[:] = [
+                v.numel() if isinstance(v, torch.Tensor) and v.is_floating_point() else 0 for v in draw
+            ]
             yield draw
 
     try:
@@ -254,7 +276,9 @@ def _compute(problem: Problem, device: torch.device, sizes: dict[str, Any]) -> I
     except ProblemError:
         raise
     except Exception as exc:
-        raise ProblemError(f"problem file {problem.path}: get_inputs() failed ({type(exc).__name__}: {exc})") from exc
+        raise ProblemError(
+            f"problem file {problem.path}: get_inputs() failed ({type(exc).__name__}: {exc})"
+        ) from exc
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the workers need the memory more than this process

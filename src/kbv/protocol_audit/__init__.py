@@ -66,7 +66,9 @@ def audit_protocols(
         try:
             specs = problem_specs(problem, device, work / device.split(":")[0])
         except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
-            result.errors.append((problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            result.errors.append(
+                (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            )
             continue
         result.specs.extend(specs)
         for spec in specs:
@@ -76,7 +78,15 @@ def audit_protocols(
                 owners[(problem.source_sha256, candidate.source_sha256)] = spec
     if honest:
         for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
-            spec = Spec(problem.name, "control", "user", candidate.path.name, candidate.source, "evaluate", path=str(candidate.path))
+            spec = Spec(
+                problem.name,
+                "control",
+                "user",
+                candidate.path.name,
+                candidate.source,
+                "evaluate",
+                path=str(candidate.path),
+            )
             pairs.append((problem, candidate))
             owners[(problem.source_sha256, candidate.source_sha256)] = spec
     db.parent.mkdir(parents=True, exist_ok=True)
@@ -87,27 +97,64 @@ def audit_protocols(
             result.env = make_executor("sequential", device=device).probe()
         for protocol in resolved:
             wanted = {pair_key(p, c, protocol.with_timeout(timeout_s), result.env) for p, c in pairs}
-            records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
+            records = [
+                r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted
+            ]
             result.records.extend(records)
-            rows = [make_row(owners[key], r) for r in records if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners]
-            info = {"name": protocol.name, "version": protocol.version, "sha256": protocol.with_timeout(timeout_s).sha256()[:12], "device": device}
+            rows = [
+                make_row(owners[key], r)
+                for r in records
+                if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners
+            ]
+            info = {
+                "name": protocol.name,
+                "version": protocol.version,
+                "sha256": protocol.with_timeout(timeout_s).sha256()[:12],
+                "device": device,
+            }
             left_out = [s for s in result.specs if s.status != "evaluate"]
-            result.summaries.append({**summarize(info, rows, left_out), "rows": [r.to_dict() for r in rows], "pairs": len(pairs), "evaluated": len(rows)})
+            result.summaries.append(
+                {
+                    **summarize(info, rows, left_out),
+                    "rows": [r.to_dict() for r in rows],
+                    "pairs": len(pairs),
+                    "evaluated": len(rows),
+                }
+            )
     return result
 
 
-def _evaluate(store: Any, pairs: list[Any], protocols: list[Any], device: str, timeout_s: float | None, console: Any, result: AuditResult) -> None:
+def _evaluate(
+    store: Any,
+    pairs: list[Any],
+    protocols: list[Any],
+    device: str,
+    timeout_s: float | None,
+    console: Any,
+    result: AuditResult,
+) -> None:
     """One batch per problem and protocol in turn, so that an audit cut short has every protocol's
     records for the same problems (the next call evaluates only what is missing)."""
     from kbv import batch
 
-    run_ids = [store.start_run("protocol-audit", {"device": device, "protocol": p.name}, p.with_timeout(timeout_s)) for p in protocols]
+    run_ids = [
+        store.start_run("protocol-audit", {"device": device, "protocol": p.name}, p.with_timeout(timeout_s))
+        for p in protocols
+    ]
     by_problem: dict[str, list[Any]] = {}
     for problem, candidate in pairs:
         by_problem.setdefault(problem.source_sha256, []).append((problem, candidate))
     for group in by_problem.values():
         for protocol, run_id in zip(protocols, run_ids, strict=True):
-            done = batch.run_batch(group, protocol, device=device, store=store, run_id=run_id, timeout_s=timeout_s, console=console)
+            done = batch.run_batch(
+                group,
+                protocol,
+                device=device,
+                store=store,
+                run_id=run_id,
+                timeout_s=timeout_s,
+                console=console,
+            )
             result.errors.extend(done.errors)
             result.env = done.env
     for run_id in run_ids:

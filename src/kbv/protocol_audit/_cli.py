@@ -12,7 +12,9 @@ from kbv.protocol_audit._report import fmt_rate
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("protocol", help="measure a protocol: false rejections of honest controls, kill rate on mutants")
+    p = sub.add_parser(
+        "protocol", help="measure a protocol: false rejections of honest controls, kill rate on mutants"
+    )
     psub = p.add_subparsers(dest="protocol_command", metavar="ACTION")
     ap = psub.add_parser(
         "audit",
@@ -25,14 +27,40 @@ def register(sub: Any) -> None:
         ),
     )
     ap.add_argument("--problems", required=True, help="problem file, directory or KernelBench tree")
-    ap.add_argument("--protocol", action="append", default=None, help="standard, verified or FILE.toml; repeat to compare (default: standard and verified)")
-    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    ap.add_argument("--honest", default=None, metavar="DIR", help="your own honest candidates ({problem_stem}.py), counted as controls")
-    ap.add_argument("--db", default="kbv-results/audit.sqlite", help="results database (default kbv-results/audit.sqlite); the same command again resumes")
-    ap.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit")
-    ap.add_argument("--html", default=None, metavar="FILE", help="also write the HTML report with the audit section")
-    ap.add_argument("--report-only", action="store_true", help="evaluate nothing: summarise what --db already holds (an audit cut short)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per protocol on stdout (rates, kinds, rows)")
+    ap.add_argument(
+        "--protocol",
+        action="append",
+        default=None,
+        help="standard, verified or FILE.toml; repeat to compare (default: standard and verified)",
+    )
+    ap.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)"
+    )
+    ap.add_argument(
+        "--honest",
+        default=None,
+        metavar="DIR",
+        help="your own honest candidates ({problem_stem}.py), counted as controls",
+    )
+    ap.add_argument(
+        "--db",
+        default="kbv-results/audit.sqlite",
+        help="results database (default kbv-results/audit.sqlite); the same command again resumes",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate wall-clock limit"
+    )
+    ap.add_argument(
+        "--html", default=None, metavar="FILE", help="also write the HTML report with the audit section"
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="evaluate nothing: summarise what --db already holds (an audit cut short)",
+    )
+    ap.add_argument(
+        "--json", action="store_true", help="one JSON object per protocol on stdout (rates, kinds, rows)"
+    )
     ap.set_defaults(handler=_cmd_audit)
     p.set_defaults(handler=_need_action)
 
@@ -51,7 +79,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from kbv.protocol import load_protocol
 
     if not Path(args.problems).exists():
-        sys.stderr.write(f"kbv: error: --problems {args.problems} does not exist (a problem file, directory or KernelBench tree)\n")
+        sys.stderr.write(
+            f"kbv: error: --problems {args.problems} does not exist (a problem file, directory or KernelBench tree)\n"
+        )
         return 2
     if args.honest and not Path(args.honest).is_dir():
         sys.stderr.write(f"kbv: error: --honest {args.honest} is not a directory\n")
@@ -64,7 +94,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     from kbv.protocol_audit import audit_protocols
 
-    result = audit_protocols(args.problems, protocols, device=args.device, db=args.db, honest=args.honest, timeout_s=args.timeout, console=Console(stderr=True), evaluate=not args.report_only)
+    result = audit_protocols(
+        args.problems,
+        protocols,
+        device=args.device,
+        db=args.db,
+        honest=args.honest,
+        timeout_s=args.timeout,
+        console=Console(stderr=True),
+        evaluate=not args.report_only,
+    )
     if args.json:
         for summary in result.summaries:
             sys.stdout.write(json.dumps(summary, default=list) + "\n")
@@ -96,23 +135,41 @@ def render(summaries: list[dict[str, Any]], console: Any) -> None:
         cells = []
         for s in summaries:
             entry = s["by_kind"].get(kind)
-            cells.append("-" if entry is None else fmt_rate(entry) + (f"; {entry['by_design']} by design" if entry["by_design"] else ""))
+            cells.append(
+                "-"
+                if entry is None
+                else fmt_rate(entry) + (f"; {entry['by_design']} by design" if entry["by_design"] else "")
+            )
         table.add_row(f"  {kind}", *cells)
     console.print(table)
     for s in summaries:
         name = f"{s['protocol']['name']} v{s['protocol']['version']}"
         if s["evaluated"] < s["pairs"]:
-            console.print(f"[yellow]{name}: {s['evaluated']} of {s['pairs']} candidates stored[/yellow]; the same command without --report-only evaluates the rest", highlight=False)
+            console.print(
+                f"[yellow]{name}: {s['evaluated']} of {s['pairs']} candidates stored[/yellow]; the same command without --report-only evaluates the rest",
+                highlight=False,
+            )
         caught = ", ".join(f"{k} {v}" for k, v in list(s["caught_by"].items())[:8])
         console.print(f"[bold]{name}[/bold] caught by: {caught or '-'}", highlight=False)
         for r in s["rejected_controls"]:
-            errors = "; ".join(f"{e['name']} rel {e['rel_err']}" for e in r["errors"]) or ", ".join(r["caught_by"])
-            console.print(f"  [red]rejected control[/red] {r['problem']} {r['kind']} {r['variant']}: {r['outcome']} ({errors})", highlight=False)
+            errors = "; ".join(f"{e['name']} rel {e['rel_err']}" for e in r["errors"]) or ", ".join(
+                r["caught_by"]
+            )
+            console.print(
+                f"  [red]rejected control[/red] {r['problem']} {r['kind']} {r['variant']}: {r['outcome']} ({errors})",
+                highlight=False,
+            )
         for r in s["surviving_mutants"]:
-            console.print(f"  [yellow]surviving mutant[/yellow] {r['problem']} {r['kind']} {r['variant']}", highlight=False)
+            console.print(
+                f"  [yellow]surviving mutant[/yellow] {r['problem']} {r['kind']} {r['variant']}",
+                highlight=False,
+            )
         for r in s["by_design"]:
             console.print(f"  within tolerance by design: {r['problem']} {r['kind']}", highlight=False)
-        worst = ", ".join(f"{w['problem']} ({w['rejected_controls']} rejected, {w['surviving_mutants']} surviving)" for w in s["worst_problems"])
+        worst = ", ".join(
+            f"{w['problem']} ({w['rejected_controls']} rejected, {w['surviving_mutants']} surviving)"
+            for w in s["worst_problems"]
+        )
         console.print(f"  worst problems: {worst or '-'}", highlight=False)
         left = ", ".join(f"{k} {v}" for k, v in sorted(s["left_out"].items()))
         console.print(f"  left out before evaluation: {left or '-'}", highlight=False)

@@ -57,8 +57,16 @@ class Spec:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem, "role": self.role, "kind": self.kind, "variant": self.variant,
-                "status": self.status, "note": self.note, "path": self.path, "source_sha256": self.sha256}
+        return {
+            "problem": self.problem,
+            "role": self.role,
+            "kind": self.kind,
+            "variant": self.variant,
+            "status": self.status,
+            "note": self.note,
+            "path": self.path,
+            "source_sha256": self.sha256,
+        }
 
 
 @dataclass
@@ -80,7 +88,17 @@ def problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     for index, draft in enumerate(_drafts(problem, expected[0], draws[0])):
         kept = sum(1 for s in specs if s.kind == draft.kind and s.status == "evaluate")
         if draft.kind in ("drop_op", "relu_identity") and kept >= MAX_SITES:
-            specs.append(Spec(problem.name, draft.role, draft.kind, draft.variant, "", "skipped", f"{MAX_SITES} {draft.kind} mutants already kept"))
+            specs.append(
+                Spec(
+                    problem.name,
+                    draft.role,
+                    draft.kind,
+                    draft.variant,
+                    "",
+                    "skipped",
+                    f"{MAX_SITES} {draft.kind} mutants already kept",
+                )
+            )
             continue
         specs.append(_check(problem, draft, sizes, reference, draws, expected, out_dir, index))
     return specs
@@ -92,12 +110,16 @@ def _drafts(problem: Problem, outputs: list[Any], first_inputs: list[Any]) -> It
     if src.uses_tf32_ops(text):
         yield _Draft("control", "tf32", "", lambda: src.tf32_control(text))
     for order in ("blocked", "reversed", "sequential"):
-        yield _Draft("control", "reordered", order, partial(src.reordered_control, text, order), {"order": order})
+        yield _Draft(
+            "control", "reordered", order, partial(src.reordered_control, text, order), {"order": order}
+        )
     for kind in ("zeros", "constant", "cached", "scaled", "bf16", "fp16", *src.SAMPLINGS):
         yield _Draft("mutant", kind, "", partial(src.wrapped_mutant, text, kind))
     index = _same_shape_input(outputs, first_inputs)
     if index is not None:
-        yield _Draft("mutant", "input", f"input {index}", lambda: src.wrapped_mutant(text, "input", input_index=index))
+        yield _Draft(
+            "mutant", "input", f"input {index}", lambda: src.wrapped_mutant(text, "input", input_index=index)
+        )
     for site, what in enumerate(src.drop_sites(text)):
         yield _Draft("mutant", "drop_op", what, partial(src.drop_op_mutant, text, site))
     for site, what in enumerate(src.relu_sites(text)):
@@ -115,13 +137,24 @@ def _same_shape_input(outputs: list[Any], inputs: list[Any]) -> int | None:
     return None
 
 
-def _check(problem: Problem, draft: _Draft, sizes: dict[str, Any], reference: ModuleType, draws: list[list[Any]], expected: list[list[Any]], out_dir: Path, index: int) -> Spec:
+def _check(
+    problem: Problem,
+    draft: _Draft,
+    sizes: dict[str, Any],
+    reference: ModuleType,
+    draws: list[list[Any]],
+    expected: list[list[Any]],
+    out_dir: Path,
+    index: int,
+) -> Spec:
     base = {"problem": problem.name, "role": draft.role, "kind": draft.kind, "variant": draft.variant}
     try:
         body = draft.make()
     except src.SourceError as exc:
         return Spec(**base, source="", status="skipped", note=str(exc))
-    source = src.header(draft.role, draft.kind + (f" ({draft.variant})" if draft.variant else ""), problem.name) + src.with_sizes(body, sizes)
+    source = src.header(
+        draft.role, draft.kind + (f" ({draft.variant})" if draft.variant else ""), problem.name
+    ) + src.with_sizes(body, sizes)
     path = out_dir / problem.name / f"{index:02d}_{draft.role}_{draft.kind}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != source:
@@ -130,20 +163,28 @@ def _check(problem: Problem, draft: _Draft, sizes: dict[str, Any], reference: Mo
     return Spec(**base, source=source, status=status, note=note, path=str(path))
 
 
-def _judge(draft: _Draft, path: Path, reference: ModuleType, draws: list[list[Any]], expected: list[list[Any]]) -> tuple[str, str]:
+def _judge(
+    draft: _Draft, path: Path, reference: ModuleType, draws: list[list[Any]], expected: list[list[Any]]
+) -> tuple[str, str]:
     failed = "generator_error" if draft.role == "control" else "not_viable"
     try:
         module = _import(path)
         got = _run(module, "ModelNew", draws, reference)
     except Exception as exc:  # a generated source that cannot run here would only crash a worker
-        return failed, f"raises on the trusted run ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return (
+            failed,
+            f"raises on the trusted run ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+        )
     shape_note = _structure_difference(got, expected)
     if shape_note:
         return failed, shape_note
     if draft.extra.get("order") == "sequential":
         longest = max(getattr(module, "_KBV_REDUCTION_LENGTHS", [0]) or [0])
         if longest > SHORT_REDUCTION:
-            return "skipped", f"a reduction of length {longest} is not short (> {SHORT_REDUCTION}): no sequential float32 control"
+            return (
+                "skipped",
+                f"a reduction of length {longest} is not short (> {SHORT_REDUCTION}): no sequential float32 control",
+            )
     if draft.role == "mutant" and all(_same_outputs(a, b) for a, b in zip(got, expected, strict=True)):
         return "equivalent", "equals the reference on the problem's domain and structure"
     return "evaluate", ""
@@ -160,7 +201,9 @@ def _domain_draws(problem: Problem, module: ModuleType, device: str) -> list[lis
     ]
 
 
-def _run(module: ModuleType, cls: str, draws: list[list[Any]], reference: ModuleType | None = None) -> list[list[Any]]:
+def _run(
+    module: ModuleType, cls: str, draws: list[list[Any]], reference: ModuleType | None = None
+) -> list[list[Any]]:
     """One model instance called on every draw in turn (a cache across calls shows)."""
     init = (reference or module).get_init_inputs()
     torch.manual_seed(0)
@@ -173,7 +216,12 @@ def _run(module: ModuleType, cls: str, draws: list[list[Any]], reference: Module
     with torch.no_grad():
         for draw in draws:
             out = model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in draw])
-            outputs.append([t.clone() if isinstance(t, torch.Tensor) else t for t in (out if isinstance(out, (tuple, list)) else [out])])
+            outputs.append(
+                [
+                    t.clone() if isinstance(t, torch.Tensor) else t
+                    for t in (out if isinstance(out, (tuple, list)) else [out])
+                ]
+            )
     return outputs
 
 
@@ -190,7 +238,9 @@ def _import(path: Path) -> ModuleType:
 
 def _structure_difference(got: list[list[Any]], expected: list[list[Any]]) -> str:
     for a, b in zip(got[0], expected[0], strict=False):
-        if type(a) is not type(b) or (isinstance(b, torch.Tensor) and (a.shape != b.shape or a.dtype != b.dtype)):
+        if type(a) is not type(b) or (
+            isinstance(b, torch.Tensor) and (a.shape != b.shape or a.dtype != b.dtype)
+        ):
             return f"changes the output's structure ({_describe(a)} instead of {_describe(b)}): rejected by shape alone"
     if len(got[0]) != len(expected[0]):
         return f"returns {len(got[0])} outputs instead of {len(expected[0])}: rejected by structure alone"
@@ -215,7 +265,9 @@ def _same(a: Any, b: Any) -> bool:
         return torch.equal(a, b)
     a, b = a.double(), b.double()
     finite = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
+    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(
+        a[~finite].nan_to_num(), b[~finite].nan_to_num()
+    ):
         return False
     if not finite.any():
         return True

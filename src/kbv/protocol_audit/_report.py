@@ -88,7 +88,13 @@ def caught_by(record: Record) -> list[str]:
 
 def distribution_errors(record: Record, failing_only: bool) -> list[dict[str, Any]]:
     return [
-        {"name": d.name, "passed": d.passed, "max_abs_err": d.max_abs_err, "rel_err": d.rel_err, "note": d.note}
+        {
+            "name": d.name,
+            "passed": d.passed,
+            "max_abs_err": d.max_abs_err,
+            "rel_err": d.rel_err,
+            "note": d.note,
+        }
         for d in record.distributions
         if d.applicable and (not failing_only or not d.passed)
     ]
@@ -97,14 +103,25 @@ def distribution_errors(record: Record, failing_only: bool) -> list[dict[str, An
 def make_row(spec: Any, record: Record) -> Row:
     verdict = classify(spec.role, spec.kind, record)
     return Row(
-        problem=spec.problem, role=spec.role, kind=spec.kind, variant=spec.variant, outcome=record.outcome,
-        verdict=verdict, caught_by=caught_by(record), errors=distribution_errors(record, failing_only=spec.role == "control"),
+        problem=spec.problem,
+        role=spec.role,
+        kind=spec.kind,
+        variant=spec.variant,
+        outcome=record.outcome,
+        verdict=verdict,
+        caught_by=caught_by(record),
+        errors=distribution_errors(record, failing_only=spec.role == "control"),
     )
 
 
 def rate(count: int, n: int) -> dict[str, Any]:
     interval = wilson(count, n)
-    return {"count": count, "n": n, "rate": count / n if n else None, "ci95": list(interval) if interval else None}
+    return {
+        "count": count,
+        "n": n,
+        "rate": count / n if n else None,
+        "ci95": list(interval) if interval else None,
+    }
 
 
 def summarize(protocol: dict[str, Any], rows: Sequence[Row], left_out: Sequence[Any] = ()) -> dict[str, Any]:
@@ -119,7 +136,9 @@ def summarize(protocol: dict[str, Any], rows: Sequence[Row], left_out: Sequence[
         "false_rejection": rate(len(rejected), len(controls)),
         "kill": rate(sum(r.verdict == "killed" for r in judged), len(judged)),
         "by_kind": _by_kind(mutants),
-        "caught_by": dict(Counter(c for r in mutants if r.verdict == "killed" for c in r.caught_by).most_common()),
+        "caught_by": dict(
+            Counter(c for r in mutants if r.verdict == "killed" for c in r.caught_by).most_common()
+        ),
         "by_design": [r.to_dict() for r in mutants if r.verdict == "by_design"],
         "rejected_controls": [r.to_dict() for r in rejected],
         "surviving_mutants": [r.to_dict() for r in mutants if r.verdict == "missed"],
@@ -138,7 +157,9 @@ def _by_kind(mutants: Sequence[Row]) -> dict[str, dict[str, Any]]:
         out[kind] = {
             **rate(sum(r.verdict == "killed" for r in judged), len(judged)),
             "by_design": len(group) - len(judged),
-            "caught_by": dict(Counter(c for r in judged if r.verdict == "killed" for c in r.caught_by).most_common()),
+            "caught_by": dict(
+                Counter(c for r in judged if r.verdict == "killed" for c in r.caught_by).most_common()
+            ),
         }
     return out
 
@@ -149,7 +170,9 @@ def _worst(rows: Sequence[Row], limit: int = 5) -> list[dict[str, Any]]:
     for r in rows:
         score[r.problem][0] += r.verdict == "rejected"
         score[r.problem][1] += r.verdict == "missed"
-    ranked = sorted(((p, s) for p, s in score.items() if any(s)), key=lambda item: (-item[1][0], -item[1][1], item[0]))
+    ranked = sorted(
+        ((p, s) for p, s in score.items() if any(s)), key=lambda item: (-item[1][0], -item[1][1], item[0])
+    )
     return [{"problem": p, "rejected_controls": s[0], "surviving_mutants": s[1]} for p, s in ranked[:limit]]
 
 

@@ -22,14 +22,38 @@ REFERENCE_NAME = "_KbvReference"
 PERTURBATION = {"bf16": 2.0**-8, "fp16": 2.0**-11, "scaled": 1e-2}
 
 #: Activations that are the identity on [0, 1) (KernelBench's inputs), so identity passes there.
-RELU_LIKE_FUNCTIONS = frozenset({"relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "elu", "celu"})
+RELU_LIKE_FUNCTIONS = frozenset(
+    {"relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "elu", "celu"}
+)
 RELU_LIKE_MODULES = frozenset({"ReLU", "ReLU6", "LeakyReLU", "Hardtanh", "ELU", "CELU"})
 
 #: Reshaping methods: dropping one changes the layout, not the computation.
-_SHAPE_METHODS = frozenset({
-    "view", "reshape", "transpose", "permute", "flatten", "unflatten", "contiguous", "unsqueeze", "squeeze",
-    "expand", "expand_as", "size", "dim", "t", "mT", "chunk", "split", "unbind", "float", "to", "type_as", "clone",
-})
+_SHAPE_METHODS = frozenset(
+    {
+        "view",
+        "reshape",
+        "transpose",
+        "permute",
+        "flatten",
+        "unflatten",
+        "contiguous",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "expand_as",
+        "size",
+        "dim",
+        "t",
+        "mT",
+        "chunk",
+        "split",
+        "unbind",
+        "float",
+        "to",
+        "type_as",
+        "clone",
+    }
+)
 _MODULE_ALIASES = frozenset({"torch", "F", "nn", "math", "np", "super"})
 
 
@@ -80,7 +104,7 @@ def reference_control(source: str) -> str:
     return ast.unparse(renamed_tree(source, "ModelNew")) + "\n"
 
 
-TF32_WRAPPER = '''
+TF32_WRAPPER = """
 
 import torch as _kbv_torch
 
@@ -99,15 +123,42 @@ def _kbv_forward_with_tf32(self, *args, **kwargs):
 
 
 ModelNew.forward = _kbv_forward_with_tf32
-'''
+"""
 
 #: Operators whose realistic GPU baseline runs in TF32 (cuBLAS/cuDNN with allow_tf32).
-_TF32_OPS = frozenset({
-    "matmul", "mm", "bmm", "baddbmm", "addmm", "linear", "einsum", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-    "conv_transpose2d", "conv_transpose3d", "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
-    "ConvTranspose2d", "ConvTranspose3d", "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-    "Transformer", "LSTM", "GRU", "RNN", "scaled_dot_product_attention",
-})
+_TF32_OPS = frozenset(
+    {
+        "matmul",
+        "mm",
+        "bmm",
+        "baddbmm",
+        "addmm",
+        "linear",
+        "einsum",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "Linear",
+        "Bilinear",
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "MultiheadAttention",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "Transformer",
+        "LSTM",
+        "GRU",
+        "RNN",
+        "scaled_dot_product_attention",
+    }
+)
 
 
 def uses_tf32_ops(source: str) -> bool:
@@ -182,7 +233,11 @@ class _Reorder(ast.NodeTransformer):
         if not 1 <= len(args) <= 3 or any(isinstance(a, ast.Starred) for a in args):
             return node
         self.count += 1
-        keywords = [*node.keywords, ast.keyword("op", ast.Constant(name)), ast.keyword("order", ast.Constant(self.order))]
+        keywords = [
+            *node.keywords,
+            ast.keyword("op", ast.Constant(name)),
+            ast.keyword("order", ast.Constant(self.order)),
+        ]
         return ast.Call(ast.Name("_kbv_reduce", ast.Load()), args, keywords)
 
 
@@ -242,11 +297,11 @@ class ModelNew({REFERENCE_NAME}):
 '''
 
 _WRAP_FORWARDS: dict[str, str] = {
-    "zeros": '''
+    "zeros": """
     def forward(self, *args):
         return _kbv_map(super().forward(*args), _kbv_torch.zeros_like)
-''',
-    "constant": '''
+""",
+    "constant": """
     def forward(self, *args):
         out = super().forward(*args)
         if "constants" not in _KBV_STATE:  # the first output's mean, returned ever after
@@ -255,27 +310,27 @@ _WRAP_FORWARDS: dict[str, str] = {
             _KBV_STATE["constants"] = means
         values = iter(_KBV_STATE["constants"])
         return _kbv_map(out, lambda t: _kbv_torch.full_like(t, next(values)))
-''',
-    "input": '''
+""",
+    "input": """
     def forward(self, *args):
         super().forward(*args)
         return args[INPUT_INDEX]
-''',
-    "cached": '''
+""",
+    "cached": """
     def forward(self, *args):
         if "outputs" not in _KBV_STATE:
             _KBV_STATE["outputs"] = super().forward(*args)
         return _kbv_map(_KBV_STATE["outputs"], lambda t: t.clone())
-''',
-    "scaled": '''
+""",
+    "scaled": """
     def forward(self, *args):
         return _kbv_map(super().forward(*args), lambda t: t * (1 + 1e-2) if t.is_floating_point() else t)
-''',
-    "sampled": '''
+""",
+    "sampled": """
     def forward(self, *args):
         return super().forward(*[_kbv_sample(a, HOW) for a in args])
-''',
-    "precision": '''
+""",
+    "precision": """
     _kbv_plain = False
 
     def forward(self, *args):
@@ -286,7 +341,7 @@ _WRAP_FORWARDS: dict[str, str] = {
         low._kbv_plain = True
         low_args = [a.to(LOW) if isinstance(a, _kbv_torch.Tensor) and a.is_floating_point() else a for a in args]
         return _kbv_map(low(*low_args), lambda t: t.to(dtype) if t.is_floating_point() else t)
-''',
+""",
 }
 
 SAMPLINGS = ("first_rows", "stride", "head_tail")
@@ -329,7 +384,9 @@ def relu_identity_mutant(source: str, site: int) -> str:
     tree = renamed_tree(source, "ModelNew")
     target = _relu_like(tree)[site]
     if _call_name(target) in RELU_LIKE_MODULES:
-        replacement: ast.expr = ast.Call(ast.Attribute(ast.Name("_kbv_nn", ast.Load()), "Identity", ast.Load()), [], [])
+        replacement: ast.expr = ast.Call(
+            ast.Attribute(ast.Name("_kbv_nn", ast.Load()), "Identity", ast.Load()), [], []
+        )
     else:
         replacement = _operand(target)
     _replace(tree, target, replacement)
@@ -356,7 +413,11 @@ def _is_operation(node: ast.AST) -> bool:
     """A call that transforms a tensor (not a reshape), or arithmetic other than a matmul."""
     if isinstance(node, ast.Call):
         return _operand_or_none(node) is not None and _call_name(node) not in _SHAPE_METHODS
-    return isinstance(node, ast.BinOp) and not isinstance(node.op, ast.MatMult) and not isinstance(node.left, ast.Constant)
+    return (
+        isinstance(node, ast.BinOp)
+        and not isinstance(node.op, ast.MatMult)
+        and not isinstance(node.left, ast.Constant)
+    )
 
 
 def _relu_like(tree: ast.Module) -> list[ast.Call]:
@@ -433,4 +494,3 @@ def _dotted(node: ast.AST) -> str:
     if isinstance(node, ast.Call):
         return _dotted(node.func) + "()"
     return ""
-

@@ -86,7 +86,11 @@ def verdict_reason(record: Record) -> str:
         note = f": {dist.note}" if dist.note else ""
         return f"distribution {name} failed{err}{note}"
     error = record.error or {}
-    message = error.get("summary") or (error_summary(str(error.get("kind", "")), error["message"]) if error.get("message") else error.get("type"))
+    message = error.get("summary") or (
+        error_summary(str(error.get("kind", "")), error["message"])
+        if error.get("message")
+        else error.get("type")
+    )
     return f"{record.outcome}: {message}" if message else record.outcome
 
 
@@ -130,7 +134,9 @@ def _label_summary(pairs: list[tuple[Record, Record]]) -> dict[str, Any]:
             "integrity": sum(1 for _, v in passed_std if is_flagged(v)),
             "distribution": sum(1 for _, v in passed_std if not is_flagged(v) and failed_on_distribution(v)),
             "other_failures": sum(
-                1 for _, v in passed_std if not is_passed(v) and not is_flagged(v) and not failed_on_distribution(v)
+                1
+                for _, v in passed_std
+                if not is_passed(v) and not is_flagged(v) and not failed_on_distribution(v)
             ),
             "only_verified_passed": sum(1 for s, v in pairs if not is_passed(s) and is_passed(v)),
         },
@@ -163,7 +169,9 @@ def _changed(std: Record, ver: Record) -> dict[str, Any]:
     }
 
 
-def compare_protocols(standard_records: Sequence[Record], verified_records: Sequence[Record]) -> dict[str, Any]:
+def compare_protocols(
+    standard_records: Sequence[Record], verified_records: Sequence[Record]
+) -> dict[str, Any]:
     """Match records of the two protocols by :func:`pair_key` (problem sha, candidate sha, device)
     and explain the difference.
 

@@ -32,10 +32,16 @@ def print_record(record: Record, console: Console | None = None) -> None:
     )
     console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
     if record.outcome == "problem_error":
-        console.print("[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this pair counts in no model's metrics")
+        console.print(
+            "[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this pair counts in no model's metrics"
+        )
     if record.error:
-        summary = record.error.get("summary") or error_summary(str(record.error.get("kind", "")), str(record.error.get("message", "")))
-        console.print(f"[red]{escape(str(record.error.get('kind')))}[/red]: {escape(summary)}", highlight=False)
+        summary = record.error.get("summary") or error_summary(
+            str(record.error.get("kind", "")), str(record.error.get("message", ""))
+        )
+        console.print(
+            f"[red]{escape(str(record.error.get('kind')))}[/red]: {escape(summary)}", highlight=False
+        )
         details = str(record.error.get("message", "")).strip()
         if details and details != summary:
             console.print(escape(details[:2000]), highlight=False, style="dim")
@@ -60,7 +66,9 @@ def print_record(record: Record, console: Console | None = None) -> None:
     phases = phases_line(record.phases_s)
     if phases:
         console.print(phases, highlight=False, soft_wrap=True)
-    console.print(f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a file written by --json or --out)")
+    console.print(
+        f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a file written by --json or --out)"
+    )
 
 
 #: The pipeline's phases in the order they run (probes, ``probe:NAME``, are listed apart).
@@ -73,7 +81,11 @@ def phases_line(phases: dict[str, float]) -> str:
     if not phases:
         return ""
     main = [f"{name} {phases[name]:.1f}" for name in PHASE_ORDER if phases.get(name)]
-    probes = [f"{name.split(':', 1)[1]} {seconds:.1f}" for name, seconds in phases.items() if name.startswith("probe:") and seconds >= 0.05]
+    probes = [
+        f"{name.split(':', 1)[1]} {seconds:.1f}"
+        for name, seconds in phases.items()
+        if name.startswith("probe:") and seconds >= 0.05
+    ]
     total = f"total {phases['total']:.1f} s: " if "total" in phases else ""
     return f"time: {total}" + ", ".join(main) + (f" (probes: {', '.join(probes)})" if probes else "")
 
@@ -85,7 +97,14 @@ def _distribution_table(record: Record) -> Table:
     table.add_column("note", ratio=1)  # free text wraps between words; the columns before it never wrap
     for d in record.distributions:
         result = "n/a" if not d.applicable else ("[green]pass[/green]" if d.passed else "[red]FAIL[/red]")
-        table.add_row(d.name, result, _fmt(d.max_abs_err), _fmt(d.rel_err), _tolerance_text(d.tolerance or {}), Text(d.note or ""))
+        table.add_row(
+            d.name,
+            result,
+            _fmt(d.max_abs_err),
+            _fmt(d.rel_err),
+            _tolerance_text(d.tolerance or {}),
+            Text(d.note or ""),
+        )
     return table
 
 
@@ -115,11 +134,21 @@ def _timing_table(record: Record) -> Table:
         table.add_column(column, no_wrap=True)
     table.add_column("warnings", ratio=1)
     cand = (record.timing["candidate"] or {})["summary"]
-    table.add_row("candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", [])))
+    table.add_row(
+        "candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", []))
+    )
     for name, entry in record.timing["baselines"].items():
         s = entry["summary"]
-        table.add_row(name, _fmt(s["median"], ".4f"), _ci(s), _fmt(record.speedup.get(name), ".3f"), ", ".join(s.get("warnings", [])))
-    table.add_row("[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]", "")
+        table.add_row(
+            name,
+            _fmt(s["median"], ".4f"),
+            _ci(s),
+            _fmt(record.speedup.get(name), ".3f"),
+            ", ".join(s.get("warnings", [])),
+        )
+    table.add_row(
+        "[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]", ""
+    )
     return table
 
 

@@ -110,7 +110,12 @@ def _level_rows(records: list[Record]) -> list[dict[str, Any]]:
     """One row per (label, protocol, level): models are never mixed in one row."""
     groups = metrics.group_by(records, lambda r: (metrics.label_of(r), protocol_name(r), metrics.level_of(r)))
     rows = [
-        {"label": label, "protocol": protocol, "level": "-" if level is None else level, **metrics.aggregate(group)}
+        {
+            "label": label,
+            "protocol": protocol,
+            "level": "-" if level is None else level,
+            **metrics.aggregate(group),
+        }
         for (label, protocol, level), group in groups.items()
     ]
     return sorted(rows, key=lambda r: (r["label"], r["protocol"], str(r["level"])))
@@ -171,9 +176,16 @@ def _speed_memory_figure(rows: list[dict[str, Any]], colours: dict[str, Any], pl
         y = row["memory_efficiency"]
         missing_memory |= y is None
         marker = _MARKERS[protocols.index(row["protocol"]) % len(_MARKERS)]
-        ax.scatter([x], [y or 1.0], s=90, color=colours[row["label"]], marker=marker,
-                   facecolors="none" if y is None else colours[row["label"]], linewidths=1.8,
-                   label=f"{row['label']} ({row['protocol']})")
+        ax.scatter(
+            [x],
+            [y or 1.0],
+            s=90,
+            color=colours[row["label"]],
+            marker=marker,
+            facecolors="none" if y is None else colours[row["label"]],
+            linewidths=1.8,
+            label=f"{row['label']} ({row['protocol']})",
+        )
     xs = [row["comparable_geomean"] or 1.0 for row in rows] + [1.0]
     ys = [row["memory_efficiency"] or 1.0 for row in rows] + [1.0]
     ax.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
@@ -200,8 +212,11 @@ def _log_axes(ax: Any, *axes: str, narrow: bool = False) -> None:
         (ax.set_xscale if name == "x" else ax.set_yscale)("log")
         low, high = ax.get_xlim() if name == "x" else ax.get_ylim()
         span = high / max(low, 1e-12)
-        subs = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if span < 30 and not narrow else (
-            (1.0, 2.0, 5.0) if span < 300 else (1.0,))
+        subs = (
+            (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+            if span < 30 and not narrow
+            else ((1.0, 2.0, 5.0) if span < 300 else (1.0,))
+        )
         axis.set_major_locator(LogLocator(base=10, subs=subs))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         axis.set_minor_formatter(NullFormatter())
@@ -224,7 +239,9 @@ def _problem_points(records: list[Record]) -> dict[str, dict[str, list[tuple[flo
         base = metrics.as_number(mem.get("baseline_peak_bytes"))
         cand = metrics.as_number(mem.get("candidate_peak_bytes"))
         ratio = base / cand if base and cand else None
-        points.setdefault(protocol_name(record), {}).setdefault(metrics.label_of(record), []).append((speedup, ratio))
+        points.setdefault(protocol_name(record), {}).setdefault(metrics.label_of(record), []).append(
+            (speedup, ratio)
+        )
     return points
 
 
@@ -233,9 +250,13 @@ def _problem_scatter_figure(records: list[Record], colours: dict[str, Any], plt:
     (the CPU): speedup per label, one row per label."""
     points = _problem_points(records)
     protocols = sorted(points) or ["-"]
-    with_memory = any(ratio is not None for by_label in points.values() for pts in by_label.values() for _, ratio in pts)
+    with_memory = any(
+        ratio is not None for by_label in points.values() for pts in by_label.values() for _, ratio in pts
+    )
     labels = sorted(colours)
-    fig, axes = plt.subplots(1, len(protocols), figsize=(4.2 * len(protocols) + 1.2, 3.8), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(protocols), figsize=(4.2 * len(protocols) + 1.2, 3.8), sharey=True, squeeze=False
+    )
     for ax, protocol in zip(axes[0], protocols, strict=True):
         for label, pts in sorted(points.get(protocol, {}).items()):
             xs = [x for x, _ in pts]
@@ -259,12 +280,18 @@ def _problem_scatter_figure(records: list[Record], colours: dict[str, Any], plt:
         first.set_ylabel("baseline peak / kernel peak (1.0 if unknown)")
         handles, names = first.get_legend_handles_labels()
         if handles:
-            fig.legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False)
+            fig.legend(
+                handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False
+            )
     else:
         first.set_yticks(range(len(labels)), labels, fontsize=8)
         first.set_ylim(-0.6, len(labels) - 0.4)
         first.invert_yaxis()
-    fig.suptitle("Passed pairs, one point per problem x candidate, per protocol" + ("" if with_memory else " (no memory figures)"), fontsize=10)
+    fig.suptitle(
+        "Passed pairs, one point per problem x candidate, per protocol"
+        + ("" if with_memory else " (no memory figures)"),
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
@@ -274,8 +301,11 @@ def _speedup_boxes(records: list[Record], labels: list[str], plt: Any) -> str:
     for label in labels:
         for protocol in sorted({protocol_name(r) for r in records}):
             values = [
-                s for r in records
-                if metrics.label_of(r) == label and protocol_name(r) == protocol and metrics.is_passed(r)
+                s
+                for r in records
+                if metrics.label_of(r) == label
+                and protocol_name(r) == protocol
+                and metrics.is_passed(r)
                 and (s := metrics.speedup_of(r)) is not None
             ]
             if values:
@@ -353,7 +383,9 @@ def _comparison_figure(comparison: dict[str, Any], plt: Any) -> Any:
         summaries = [comparison["labels"][lb][protocol] for lb in labels]
         heights = [s["comparable_geomean"] or 1.0 for s in summaries]
         bars = ax.bar([x + offset for x in xs], heights, width=0.4, label=protocol, color=colour)
-        ax.bar_label(bars, labels=[f"{fmt_rate(s['correct_rate'])}\npassed" for s in summaries], fontsize=7, padding=2)
+        ax.bar_label(
+            bars, labels=[f"{fmt_rate(s['correct_rate'])}\npassed" for s in summaries], fontsize=7, padding=2
+        )
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.axhline(1.0, color="#999", lw=0.8, ls="--")
     ax.margins(y=0.2)
@@ -382,17 +414,24 @@ def _timing_rows(record: Record) -> list[dict[str, Any]]:
         extras = {**flat, **summary}
         stats = {
             "n": summary.get("n", len(samples)),
-            "median": metrics.as_number(summary.get("median")) if summary else (
-                statistics.median(samples) if samples else None),
+            "median": metrics.as_number(summary.get("median"))
+            if summary
+            else (statistics.median(samples) if samples else None),
             "min": metrics.as_number(summary.get("min")) if summary else (min(samples) if samples else None),
             "max": metrics.as_number(summary.get("max")) if summary else (max(samples) if samples else None),
         }
-        shown = {k: v for k, v in extras.items() if k not in ("n", "median", "min", "max", "resamples", "seed")}
-        rows.append({
-            "which": which,
-            **stats,
-            "summary": ", ".join(f"{k}={_short(v)}" for k, v in sorted(shown.items()) if v not in (None, [], "")),
-        })
+        shown = {
+            k: v for k, v in extras.items() if k not in ("n", "median", "min", "max", "resamples", "seed")
+        }
+        rows.append(
+            {
+                "which": which,
+                **stats,
+                "summary": ", ".join(
+                    f"{k}={_short(v)}" for k, v in sorted(shown.items()) if v not in (None, [], "")
+                ),
+            }
+        )
     return rows
 
 
@@ -418,24 +457,28 @@ def _drilldown(records: list[Record], sources: dict[str, str]) -> list[dict[str,
     problems = []
     for (level, name), group in sorted(groups.items()):
         items = []
-        for record in sorted(group, key=lambda r: (metrics.label_of(r), protocol_name(r), str(r.candidate.get("path")))):
-            items.append({
-                "label": metrics.label_of(record),
-                "protocol": protocol_name(record),
-                "candidate": Path(str(record.candidate.get("path", "?"))).name,
-                "candidate_path": str(record.candidate.get("path", "")),
-                "outcome": record.outcome,
-                "colour": _OUTCOME_COLOURS.get(record.outcome, "#90a4ae"),
-                "reason": None if metrics.is_passed(record) else verdict_reason(record),
-                "speedup": {k: metrics.as_number(v) for k, v in sorted((record.speedup or {}).items())},
-                "passed": metrics.is_passed(record),
-                "distributions": record.distributions,
-                "findings": record.findings,
-                "timing": _timing_rows(record),
-                "memory": record.memory or {},
-                "error": record.error,
-                "device": (record.device or {}).get("name", "?"),
-                "source": _source_for(record, sources),
-            })
+        for record in sorted(
+            group, key=lambda r: (metrics.label_of(r), protocol_name(r), str(r.candidate.get("path")))
+        ):
+            items.append(
+                {
+                    "label": metrics.label_of(record),
+                    "protocol": protocol_name(record),
+                    "candidate": Path(str(record.candidate.get("path", "?"))).name,
+                    "candidate_path": str(record.candidate.get("path", "")),
+                    "outcome": record.outcome,
+                    "colour": _OUTCOME_COLOURS.get(record.outcome, "#90a4ae"),
+                    "reason": None if metrics.is_passed(record) else verdict_reason(record),
+                    "speedup": {k: metrics.as_number(v) for k, v in sorted((record.speedup or {}).items())},
+                    "passed": metrics.is_passed(record),
+                    "distributions": record.distributions,
+                    "findings": record.findings,
+                    "timing": _timing_rows(record),
+                    "memory": record.memory or {},
+                    "error": record.error,
+                    "device": (record.device or {}).get("name", "?"),
+                    "source": _source_for(record, sources),
+                }
+            )
         problems.append({"level": level, "name": name, "items": items})
     return problems

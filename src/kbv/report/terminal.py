@@ -50,10 +50,30 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
     rows = leaderboard_rows(records)
     # The box draws one space between columns; a second one (padding) only where the widest row
     # still fits, so that a long label leaves every column readable at 80 columns.
-    cells = [[row["label"], row["protocol"], str(row["n"]), "100.0%", "100.00x", "100.00x", "100.0%", "10.00x", "100.0%"] for row in rows]
+    cells = [
+        [
+            row["label"],
+            row["protocol"],
+            str(row["n"]),
+            "100.0%",
+            "100.00x",
+            "100.00x",
+            "100.0%",
+            "10.00x",
+            "100.0%",
+        ]
+        for row in rows
+    ]
     needed = sum(max(len(c[i]) for c in cells) + 2 for i in range(len(cells[0])))
     padding = (0, 1, 0, 0) if needed <= console.width else 0
-    table = Table(title="Leaderboard", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=padding)
+    table = Table(
+        title="Leaderboard",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        padding=padding,
+    )
     # Names must stay readable on a narrow terminal; the numeric columns give way first.
     table.add_column("label", min_width=min(30, max(len(r["label"]) for r in rows)))
     table.add_column("protocol", min_width=min(12, max(len(r["protocol"]) for r in rows)))
@@ -61,9 +81,15 @@ def render_summary(records: Sequence[Record], console: Console | None = None) ->
         table.add_column(name, justify="right", min_width=len(name))
     for row in rows:
         table.add_row(
-            Text(row["label"]), Text(row["protocol"]), str(row["n"]), fmt_rate(row["correct_rate"]),
-            fmt_x(row["correct_speedup"]), fmt_x(row["comparable_geomean"]), fmt_rate(row["fast_p"][1.0]),
-            fmt_x(row["memory_efficiency"]), fmt_rate(row["hack_rate"]),
+            Text(row["label"]),
+            Text(row["protocol"]),
+            str(row["n"]),
+            fmt_rate(row["correct_rate"]),
+            fmt_x(row["correct_speedup"]),
+            fmt_x(row["comparable_geomean"]),
+            fmt_rate(row["fast_p"][1.0]),
+            fmt_x(row["memory_efficiency"]),
+            fmt_rate(row["hack_rate"]),
         )
     console.print(table)
     console.print(
@@ -107,7 +133,9 @@ def _render_problem_errors(records: Sequence[Record], console: Console) -> None:
     broken = [r for r in records if metrics.is_problem_error(r)]
     if not broken:
         return
-    table = Table(title="Problem errors (the problem's fault; not in the numbers above)", title_justify="left")
+    table = Table(
+        title="Problem errors (the problem's fault; not in the numbers above)", title_justify="left"
+    )
     table.add_column("problem", no_wrap=True)
     table.add_column("pairs", justify="right")
     table.add_column("error", overflow="fold")
@@ -133,7 +161,9 @@ def render_comparison(
         console.print(_changed_table(result["changed"], console.width))
     unmatched = result["unmatched_standard"] + result["unmatched_verified"]
     if unmatched:
-        console.print(f"[dim]{unmatched} records had no counterpart under the other protocol and were left out.[/dim]")
+        console.print(
+            f"[dim]{unmatched} records had no counterpart under the other protocol and were left out.[/dim]"
+        )
     return result
 
 
@@ -143,7 +173,17 @@ WIDE_TABLE_COLUMNS = 120
 
 
 def _changed_table(changed: list[dict[str, Any]], width: int) -> Table:
-    rows = [(row["label"], row["problem"], _short_path(row["candidate"]), row["standard_outcome"], row["verified_outcome"], row["reason"]) for row in changed]
+    rows = [
+        (
+            row["label"],
+            row["problem"],
+            _short_path(row["candidate"]),
+            row["standard_outcome"],
+            row["verified_outcome"],
+            row["reason"],
+        )
+        for row in changed
+    ]
     if width >= WIDE_TABLE_COLUMNS:
         table = Table(title="Verdicts that changed", title_justify="left")
         for name in ("label", "problem", "candidate", "standard", "verified"):
@@ -180,7 +220,9 @@ def _comparison_table(label: str, summary: dict[str, Any]) -> Table:
     table.add_column("share", justify="right")
     table.add_row("correct", fmt_rate(std["correct_rate"]), fmt_rate(ver["correct_rate"]))
     table.add_row("correct speedup", fmt_x(std["correct_speedup"]), fmt_x(ver["correct_speedup"]))
-    table.add_row("  vs eager_fp32", fmt_x(std["correct_speedup"]), fmt_x(ver["correct_speedup_vs_reference"]))
+    table.add_row(
+        "  vs eager_fp32", fmt_x(std["correct_speedup"]), fmt_x(ver["correct_speedup_vs_reference"])
+    )
     table.add_row("comparable geomean", fmt_x(std["comparable_geomean"]), fmt_x(ver["comparable_geomean"]))
     table.add_row("[bold]drop (standard ÷ verified)[/bold]", "", f"[bold]÷{summary['drop']:.2f}[/bold]", "")
     counts = {"integrity": summary["counts"]["integrity"], "distribution": summary["counts"]["distribution"]}
@@ -189,7 +231,9 @@ def _comparison_table(label: str, summary: dict[str, Any]) -> Table:
         n = counts.get(effect)
         note = "" if n is None else f" ({n} pair{'' if n == 1 else 's'})"
         table.add_row(
-            f"  {_EFFECT_TEXT[effect]}{note}", "", f"÷{summary['effects'][effect]:.2f}",
+            f"  {_EFFECT_TEXT[effect]}{note}",
+            "",
+            f"÷{summary['effects'][effect]:.2f}",
             "-" if share is None else f"{100 * share:.0f}%",
         )
     return table
@@ -220,13 +264,19 @@ def render_record_ids(stored: Sequence[tuple[int, Record]], db: Any, console: Co
     console = console or Console()
     if not stored:
         return
-    console.print("record ids (see one with: kbv explain ID --db " + str(db) + "):", highlight=False, soft_wrap=True)
+    console.print(
+        "record ids (see one with: kbv explain ID --db " + str(db) + "):", highlight=False, soft_wrap=True
+    )
     groups: dict[tuple[str, str], list[int]] = {}
     for record_id, record in stored:
         groups.setdefault((protocol_name(record), record.outcome), []).append(record_id)
     order = {name: i for i, name in enumerate(metrics.outcome_counts([r for _, r in stored]))}
     for protocol, outcome in sorted(groups, key=lambda key: (key[0], order.get(key[1], 99))):
-        console.print(f"  {protocol} {outcome}: {id_ranges(groups[(protocol, outcome)])}", highlight=False, soft_wrap=True)
+        console.print(
+            f"  {protocol} {outcome}: {id_ranges(groups[(protocol, outcome)])}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def progress_bar(console: Console) -> Progress:

@@ -50,7 +50,9 @@ class WorkerFailed(Exception):
     or None when the parent raised it without a worker's answer.
     """
 
-    def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None, role: str | None = None) -> None:
+    def __init__(
+        self, kind: str, message: str, details: dict[str, Any] | None = None, role: str | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -156,7 +158,11 @@ class Worker:
             triton_dir=triton_dir,
             visible_devices=self.spec.visible_devices,
         )
-        arch = arch_list_for(telemetry.compute_capability(self.spec.device)) if self.spec.device.startswith("cuda") else None
+        arch = (
+            arch_list_for(telemetry.compute_capability(self.spec.device))
+            if self.spec.device.startswith("cuda")
+            else None
+        )
         if arch:  # the flags an ahead-of-time build used (kbv.worker.builds): its build is reused
             env["TORCH_CUDA_ARCH_LIST"] = arch
         if self.spec.device == "cpu":
@@ -165,7 +171,14 @@ class Worker:
         env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
-        child = [sys.executable, "-m", "kbv.child.main", str(child_end.fileno()), self.spec.role, *(["probes"] if self.spec.warm_probes else [])]
+        child = [
+            sys.executable,
+            "-m",
+            "kbv.child.main",
+            str(child_end.fileno()),
+            self.spec.role,
+            *(["probes"] if self.spec.warm_probes else []),
+        ]
         argv, user = self._command(child, builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
@@ -203,7 +216,9 @@ class Worker:
             _channel.send(self._sock, {"op": op, **fields})
         except OSError as exc:
             self.kill()
-            raise WorkerFailed("crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role) from exc
+            raise WorkerFailed(
+                "crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role
+            ) from exc
 
     def receive_reply(self) -> dict[str, Any]:
         reply = self._receive()
@@ -216,7 +231,9 @@ class Worker:
                 kind, error = "resource_limit", {**error, **_contain.open_files_exceeded(self.spec.limits)}
                 self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
                 self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
-            raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role)
+            raise WorkerFailed(
+                kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role
+            )
         return reply
 
     def receive_outputs(self, description: Any) -> list[Any]:
@@ -250,16 +267,22 @@ class Worker:
         assert self._sock is not None
         started = time.monotonic()
         try:
-            reply = _channel.receive(self._sock, started + max(self.remaining_s, 0.0), alive=self._watch, poll_s=POLL_S)
+            reply = _channel.receive(
+                self._sock, started + max(self.remaining_s, 0.0), alive=self._watch, poll_s=POLL_S
+            )
             self._raise_if_exceeded()  # a reply that raced the kill does not undo the limit
             return reply
         except _channel.ChannelTimeout as exc:
             self.kill()
-            raise WorkerFailed("timeout", "the worker did not finish before the timeout", self.logs(), role=self.spec.role) from exc
+            raise WorkerFailed(
+                "timeout", "the worker did not finish before the timeout", self.logs(), role=self.spec.role
+            ) from exc
         except _channel.ChannelClosed as exc:
             code = self.kill()
             self._raise_if_exceeded()
-            raise WorkerFailed("crashed", f"{exc} (exit status {code})", self.logs(), role=self.spec.role) from exc
+            raise WorkerFailed(
+                "crashed", f"{exc} (exit status {code})", self.logs(), role=self.spec.role
+            ) from exc
         finally:
             self.remaining_s -= time.monotonic() - started
 
@@ -328,8 +351,11 @@ class Worker:
     def isolation(self) -> dict[str, Any]:
         """How this worker is contained here, and what this machine did not allow (for the record)."""
         facts: dict[str, Any] = {
-            "process_tree": "cgroup v2, subreaper, marker sweep" if self._cgroup else "subreaper, marker sweep",
-            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)" if self.uid is not None
+            "process_tree": "cgroup v2, subreaper, marker sweep"
+            if self._cgroup
+            else "subreaper, marker sweep",
+            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)"
+            if self.uid is not None
             else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
         }
         netns, no_netns = _contain.network_namespace()
@@ -337,18 +363,32 @@ class Worker:
         facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
         limits = self.spec.limits
         if limits is not None:
-            facts["limits"] = {f: getattr(limits, f) for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")}
+            facts["limits"] = {
+                f: getattr(limits, f)
+                for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")
+            }
         not_done = []
         if self._cgroup is None:
-            not_done.append("no cgroup: this process cannot create one here, so a process that clears its "
-                            "environment and leaves the worker's tree is not tracked")
+            not_done.append(
+                "no cgroup: this process cannot create one here, so a process that clears its "
+                "environment and leaves the worker's tree is not tracked"
+            )
         if self.spec.role == "candidate" and not private_net:
-            not_done.append(f"no private network namespace: {no_netns or 'setpriv(1) is missing to drop the uid after it'}")
+            not_done.append(
+                f"no private network namespace: {no_netns or 'setpriv(1) is missing to drop the uid after it'}"
+            )
         if os.geteuid() == 0 and self.uid is None:
-            not_done.append(f"the candidate worker runs as root like the parent ({self._no_drop or 'not a candidate worker'}): "
-                            "it can read other workers' memory and write kbv's caches "
-                            "(docs/architecture.md, 'What isolation does not cover')")
-        if limits is not None and limits.device_memory_gb and self.spec.device.startswith("cuda") and self.device_peak_bytes is None:
+            not_done.append(
+                f"the candidate worker runs as root like the parent ({self._no_drop or 'not a candidate worker'}): "
+                "it can read other workers' memory and write kbv's caches "
+                "(docs/architecture.md, 'What isolation does not cover')"
+            )
+        if (
+            limits is not None
+            and limits.device_memory_gb
+            and self.spec.device.startswith("cuda")
+            and self.device_peak_bytes is None
+        ):
             not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
         facts["not_enforced"] = not_done
         return facts
@@ -377,7 +417,13 @@ class Worker:
         for pid in self.members():
             if pid == worker:
                 continue
-            left.append({"pid": pid, "command": _contain.command_line(pid), "own_session": _session_of(pid) not in (session, None)})
+            left.append(
+                {
+                    "pid": pid,
+                    "command": _contain.command_line(pid),
+                    "own_session": _session_of(pid) not in (session, None),
+                }
+            )
         peak = _contain.peak_rss_bytes(worker)
         if peak:
             self.host_peak_bytes = max(self.host_peak_bytes, peak)
@@ -405,9 +451,14 @@ class Worker:
             # Measured on the H200 (torch 2.11, driver 580): the parent cannot open the CUDA IPC
             # handles of a worker running under another uid (cudaErrorMapBufferObjectFailed), and
             # outputs travel by those handles; the private network namespace does not matter.
-            plan = _privileges.Plan(None, "on a GPU the parent must open the worker's CUDA IPC handles, which fails across uids here")
+            plan = _privileges.Plan(
+                None,
+                "on a GPU the parent must open the worker's CUDA IPC handles, which fails across uids here",
+            )
         else:
-            plan = _privileges.plan(self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent)))
+            plan = _privileges.plan(
+                self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent))
+            )
         self._no_drop = plan.reason
         self._private_net = bool(prefix)
         if plan.uid is None:
@@ -481,7 +532,9 @@ class Worker:
         return {p.pid: p for p in procs if p is not None}
 
     def _device_bytes(self, members: list[int]) -> int | None:
-        if not self.spec.device.startswith("cuda") or not (self.spec.limits and self.spec.limits.device_memory_gb):
+        if not self.spec.device.startswith("cuda") or not (
+            self.spec.limits and self.spec.limits.device_memory_gb
+        ):
             return None
         figures = [telemetry.process_memory_bytes(self.spec.device, pid) for pid in members]
         known = [f for f in figures if f is not None]
@@ -489,7 +542,9 @@ class Worker:
 
     def _raise_if_exceeded(self) -> None:
         if self.exceeded is not None:
-            raise WorkerFailed("resource_limit", _contain.describe_exceeded(self.exceeded), {**self.exceeded, **self.logs()})
+            raise WorkerFailed(
+                "resource_limit", _contain.describe_exceeded(self.exceeded), {**self.exceeded, **self.logs()}
+            )
 
     def _kill_tree(self) -> None:
         """SIGKILL the worker's cgroup, descendants and marked processes, then the worker and its group.
@@ -527,8 +582,17 @@ def _session_of(pid: int) -> int | None:
 
 
 def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
-    return (spec.build_key, spec.device, spec.visible_devices, spec.role, spec.budget_s, tuple(sorted(spec.extra_env.items())),
-            spec.limits, tuple(spec.readable), spec.warm_probes)
+    return (
+        spec.build_key,
+        spec.device,
+        spec.visible_devices,
+        spec.role,
+        spec.budget_s,
+        tuple(sorted(spec.extra_env.items())),
+        spec.limits,
+        tuple(spec.readable),
+        spec.warm_probes,
+    )
 
 
 class Spares:

@@ -261,14 +261,19 @@ def exceeded(usage: Usage, limits: Any) -> dict[str, Any] | None:
 
 def is_open_files_error(error: dict[str, Any]) -> bool:
     """A worker's error report that is the hard ``RLIMIT_NOFILE`` refusing a descriptor (EMFILE)."""
-    return "[Errno 24]" in str(error.get("message", "")) or "Too many open files" in str(error.get("message", ""))
+    return "[Errno 24]" in str(error.get("message", "")) or "Too many open files" in str(
+        error.get("message", "")
+    )
 
 
 def open_files_exceeded(limits: Any) -> dict[str, Any]:
     """The ``exceeded`` record of an open-files refusal (the kernel refused descriptor ``allowed + 1``)."""
     allowed = int(limits.open_files)
     over = {"limit": "open_files", "figure": allowed + 1, "allowed": allowed, "unit": "descriptors"}
-    return {**over, "message": f"{describe_exceeded(over)} (the kernel refused the descriptor beyond the limit)"}
+    return {
+        **over,
+        "message": f"{describe_exceeded(over)} (the kernel refused the descriptor beyond the limit)",
+    }
 
 
 def describe_exceeded(over: dict[str, Any]) -> str:

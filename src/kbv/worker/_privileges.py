@@ -55,7 +55,9 @@ def worker_uid(build_key: str) -> int:
             pwd.getpwuid(uid)
         except KeyError:
             return uid
-    raise RuntimeError(f"every uid in [{UID_BASE}, {UID_BASE + UID_RANGE}) has a passwd entry; set KBV_WORKER_USER=off")
+    raise RuntimeError(
+        f"every uid in [{UID_BASE}, {UID_BASE + UID_RANGE}) has a passwd entry; set KBV_WORKER_USER=off"
+    )
 
 
 def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
@@ -93,7 +95,13 @@ def unreachable(uid: int, paths: list[str]) -> list[str]:
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _CHECK, *paths],
-            user=uid, group=uid, extra_groups=[], capture_output=True, text=True, timeout=30, cwd="/",
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd="/",
         )
     except PermissionError:
         return [os.path.realpath(sys.executable)]

@@ -39,7 +39,16 @@ from kbv.candidates import Candidate
 from kbv.worker import _kbv_src, cache_root
 from kbv.worker._env import arch_list_for, scrubbed_env
 
-__all__ = ["CompileResult", "CompileStage", "arch_list_for", "build_dir", "build_lock", "compile_candidate", "known_build_failure", "needs_build"]
+__all__ = [
+    "CompileResult",
+    "CompileStage",
+    "arch_list_for",
+    "build_dir",
+    "build_lock",
+    "compile_candidate",
+    "known_build_failure",
+    "needs_build",
+]
 
 BUILD_TIMEOUT_S = 900.0
 
@@ -82,7 +91,9 @@ def toolchain(arch_list: str | None) -> dict[str, str]:
     }
 
 
-def compile_candidate(candidate: Candidate, *, arch_list: str | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> CompileResult:
+def compile_candidate(
+    candidate: Candidate, *, arch_list: str | None = None, timeout_s: float = BUILD_TIMEOUT_S
+) -> CompileResult:
     """Build the candidate's import-time extensions into the shared cache, at most once per toolchain."""
     sha = candidate.source_sha256
     if not needs_build(candidate.source):
@@ -145,10 +156,14 @@ def known_build_failure(source_sha256: str) -> str | None:
     return None
 
 
-def _run_build_child(candidate: Candidate, extensions: Path, triton_dir: Path, arch_list: str | None, timeout_s: float) -> tuple[bool, str]:
+def _run_build_child(
+    candidate: Candidate, extensions: Path, triton_dir: Path, arch_list: str | None, timeout_s: float
+) -> tuple[bool, str]:
     home = Path(tempfile.mkdtemp(prefix="kbv-build-"))
     try:
-        env = scrubbed_env(os.environ, home=home, extensions_dir=extensions, triton_dir=triton_dir, visible_devices="")
+        env = scrubbed_env(
+            os.environ, home=home, extensions_dir=extensions, triton_dir=triton_dir, visible_devices=""
+        )
         if arch_list:
             env["TORCH_CUDA_ARCH_LIST"] = arch_list
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
@@ -192,7 +207,9 @@ def _digest(value: object) -> str:
 class CompileStage:
     """A pool of build processes in front of the GPU stage; one build per distinct source."""
 
-    def __init__(self, workers: int, *, arch_list: str | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    def __init__(
+        self, workers: int, *, arch_list: str | None = None, timeout_s: float = BUILD_TIMEOUT_S
+    ) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kbv-compile")
         self._arch_list = arch_list
         self._timeout_s = timeout_s

@@ -30,13 +30,47 @@ def check_parse_error(ctx: StaticContext) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------- threads
 _THREAD_MODULES = (
-    "threading", "_thread", "multiprocessing", "concurrent.futures", "subprocess", "torch.multiprocessing",
-    "pty", "sched", "os.fork", "os.forkpty", "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp",
-    "os.register_at_fork", "os.spawnl", "os.spawnle", "os.spawnlp", "os.spawnv", "os.spawnve", "os.spawnvp",
-    "os.execv", "os.execve", "os.execl", "os.execlp", "os.execvp", "signal.signal", "signal.alarm",
-    "signal.setitimer", "asyncio.to_thread", "asyncio.create_subprocess_exec",
-    "asyncio.create_subprocess_shell", "torch.jit.fork", "torch.jit._fork", "joblib", "dask", "ray",
-    "os.kill", "os.killpg", "os._exit", "os.abort",
+    "threading",
+    "_thread",
+    "multiprocessing",
+    "concurrent.futures",
+    "subprocess",
+    "torch.multiprocessing",
+    "pty",
+    "sched",
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.popen",
+    "os.posix_spawn",
+    "os.posix_spawnp",
+    "os.register_at_fork",
+    "os.spawnl",
+    "os.spawnle",
+    "os.spawnlp",
+    "os.spawnv",
+    "os.spawnve",
+    "os.spawnvp",
+    "os.execv",
+    "os.execve",
+    "os.execl",
+    "os.execlp",
+    "os.execvp",
+    "signal.signal",
+    "signal.alarm",
+    "signal.setitimer",
+    "asyncio.to_thread",
+    "asyncio.create_subprocess_exec",
+    "asyncio.create_subprocess_shell",
+    "torch.jit.fork",
+    "torch.jit._fork",
+    "joblib",
+    "dask",
+    "ray",
+    "os.kill",
+    "os.killpg",
+    "os._exit",
+    "os.abort",
 )
 _CPP_THREADS = re.compile(
     r"\bstd::(?:thread|jthread|async)\b|\bpthread_create\b|\bfork\s*\(|\bpopen\s*\(|\bsystem\s*\("
@@ -69,8 +103,20 @@ def check_threads(ctx: StaticContext) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------- tampering
-_PROTECTED = ("torch", "time", "builtins", "kbv", "sys", "timeit", "triton.testing", "importlib", "os", "gc",
-              "numpy", "math")
+_PROTECTED = (
+    "torch",
+    "time",
+    "builtins",
+    "kbv",
+    "sys",
+    "timeit",
+    "triton.testing",
+    "importlib",
+    "os",
+    "gc",
+    "numpy",
+    "math",
+)
 _SETTINGS_OK = ("torch.backends", "torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
 _DICT_MUTATORS = {"update", "__setitem__", "setdefault", "pop", "popitem", "clear", "__delitem__"}
 
@@ -139,9 +185,11 @@ def _tampered(a: Analysis, target: ast.expr) -> str | None:
         base = a.qualname(container)
         if base == "sys.modules":
             return "sys.modules"
-        is_namespace = (isinstance(container, ast.Attribute) and container.attr == "__dict__") or (
-            isinstance(container, ast.Call) and a.is_builtin(a.qualname(container.func), "vars")
-        ) or base == "builtins"
+        is_namespace = (
+            (isinstance(container, ast.Attribute) and container.attr == "__dict__")
+            or (isinstance(container, ast.Call) and a.is_builtin(a.qualname(container.func), "vars"))
+            or base == "builtins"
+        )
         if is_namespace and _protected(base):
             return f"{base} namespace"
     return None
@@ -158,8 +206,10 @@ def _tampering_call(a: Analysis, call: ast.Call) -> str | None:
     if isinstance(call.func, ast.Attribute) and call.func.attr in _DICT_MUTATORS:
         holder = call.func.value
         base = a.qualname(holder)
-        namespace = base == "sys.modules" or (isinstance(holder, ast.Attribute) and holder.attr == "__dict__") or (
-            isinstance(holder, ast.Call) and a.is_builtin(a.qualname(holder.func), "vars")
+        namespace = (
+            base == "sys.modules"
+            or (isinstance(holder, ast.Attribute) and holder.attr == "__dict__")
+            or (isinstance(holder, ast.Call) and a.is_builtin(a.qualname(holder.func), "vars"))
         )
         if namespace and (base == "sys.modules" or _protected(base)):
             return f"mutates the namespace of {base}"
@@ -170,16 +220,46 @@ def _tampering_call(a: Analysis, call: ast.Call) -> str | None:
 
 # ---------------------------------------------------------------------------------------- introspection
 _INTROSPECTION = (
-    "gc", "ctypes", "cffi", "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
-    "sys.addaudithook", "threading.settrace", "threading.setprofile", "inspect.currentframe", "inspect.stack",
-    "inspect.trace", "inspect.getouterframes", "inspect.getinnerframes", "inspect.getframeinfo",
-    "traceback.walk_stack", "traceback.extract_stack", "traceback.walk_tb", "torch.cuda.cudart",
-    "tracemalloc", "objgraph",
+    "gc",
+    "ctypes",
+    "cffi",
+    "sys._getframe",
+    "sys._current_frames",
+    "sys.settrace",
+    "sys.setprofile",
+    "sys.addaudithook",
+    "threading.settrace",
+    "threading.setprofile",
+    "inspect.currentframe",
+    "inspect.stack",
+    "inspect.trace",
+    "inspect.getouterframes",
+    "inspect.getinnerframes",
+    "inspect.getframeinfo",
+    "traceback.walk_stack",
+    "traceback.extract_stack",
+    "traceback.walk_tb",
+    "torch.cuda.cudart",
+    "tracemalloc",
+    "objgraph",
 )
 _GC_HARMLESS = ("gc.collect", "gc.enable", "gc.disable", "gc.isenabled")
 _FRAME_ATTRS = {
-    "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "cr_frame",
-    "ag_frame", "__globals__", "__subclasses__", "__closure__", "_getframe", "__code__",
+    "f_back",
+    "f_locals",
+    "f_globals",
+    "f_builtins",
+    "f_code",
+    "tb_frame",
+    "tb_next",
+    "gi_frame",
+    "cr_frame",
+    "ag_frame",
+    "__globals__",
+    "__subclasses__",
+    "__closure__",
+    "_getframe",
+    "__code__",
 }
 _CPP_INTROSPECTION = re.compile(
     r"\bdl(?:open|sym|vsym|info)\b|/proc/|\bbacktrace\s*\(|\bPy(?:Eval_Get\w+|Frame_\w+|Thread\w*|GC_\w+"
@@ -215,20 +295,69 @@ def check_introspection(ctx: StaticContext) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------- file / network
 _NETWORK = (
-    "socket", "ssl", "urllib", "urllib3", "requests", "http", "httpx", "aiohttp", "ftplib", "smtplib",
-    "telnetlib", "xmlrpc", "websocket", "websockets", "paramiko", "pycurl", "grpc", "asyncio.open_connection",
-    "socketserver", "poplib", "imaplib",
+    "socket",
+    "ssl",
+    "urllib",
+    "urllib3",
+    "requests",
+    "http",
+    "httpx",
+    "aiohttp",
+    "ftplib",
+    "smtplib",
+    "telnetlib",
+    "xmlrpc",
+    "websocket",
+    "websockets",
+    "paramiko",
+    "pycurl",
+    "grpc",
+    "asyncio.open_connection",
+    "socketserver",
+    "poplib",
+    "imaplib",
 )
 _FILE_CALLS = (
-    "open", "builtins.open", "io.open", "io.FileIO", "os.open", "os.fdopen", "codecs.open", "os.remove",
-    "os.unlink", "os.rename", "os.replace", "os.write", "os.read", "os.dup", "os.dup2", "os.pipe", "os.listdir",
-    "os.scandir", "os.walk", "os.chmod", "os.makedirs", "os.mkdir", "shutil", "tempfile", "torch.save",
-    "torch.load", "numpy.save", "numpy.load", "numpy.fromfile", "pickle.dump", "pickle.load", "glob",
-    "pathlib.Path.open", "mmap",
+    "open",
+    "builtins.open",
+    "io.open",
+    "io.FileIO",
+    "os.open",
+    "os.fdopen",
+    "codecs.open",
+    "os.remove",
+    "os.unlink",
+    "os.rename",
+    "os.replace",
+    "os.write",
+    "os.read",
+    "os.dup",
+    "os.dup2",
+    "os.pipe",
+    "os.listdir",
+    "os.scandir",
+    "os.walk",
+    "os.chmod",
+    "os.makedirs",
+    "os.mkdir",
+    "shutil",
+    "tempfile",
+    "torch.save",
+    "torch.load",
+    "numpy.save",
+    "numpy.load",
+    "numpy.fromfile",
+    "pickle.dump",
+    "pickle.load",
+    "glob",
+    "pathlib.Path.open",
+    "mmap",
 )
 _PATH_METHODS = {"write_text", "write_bytes", "read_text", "read_bytes", "tofile", "unlink", "rmdir"}
 _CPP_NETWORK = re.compile(r"\bsocket\s*\(|<sys/socket\.h>|<netinet/|\bgetaddrinfo\b|\bcurl_easy_\w+")
-_CPP_FILES = re.compile(r"\bf(?:open|write|read)\s*\(|\bstd::[io]?fstream\b|\bstd::ofstream\b|\bstd::ifstream\b")
+_CPP_FILES = re.compile(
+    r"\bf(?:open|write|read)\s*\(|\bstd::[io]?fstream\b|\bstd::ofstream\b|\bstd::ifstream\b"
+)
 
 
 @register_check(
@@ -261,10 +390,22 @@ def check_file_network(ctx: StaticContext) -> list[Finding]:
 # ---------------------------------------------------------------------------------------- dynamic code
 _EXEC_BUILTINS = ("exec", "eval", "compile")
 _DYNAMIC = (
-    "marshal.loads", "marshal.load", "pickle.loads", "dill", "cloudpickle", "types.FunctionType",
-    "types.CodeType", "types.LambdaType", "runpy", "code.InteractiveInterpreter", "code.InteractiveConsole",
-    "code.interact", "importlib.util.spec_from_loader", "importlib.util.module_from_spec",
-    "importlib.machinery.SourceFileLoader", "importlib.__import__",
+    "marshal.loads",
+    "marshal.load",
+    "pickle.loads",
+    "dill",
+    "cloudpickle",
+    "types.FunctionType",
+    "types.CodeType",
+    "types.LambdaType",
+    "runpy",
+    "code.InteractiveInterpreter",
+    "code.InteractiveConsole",
+    "code.interact",
+    "importlib.util.spec_from_loader",
+    "importlib.util.module_from_spec",
+    "importlib.machinery.SourceFileLoader",
+    "importlib.__import__",
 )
 _CPP_DYNAMIC = re.compile(r"\bPyRun_\w+|\bPy_CompileString\w*|\bPyEval_EvalCode\w*")
 

@@ -12,12 +12,22 @@ from kbv.records import Finding
 
 # ---------------------------------------------------------------------------------------- subclass
 _TENSOR_BASES = {
-    "torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", "torch.nn.Parameter",
-    "torch.nn.parameter.Parameter", "torch.nn.Buffer", "torch.nn.parameter.Buffer",
+    "torch.Tensor",
+    "torch._C.TensorBase",
+    "torch._C._TensorBase",
+    "torch.nn.Parameter",
+    "torch.nn.parameter.Parameter",
+    "torch.nn.Buffer",
+    "torch.nn.parameter.Buffer",
 }
 _SUBCLASS_NAMES = {
-    "__torch_function__", "__torch_dispatch__", "_make_subclass", "as_subclass", "_make_wrapper_subclass",
-    "TorchFunctionMode", "TorchDispatchMode",
+    "__torch_function__",
+    "__torch_dispatch__",
+    "_make_subclass",
+    "as_subclass",
+    "_make_wrapper_subclass",
+    "TorchFunctionMode",
+    "TorchDispatchMode",
 }
 
 
@@ -45,7 +55,9 @@ def check_tensor_subclass(ctx: StaticContext) -> list[Finding]:
             rep.py(node, f"defines {node.name}")
         elif isinstance(node, ast.Attribute) and node.attr == "__class__" and isinstance(node.ctx, ast.Store):
             rep.py(node, "reassigns an object's __class__")
-        elif isinstance(node, ast.Call) and a.is_builtin(a.qualname(node.func), "type") and len(node.args) == 3:
+        elif (
+            isinstance(node, ast.Call) and a.is_builtin(a.qualname(node.func), "type") and len(node.args) == 3
+        ):
             bases = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else []
             if any(a.qualname(b) in _TENSOR_BASES for b in bases):
                 rep.py(node, "builds a torch.Tensor subclass with type()")
@@ -60,8 +72,14 @@ def check_tensor_subclass(ctx: StaticContext) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------- precision
 _LOW_DTYPE = re.compile(r"^(?:float16|half|bfloat16|float8\w*|fp8\w*|complex32|chalf)$")
-_PRECISION_FLAGS = {"allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"}
-_FAST_MATH = re.compile(r"use_fast_math|fast-math|ftz=true|prec-div=false|prec-sqrt=false|-ffast-math|fmad=true")
+_PRECISION_FLAGS = {
+    "allow_tf32",
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+}
+_FAST_MATH = re.compile(
+    r"use_fast_math|fast-math|ftz=true|prec-div=false|prec-sqrt=false|-ffast-math|fmad=true"
+)
 _CPP_PRECISION = re.compile(
     r"\b(?:__half2?|half2|__nv_bfloat162?|__nv_fp8\w*|__float2half\w*|__half2float|__float2bfloat16\w*"
     r"|__bfloat162float|__float22half2\w*|at::kHalf|at::kBFloat16|torch::kHalf|torch::kFloat16|torch::kBFloat16"
@@ -182,7 +200,11 @@ def check_caching(ctx: StaticContext) -> list[Finding]:
 
 
 def _is_identity_call(a: Analysis, call: ast.Call) -> bool:
-    if isinstance(call.func, ast.Attribute) and call.func.attr in ("data_ptr", "_cdata", "storage_offset_ptr"):
+    if isinstance(call.func, ast.Attribute) and call.func.attr in (
+        "data_ptr",
+        "_cdata",
+        "storage_offset_ptr",
+    ):
         return True
     return a.is_builtin(a.qualname(call.func), "id")
 

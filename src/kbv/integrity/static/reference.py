@@ -16,18 +16,31 @@ from kbv.records import Finding
 _LOADERS = {"load_inline", "load"}
 _TRITON_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "triton.language.jit")
 _OTHER_KERNELS = (
-    "cupy.RawKernel", "cupy.RawModule", "cupy.ElementwiseKernel", "cupy.ReductionKernel", "cupy.fuse",
-    "numba.cuda.jit", "pycuda.compiler.SourceModule", "tilelang", "cuda.core", "cutlass", "tvm",
-    "torch.cuda.jiterator", "warp.kernel", "cuda.bindings", "helion.kernel", "thunderkittens",
+    "cupy.RawKernel",
+    "cupy.RawModule",
+    "cupy.ElementwiseKernel",
+    "cupy.ReductionKernel",
+    "cupy.fuse",
+    "numba.cuda.jit",
+    "pycuda.compiler.SourceModule",
+    "tilelang",
+    "cuda.core",
+    "cutlass",
+    "tvm",
+    "torch.cuda.jiterator",
+    "warp.kernel",
+    "cuda.bindings",
+    "helion.kernel",
+    "thunderkittens",
 )
 
 
 @dataclass
 class _Kernels:
-    modules: set[str]          # names ("ext", "self.ext") bound to a compiled extension or raw kernel
-    triton: set[str]           # names of @triton.jit functions
-    launchers: set[str]        # local functions / methods that (transitively) launch a custom kernel
-    defined: bool              # the candidate defines any custom kernel at all
+    modules: set[str]  # names ("ext", "self.ext") bound to a compiled extension or raw kernel
+    triton: set[str]  # names of @triton.jit functions
+    launchers: set[str]  # local functions / methods that (transitively) launch a custom kernel
+    defined: bool  # the candidate defines any custom kernel at all
 
 
 def _kernels(ctx: StaticContext) -> _Kernels:
@@ -37,7 +50,9 @@ def _kernels(ctx: StaticContext) -> _Kernels:
     a = ctx.analysis
     assert a is not None
     builders = {
-        f.name for f in ast.walk(a.tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        f.name
+        for f in ast.walk(a.tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
         and any(_last(q or "") in _LOADERS and _is_loader(q) for _, q in a.calls(f))
     }
     modules: set[str] = set()
@@ -51,8 +66,12 @@ def _kernels(ctx: StaticContext) -> _Kernels:
             value_q = a.qualname(node.value.func) or ""
             inner = node.value.func.value if isinstance(node.value.func, ast.Attribute) else None
             inner_q = a.qualname(inner.func) if isinstance(inner, ast.Call) else None
-            if (_is_loader(value_q) or _last(value_q) in builders or under(value_q, *_OTHER_KERNELS)
-                    or under(inner_q, *_OTHER_KERNELS)):
+            if (
+                _is_loader(value_q)
+                or _last(value_q) in builders
+                or under(value_q, *_OTHER_KERNELS)
+                or under(inner_q, *_OTHER_KERNELS)
+            ):
                 for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     name = _dotted(target)
                     if name:
@@ -104,8 +123,11 @@ def _launches(a: Analysis, kernels: _Kernels, call: ast.Call) -> bool:
     name = _dotted(func)
     if name is None:
         return False
-    if name in kernels.modules or name in kernels.launchers or _last(name) in kernels.launchers and (
-        name.startswith("self.") or "." not in name
+    if (
+        name in kernels.modules
+        or name in kernels.launchers
+        or _last(name) in kernels.launchers
+        and (name.startswith("self.") or "." not in name)
     ):
         return True
     return isinstance(func, ast.Attribute) and _dotted(func.value) in kernels.modules
@@ -113,35 +135,164 @@ def _launches(a: Analysis, kernels: _Kernels, call: ast.Call) -> bool:
 
 # ---------------------------------------------------------------------------------------- fallback
 _NOT_COMPUTE = {
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-    "tensor", "as_tensor", "from_numpy", "device", "dtype", "is_tensor", "Size", "no_grad", "inference_mode",
-    "set_grad_enabled", "manual_seed", "get_default_dtype", "is_floating_point", "result_type",
-    "promote_types", "finfo", "iinfo", "Module", "Parameter", "ModuleList", "ParameterList", "ModuleDict",
-    "is_grad_enabled", "numel", "broadcast_shapes", "empty_cache", "Tensor", "rand", "randn", "randint",
-    "rand_like", "randn_like", "randint_like", "randperm", "normal", "arange", "linspace", "Generator",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "tensor",
+    "as_tensor",
+    "from_numpy",
+    "device",
+    "dtype",
+    "is_tensor",
+    "Size",
+    "no_grad",
+    "inference_mode",
+    "set_grad_enabled",
+    "manual_seed",
+    "get_default_dtype",
+    "is_floating_point",
+    "result_type",
+    "promote_types",
+    "finfo",
+    "iinfo",
+    "Module",
+    "Parameter",
+    "ModuleList",
+    "ParameterList",
+    "ModuleDict",
+    "is_grad_enabled",
+    "numel",
+    "broadcast_shapes",
+    "empty_cache",
+    "Tensor",
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "randperm",
+    "normal",
+    "arange",
+    "linspace",
+    "Generator",
 }
 _NOT_COMPUTE_MODULES = (
-    "torch.cuda", "torch.utils", "torch.backends", "torch.testing", "torch.library", "torch.jit",
-    "torch.compiler", "torch._dynamo", "torch.version", "torch.distributed", "torch.autograd.profiler",
-    "torch.profiler", "torch.ops", "torch.nn.init",
+    "torch.cuda",
+    "torch.utils",
+    "torch.backends",
+    "torch.testing",
+    "torch.library",
+    "torch.jit",
+    "torch.compiler",
+    "torch._dynamo",
+    "torch.version",
+    "torch.distributed",
+    "torch.autograd.profiler",
+    "torch.profiler",
+    "torch.ops",
+    "torch.nn.init",
 )
 _SHAPE_METHODS = {
-    "view", "reshape", "contiguous", "size", "dim", "numel", "permute", "transpose", "flatten", "unsqueeze",
-    "squeeze", "expand", "expand_as", "to", "cuda", "cpu", "float", "double", "type", "is_contiguous",
-    "data_ptr", "stride", "item", "tolist", "clone", "detach", "new_empty", "new_zeros", "new_ones",
-    "new_full", "fill_", "zero_", "copy_", "view_as", "reshape_as", "t", "element_size", "get_device",
-    "is_cuda", "numpy", "requires_grad_", "chunk", "split", "narrow", "select", "unbind", "append", "format",
-    "join", "get", "items", "keys", "values", "update", "extend", "pop", "register_buffer",
-    "register_parameter", "parameters", "named_parameters", "modules", "children", "apply", "eval", "train",
-    "half", "bfloat16", "storage_offset", "untyped_storage", "empty_like", "__init__", "forward", "load_inline",
-    "startswith", "endswith", "replace", "strip", "lower", "upper", "encode", "decode",
+    "view",
+    "reshape",
+    "contiguous",
+    "size",
+    "dim",
+    "numel",
+    "permute",
+    "transpose",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "expand_as",
+    "to",
+    "cuda",
+    "cpu",
+    "float",
+    "double",
+    "type",
+    "is_contiguous",
+    "data_ptr",
+    "stride",
+    "item",
+    "tolist",
+    "clone",
+    "detach",
+    "new_empty",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "fill_",
+    "zero_",
+    "copy_",
+    "view_as",
+    "reshape_as",
+    "t",
+    "element_size",
+    "get_device",
+    "is_cuda",
+    "numpy",
+    "requires_grad_",
+    "chunk",
+    "split",
+    "narrow",
+    "select",
+    "unbind",
+    "append",
+    "format",
+    "join",
+    "get",
+    "items",
+    "keys",
+    "values",
+    "update",
+    "extend",
+    "pop",
+    "register_buffer",
+    "register_parameter",
+    "parameters",
+    "named_parameters",
+    "modules",
+    "children",
+    "apply",
+    "eval",
+    "train",
+    "half",
+    "bfloat16",
+    "storage_offset",
+    "untyped_storage",
+    "empty_like",
+    "__init__",
+    "forward",
+    "load_inline",
+    "startswith",
+    "endswith",
+    "replace",
+    "strip",
+    "lower",
+    "upper",
+    "encode",
+    "decode",
 }
 
 
 def _torch_compute(a: Analysis, call: ast.Call) -> str | None:
     """The operator name when ``call`` is a PyTorch compute operator (not allocation or utilities)."""
     qual = a.qualname(call.func)
-    if under(qual, "torch") and qual and not under(qual, *_NOT_COMPUTE_MODULES) and _last(qual) not in _NOT_COMPUTE:
+    if (
+        under(qual, "torch")
+        and qual
+        and not under(qual, *_NOT_COMPUTE_MODULES)
+        and _last(qual) not in _NOT_COMPUTE
+    ):
         return qual
     return None
 
@@ -183,7 +334,12 @@ def _nn_module_attrs(a: Analysis, cls: ast.ClassDef | None) -> dict[str, str]:
     for node in ast.walk(cls):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             qual = a.qualname(node.value.func)
-            if under(qual, "torch.nn") and qual and _last(qual)[:1].isupper() and _last(qual) not in _NOT_COMPUTE:
+            if (
+                under(qual, "torch.nn")
+                and qual
+                and _last(qual)[:1].isupper()
+                and _last(qual) not in _NOT_COMPUTE
+            ):
                 for target in node.targets:
                     name = _dotted(target)
                     if name and name.startswith("self."):
@@ -251,7 +407,15 @@ def _root_name(func: ast.AST) -> str | None:
 
 
 #: Names every module can use without binding them.
-_ALWAYS_BOUND = frozenset(dir(__import__("builtins"))) | {"__file__", "__name__", "__doc__", "__spec__", "__builtins__", "__loader__", "__package__"}
+_ALWAYS_BOUND = frozenset(dir(__import__("builtins"))) | {
+    "__file__",
+    "__name__",
+    "__doc__",
+    "__spec__",
+    "__builtins__",
+    "__loader__",
+    "__package__",
+}
 
 
 def _unbound_names(tree: ast.AST) -> set[str]:
@@ -264,7 +428,9 @@ def _unbound_names(tree: ast.AST) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-            if node.id in ("globals", "exec", "eval", "setattr", "vars", "locals") and isinstance(node.ctx, ast.Load):
+            if node.id in ("globals", "exec", "eval", "setattr", "vars", "locals") and isinstance(
+                node.ctx, ast.Load
+            ):
                 return set()
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
@@ -322,7 +488,11 @@ def check_inherits_reference(ctx: StaticContext) -> list[Finding]:
                 elif name in local:
                     stack.append(local[name])
         for call, func in a.calls(new):
-            if func and (_last(func) in problem_classes or func.endswith("Model.forward")) and not under(func, "torch"):
+            if (
+                func
+                and (_last(func) in problem_classes or func.endswith("Model.forward"))
+                and not under(func, "torch")
+            ):
                 rep.py(call, f"ModelNew calls the reference {func}")
     return rep.findings
 

@@ -39,7 +39,9 @@ def check_side_stream(ctx: StaticContext) -> list[Finding]:
     rep = _Report("side_stream", ctx)
     for qual, node in [*((q, n) for n, q in ctx.references), *ctx.imports]:
         last = _last(qual)
-        if ("." in qual and last in _STREAM_CLASSES) or (under(qual, "torch") and last in _TORCH_STREAM_FUNCS):
+        if ("." in qual and last in _STREAM_CLASSES) or (
+            under(qual, "torch") and last in _TORCH_STREAM_FUNCS
+        ):
             rep.py(node, f"{qual} puts work on a stream the harness does not time")
     rep.cpp_pattern(_CPP_STREAM, "{match} creates or selects a non-current stream")
     for source in ctx.cpp:
@@ -51,11 +53,31 @@ def check_side_stream(ctx: StaticContext) -> list[Finding]:
 
 # Names whose assembly by token pasting is an evasion (the pieces are searched for separately).
 _PASTE_TARGETS = (
-    "cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority", "cuStreamCreate",
-    "getStreamFromPool", "getStreamFromExternal", "setCurrentCUDAStream", "cudaStreamNonBlocking",
-    "cudaStreamPerThread", "cublasSetStream", "cublasSetStream_v2", "cudaGraphLaunch", "cudaLaunchHostFunc",
-    "cudaStreamBeginCapture", "pthread_create", "dlopen", "dlsym", "popen", "system", "fork", "thread",
-    "PyRun_SimpleString", "PyEval_GetFrame", "fopen", "socket",
+    "cudaStreamCreate",
+    "cudaStreamCreateWithFlags",
+    "cudaStreamCreateWithPriority",
+    "cuStreamCreate",
+    "getStreamFromPool",
+    "getStreamFromExternal",
+    "setCurrentCUDAStream",
+    "cudaStreamNonBlocking",
+    "cudaStreamPerThread",
+    "cublasSetStream",
+    "cublasSetStream_v2",
+    "cudaGraphLaunch",
+    "cudaLaunchHostFunc",
+    "cudaStreamBeginCapture",
+    "pthread_create",
+    "dlopen",
+    "dlsym",
+    "popen",
+    "system",
+    "fork",
+    "thread",
+    "PyRun_SimpleString",
+    "PyEval_GetFrame",
+    "fopen",
+    "socket",
 )
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _PASTE = re.compile(r"##")
@@ -78,7 +100,9 @@ def check_token_pasting(ctx: StaticContext) -> list[Finding]:
         if not hits:
             continue
         pieces = set(_IDENT.findall(_cpp.strip_comments(source.text)))
-        assembled = sorted(name for name in _PASTE_TARGETS if name not in pieces and _assemblable(name, pieces))
+        assembled = sorted(
+            name for name in _PASTE_TARGETS if name not in pieces and _assemblable(name, pieces)
+        )
         for line, text, _ in hits:
             if assembled:
                 rep.cpp(source, line, text, f"token pasting can assemble {', '.join(assembled)}")
@@ -99,7 +123,9 @@ def _assemblable(name: str, pieces: set[str]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- graphs
-_CPP_GRAPH = re.compile(r"\b(?:cudaGraph\w*|cuGraph\w*|cudaStreamBeginCapture\w*|cudaStreamEndCapture|CUDAGraph)\b")
+_CPP_GRAPH = re.compile(
+    r"\b(?:cudaGraph\w*|cuGraph\w*|cudaStreamBeginCapture\w*|cudaStreamEndCapture|CUDAGraph)\b"
+)
 
 
 @register_check(
@@ -118,7 +144,11 @@ def check_cuda_graph(ctx: StaticContext) -> list[Finding]:
     if a is not None:
         for qual, node in [*((q, n) for n, q in ctx.references), *ctx.imports]:
             if under(qual, "torch.cuda") and _last(qual) in {
-                "graph", "CUDAGraph", "make_graphed_callables", "graph_pool_handle", "graphs"
+                "graph",
+                "CUDAGraph",
+                "make_graphed_callables",
+                "graph_pool_handle",
+                "graphs",
             }:
                 rep.py(node, f"uses {qual}")
         for call, func in a.calls():
