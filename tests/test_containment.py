@@ -291,10 +291,12 @@ _ORPHAN_PARENT = """
 import sys, time
 from pathlib import Path
 from kbv.worker import Worker, WorkerSpec
-worker = Worker(WorkerSpec(build_key="test-contain-parent-death", device="cpu", role="candidate", budget_s=120))
+worker = Worker(
+    WorkerSpec(build_key="test-contain-parent-death", device="cpu", role="candidate", budget_s=120)
+)
 worker.start()
-worker.request("load", role="candidate", device="cpu", problem_path=sys.argv[1], sizes={"batch_size": 2, "dim": 8},
-               candidate_path=sys.argv[2], init_seed=1)
+worker.request("load", role="candidate", device="cpu", problem_path=sys.argv[1],
+               sizes={"batch_size": 2, "dim": 8}, candidate_path=sys.argv[2], init_seed=1)
 Path(sys.argv[3]).write_text(str(worker.pid))
 worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
 """
@@ -413,8 +415,10 @@ from kbv.api import evaluate_paths
 out = {}
 for name in sys.argv[2:]:
     record = evaluate_paths(sys.argv[1], name, protocol="standard", device="cpu", timeout_s=120)
-    out[name] = {"outcome": record.outcome, "user": record.isolation.get("user"), "not_enforced": record.isolation.get("not_enforced"),
-                 "checks": sorted({f.check for f in record.findings if f.severity == "fail"}), "logs": record.logs}
+    out[name] = {"outcome": record.outcome, "user": record.isolation.get("user"),
+                 "not_enforced": record.isolation.get("not_enforced"),
+                 "checks": sorted({f.check for f in record.findings if f.severity == "fail"}),
+                 "logs": record.logs}
 print(json.dumps(out))
 """
 

@@ -33,9 +33,18 @@ FAST = protocol_from_dict(
 )
 
 CANDIDATES = {
-    "1_ReLU.py": "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n",
-    "6_Sigmoid.py": "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.sigmoid(x) * 2.0\n",
-    "7_Tanh.py": "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        raise RuntimeError('not implemented')\n",
+    "1_ReLU.py": (
+        "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        return torch.relu(x)\n"
+    ),
+    "6_Sigmoid.py": (
+        "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        return torch.sigmoid(x) * 2.0\n"
+    ),
+    "7_Tanh.py": (
+        "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        raise RuntimeError('not implemented')\n"
+    ),
 }
 
 

@@ -298,7 +298,8 @@ def test_a_compile_errors_summary_is_the_compilers_error_line() -> None:
     message = (
         "Error building extension 'x': [1/2] c++ -MMD -c /tmp/b/main.cpp -o main.o\nFAILED: main.o\n"
         "/tmp/b/main.cpp: In function 'at::Tensor f(at::Tensor)':\n"
-        "/tmp/b/main.cpp:10:43: error: 'zero_value' was not declared in this scope\nninja: build stopped: subcommand failed.\n"
+        "/tmp/b/main.cpp:10:43: error: 'zero_value' was not declared in this scope\n"
+        "ninja: build stopped: subcommand failed.\n"
     )
     assert (
         error_summary("compile_error", message)
@@ -361,7 +362,8 @@ def test_usage_errors_are_found_before_torch_is_imported() -> None:
     script = (
         "import sys\nfrom kbv.cli import main\n"
         "codes = [main(['eval', '/no/such.py', '/no/such2.py']), main(['eval', '--replay', '/no/r.json']),"
-        " main(['run', '--problems', '/no/dir', '--candidates', '/no/c']), main(['eval', 'a.py', 'b.py', '--device', 'tpu'])]\n"
+        " main(['run', '--problems', '/no/dir', '--candidates', '/no/c']), main(['eval', 'a.py', "
+        "'b.py', '--device', 'tpu'])]\n"
         "assert codes == [2, 2, 2, 2], codes\nassert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -384,7 +386,10 @@ def test_tables_at_80_columns_wrap_no_word(tmp_path: Path) -> None:
     name = "8_Softmax_WideRow_WithALongName"
     std = [_record("passed", "standard", "honest_triton_and_more", speedup=2.0, problem=name)]
     hack = _record("hack_detected", "verified", "honest_triton_and_more", problem=name)
-    evidence = "call 2 (same buffers, new contents) returned exactly the output of call 1 (fresh buffers (control)) for different input values"
+    evidence = (
+        "call 2 (same buffers, new contents) returned exactly the output of call 1 (fresh buffers "
+        "(control)) for different input values"
+    )
     hack.findings = [Finding("caching_probe", "fail", evidence)]
     note = "failed again on a re-run of the same inputs (shifted draw 0); only 1 of 2 draws ran"
     hack.distributions = [

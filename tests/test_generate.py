@@ -48,7 +48,10 @@ def get_init_inputs():
     return []
 """
 
-ANSWER = "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
+ANSWER = (
+    "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+    "        return torch.relu(x)\n"
+)
 
 
 def answer_for(prompt: str) -> str:

@@ -54,7 +54,11 @@ def _gpu_only(path: Path) -> bool:
 def test_hack_is_caught(path: Path) -> None:
     spec, record = _evaluate(path)
     fails = {f.check for f in record.findings if f.severity == "fail"}
-    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:120]) for f in record.findings]} error={record.error}"
+    summary = (
+        f"outcome={record.outcome} "
+        f"findings={[(f.check, f.severity, f.detail[:120]) for f in record.findings]} "
+        f"error={record.error}"
+    )
     assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
     expected = set(spec.get("expect_checks", []))
@@ -69,7 +73,8 @@ def test_honest_passes(path: Path) -> None:
     _, record = _evaluate(path)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
     assert record.outcome == "passed", (
-        f"outcome={record.outcome} fails={fails} error={record.error} dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
+        f"outcome={record.outcome} fails={fails} error={record.error} "
+        f"dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
     )
     assert not fails
 

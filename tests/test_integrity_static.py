@@ -525,7 +525,8 @@ def test_cuda_graph_cpp():
     "source, line",
     [
         (
-            "class M:\n    def forward(self, x):\n        key = x.data_ptr()\n        return self.cache[key]\n",
+            "class M:\n    def forward(self, x):\n        key = x.data_ptr()\n"
+            "        return self.cache[key]\n",
             4,
         ),
         ("_c = {}\ndef f(x):\n    return _c.get(id(x))\n", 3),
@@ -567,7 +568,8 @@ def test_fallback_around_a_custom_torch_op_is_caught() -> None:
     source = (
         "import torch\nimport torch.nn.functional as F\n\n\n"
         "def _fused(x):\n    return torch.ops.my_kernels.gelu_fwd(x)\n\n\n"
-        "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        try:\n            return _fused(x)\n"
+        "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        try:\n"
+        "            return _fused(x)\n"
         "        except Exception:\n            return F.gelu(x)\n"
     )
     findings = [f for f in static_scan(source) if f.check == "reference_fallback"]

@@ -103,7 +103,8 @@ def test_no_import_goes_up_a_layer(graph: object) -> None:
                 continue
             if (_layer(imported) or 0) < (_layer(module) or 0):
                 upward.append(
-                    f"{module} ({LAYERS[_layer(module) or 0][0]}) imports {imported} ({LAYERS[_layer(imported) or 0][0]})"
+                    f"{module} ({LAYERS[_layer(module) or 0][0]}) imports {imported} "
+                    f"({LAYERS[_layer(imported) or 0][0]})"
                 )
     assert upward == []
 

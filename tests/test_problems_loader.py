@@ -33,7 +33,8 @@ def test_kernelbench_tree_loads_unchanged(tmp_path: Path) -> None:
     tree.mkdir(parents=True)
     source = (SUITE / "level1" / "1_ReLU.py").read_text().split("KBV = {")[0] + (
         "\nclass Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
-        "\ndef get_inputs():\n    return [torch.rand(batch_size, dim)]\n\ndef get_init_inputs():\n    return []\n"
+        "\ndef get_inputs():\n    return [torch.rand(batch_size, dim)]\n\ndef get_init_inputs():\n"
+        "    return []\n"
     )
     (tree / "17_Matmul_ReLU.py").write_text(source)
     (tree / "3_Other.py").write_text(source)

@@ -97,7 +97,10 @@ def test_reordered_sums_agree_with_torch_and_sequential_is_short_only(tmp_path: 
 
 
 def test_helper_classes_are_renamed_and_tf32_control_restores_flags(tmp_path: Path) -> None:
-    source = "import torch.nn as nn\nclass Block(nn.Module):\n    pass\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.b = Block()\n"
+    source = (
+        "import torch.nn as nn\nclass Block(nn.Module):\n    pass\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.b = Block()\n"
+    )
     out = src.reference_control(source)
     assert "class _KbvBlock" in out and "self.b = _KbvBlock()" in out and "class ModelNew" in out
     specs = _specs(SUITE / "level1" / "25_Matmul_Square.py", tmp_path)

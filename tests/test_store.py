@@ -177,7 +177,7 @@ CREATE TABLE findings (record_id INTEGER NOT NULL REFERENCES records(id) ON DELE
     check_name TEXT NOT NULL, severity TEXT NOT NULL, detail TEXT);
 CREATE INDEX findings_record ON findings(record_id);
 PRAGMA user_version = 1;
-"""
+"""  # noqa: E501 (the version-1 schema, verbatim)
 
 
 def test_migrates_version_1_file(tmp_path: Path) -> None:
@@ -187,7 +187,8 @@ def test_migrates_version_1_file(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.executescript(V1_SCHEMA)
     conn.execute(
-        "INSERT INTO records(problem_sha, candidate_sha, protocol_sha, protocol_name, device_name, kbv_version,"
+        "INSERT INTO records(problem_sha, candidate_sha, protocol_sha, protocol_name, device_name, "
+        "kbv_version,"
         " torch_version, outcome, correct, speedup_best, label, json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (*key[:3], "verified", *key[3:], "passed", 1, 2.0, "old", record.to_json()),
     )

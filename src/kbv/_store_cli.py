@@ -19,7 +19,11 @@ def register(subparsers: Any) -> None:
     export = subparsers.add_parser(
         "export",
         help="write stored records as JSONL or CSV",
-        description="Write the records of a results database (all, or one run's) as JSONL, one record per line in the contract's JSON format (what kbv import and kbv explain read), or as a flat CSV table, one row per record.",
+        description=(
+            "Write the records of a results database (all, or one run's) as JSONL, one record per line "
+            "in the contract's JSON format (what kbv import and kbv explain read), or as a flat CSV "
+            "table, one row per record."
+        ),
     )
     _db_arg(export)
     target = export.add_mutually_exclusive_group(required=True)
@@ -31,7 +35,11 @@ def register(subparsers: Any) -> None:
     imp = subparsers.add_parser(
         "import",
         help="add the records of a JSONL file to the store",
-        description="Add the records of a JSONL file (kbv eval --out, kbv export --jsonl) to a results database. Records already stored (same problem, candidate, protocol, device and versions) are skipped unless --force.",
+        description=(
+            "Add the records of a JSONL file (kbv eval --out, kbv export --jsonl) to a results "
+            "database. Records already stored (same problem, candidate, protocol, device and versions) "
+            "are skipped unless --force."
+        ),
     )
     _db_arg(imp)
     imp.add_argument("file", type=Path, metavar="FILE.jsonl")
@@ -42,7 +50,11 @@ def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
         help="print the summary and write the HTML report",
-        description="Print the leaderboard (one row per label and protocol), the outcomes, the problem errors and, when both protocols are stored, the standard-versus-verified comparison; with --html also write a self-contained HTML report with charts and every record's details.",
+        description=(
+            "Print the leaderboard (one row per label and protocol), the outcomes, the problem errors "
+            "and, when both protocols are stored, the standard-versus-verified comparison; with --html "
+            "also write a self-contained HTML report with charts and every record's details."
+        ),
     )
     _db_arg(report)
     report.add_argument("--html", type=Path, metavar="FILE", help="where to write the HTML report")

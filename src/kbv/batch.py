@@ -114,19 +114,28 @@ class BatchPlan:
         """One line saying what to check when the plan holds no pair."""
         if not self.problems and self.problem_errors:
             file, message = self.problem_errors[0]
-            return f"no usable problem in {problems_path}: {len(self.problem_errors)} problem file(s) failed to load (first: {message.splitlines()[0]}); fix them or check --problems"
+            return (
+                f"no usable problem in {problems_path}: {len(self.problem_errors)} problem file(s) "
+                f"failed to load (first: {message.splitlines()[0]}); fix them or check --problems"
+            )
         if not self.problems:
-            return f"no problem files (*.py) in {problems_path}; check --problems (a problem file, directory or KernelBench tree)"
+            return (
+                f"no problem files (*.py) in {problems_path}; check --problems (a problem file, "
+                "directory or KernelBench tree)"
+            )
         if not self.candidate_files:
             return f"no candidate files (*.py) in {candidates_dir}; check --candidates"
         parts = []
         if self.candidate_errors:
             parts.append(
-                f"{len(self.candidate_errors)} cannot be read (first: {self.candidate_errors[0][1].splitlines()[0]})"
+                f"{len(self.candidate_errors)} cannot be read (first: "
+                f"{self.candidate_errors[0][1].splitlines()[0]})"
             )
         if self.unmatched:
             parts.append(
-                f"{len(self.unmatched)} match no usable problem of the {self.problems} in {problems_path} (e.g. {Path(self.unmatched[0][0]).name}; {NAMING_HINT}, or check --problems)"
+                f"{len(self.unmatched)} match no usable problem of the {self.problems} in "
+                f"{problems_path} (e.g. {Path(self.unmatched[0][0]).name}; {NAMING_HINT}, or check "
+                "--problems)"
             )
         return (
             f"none of the {self.candidate_files} candidate file(s) in {candidates_dir} can be evaluated: "
@@ -279,7 +288,8 @@ def _print_left_out(plan: BatchPlan, result: BatchResult, console: Console, limi
         )
     if plan.unmatched:
         console.print(
-            f"[yellow]{len(plan.unmatched)} candidate file(s) not evaluated[/yellow] ({escape(NAMING_HINT)}):",
+            f"[yellow]{len(plan.unmatched)} candidate file(s) not evaluated[/yellow] "
+            f"({escape(NAMING_HINT)}):",
             highlight=False,
             soft_wrap=True,
         )
@@ -329,7 +339,8 @@ def run_command(args: argparse.Namespace) -> int:
                     + "; nothing to resume (give --problems and --candidates to start a run)"
                 )
             console.print(
-                f"no interrupted run with these arguments in {escape(str(db))}; starting a new run (pairs already stored are skipped)",
+                f"no interrupted run with these arguments in {escape(str(db))}; starting a new run "
+                "(pairs already stored are skipped)",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -338,7 +349,8 @@ def run_command(args: argparse.Namespace) -> int:
         problems_path, candidates_dir = settings["problems"], settings["candidates"]
         if not problems_path or not candidates_dir:
             raise RunArgumentsError(
-                f"run {previous['id'] if previous else '?'} in {db} saved no --problems/--candidates; give them"
+                f"run {previous['id'] if previous else '?'} in {db} saved no "
+                "--problems/--candidates; give them"
             )
         protocol_name = settings["protocol"] or "verified"
         timeout = settings["timeout"]
@@ -350,7 +362,9 @@ def run_command(args: argparse.Namespace) -> int:
         device = args.device or (previous["args"].get("device") if previous else None)
         if previous:
             console.print(
-                f"resuming run {previous['id']} (started {previous['started_at']}): {escape(problems_path)} x {escape(candidates_dir)}, protocol {escape(protocol_name)}, timeout {timeout or 'default'}",
+                f"resuming run {previous['id']} (started {previous['started_at']}): "
+                f"{escape(problems_path)} x {escape(candidates_dir)}, protocol "
+                f"{escape(protocol_name)}, timeout {timeout or 'default'}",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -373,7 +387,8 @@ def run_command(args: argparse.Namespace) -> int:
             result = _run_pairs(args, plan.pairs, protocol, device, timeout, store, run_id, console)
         except KeyboardInterrupt:
             console.print(
-                f"kbv: interrupted; finished records are stored. Continue with: kbv run --resume --db {escape(str(db))}",
+                "kbv: interrupted; finished records are stored. Continue with: kbv run --resume "
+                f"--db {escape(str(db))}",
                 highlight=False,
                 soft_wrap=True,
             )

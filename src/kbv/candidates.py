@@ -49,7 +49,8 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise CandidateError(
-            f"candidate file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+            f"candidate file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); save it as UTF-8"
         ) from exc
     except OSError as exc:
         raise CandidateError(
@@ -79,7 +80,8 @@ def _manifest_numbering(
     except (OSError, UnicodeDecodeError) as exc:
         return (
             {},
-            f"cannot be read ({exc}); candidates numbered by it match no problem until it is fixed or regenerated",
+            f"cannot be read ({exc}); candidates numbered by it match no problem until it is fixed "
+            "or regenerated",
         )
     by_sha = {p.source_sha256: p for p in problems}
     numbering: dict[tuple[int | None, int | None], Problem] = {}

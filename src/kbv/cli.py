@@ -152,9 +152,10 @@ def _add_run(sub: Any) -> None:
         help="evaluate a batch of candidates, resumably",
         description=(
             "Evaluate every candidate in a directory against its problem. Records are stored as they finish; "
-            "an interrupted batch resumes with `kbv run --resume [--db PATH]` (or by running the same command again): "
-            "pairs already stored are never redone. Files that cannot be used (a broken problem, an unreadable "
-            "candidate, a candidate named after no problem) are listed and saved with the run; the batch goes on."
+            "an interrupted batch resumes with `kbv run --resume [--db PATH]` (or by running the same "
+            "command again): pairs already stored are never redone. Files that cannot be used (a broken "
+            "problem, an unreadable candidate, a candidate named after no problem) are listed and saved "
+            "with the run; the batch goes on."
         ),
     )
     p.add_argument(
@@ -165,7 +166,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument(
         "--candidates",
         default=None,
-        help="directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py; required unless --resume)",
+        help=(
+            "directory of candidates (level_L_problem_P_sample_S_kernel.py or {problem_stem}.py; "
+            "required unless --resume)"
+        ),
     )
     _common_eval_flags(p, resumable=True)
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
@@ -178,9 +182,10 @@ def _add_run(sub: Any) -> None:
         "--resume",
         action="store_true",
         help=(
-            "continue the latest interrupted run in --db with its saved --problems, --candidates, --protocol, "
-            "--timeout and --label; any of these given pick which interrupted run (they must match it). "
-            "--device, --out, --force and the scale-out flags may differ from the interrupted run's"
+            "continue the latest interrupted run in --db with its saved --problems, --candidates, "
+            "--protocol, --timeout and --label; any of these given pick which interrupted run (they "
+            "must match it). --device, --out, --force and the scale-out flags may differ from the "
+            "interrupted run's"
         ),
     )
     p.add_argument("--force", action="store_true", help="re-evaluate pairs already in the database")
@@ -195,7 +200,11 @@ def _add_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="bundled problems and candidates under both protocols, with a report",
-        description="Run the bundled suite's candidates (honest ones and known reward hacks) under the standard and verified protocols, print the comparison, and write the database and an HTML report.",
+        description=(
+            "Run the bundled suite's candidates (honest ones and known reward hacks) under the "
+            "standard and verified protocols, print the comparison, and write the database and an HTML "
+            "report."
+        ),
     )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--db", default=None, help="results database (default kbv-results/demo.sqlite)")
@@ -205,7 +214,10 @@ def _add_demo(sub: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help=f"per-candidate wall-clock limit (default: {_DEMO_CPU_TIMEOUT:g} s on the CPU, the protocol's own on a GPU)",
+        help=(
+            f"per-candidate wall-clock limit (default: {_DEMO_CPU_TIMEOUT:g} s on the CPU, the "
+            "protocol's own on a GPU)"
+        ),
     )
     p.set_defaults(handler=_cmd_demo)
 
@@ -214,7 +226,10 @@ def _add_explain(sub: Any) -> None:
     p = sub.add_parser(
         "explain",
         help="one record in full: distributions, findings with evidence, timing",
-        description="Show one record: a JSON file (as written by kbv eval --json or --out; the last line of a JSONL file) or a record id in --db.",
+        description=(
+            "Show one record: a JSON file (as written by kbv eval --json or --out; the last line of a "
+            "JSONL file) or a record id in --db."
+        ),
     )
     p.add_argument("record", help="RECORD.json / RECORDS.jsonl, or a record id from the database")
     p.add_argument(
@@ -257,7 +272,11 @@ def _add_compare(sub: Any) -> None:
     p = sub.add_parser(
         "compare",
         help="standard versus verified, side by side, per model",
-        description="Evaluate the same candidates under the standard and verified protocols (pairs already stored are read, not re-run) and print, per model, the speedup under each, the drop and its decomposition, and the pairs whose verdict changed.",
+        description=(
+            "Evaluate the same candidates under the standard and verified protocols (pairs already "
+            "stored are read, not re-run) and print, per model, the speedup under each, the drop and "
+            "its decomposition, and the pairs whose verdict changed."
+        ),
     )
     p.add_argument(
         "--problems", help="problem file, directory or KernelBench tree (omit to compare what --db holds)"
@@ -340,7 +359,13 @@ def _add_problems(sub: Any) -> None:
     ap = psub.add_parser(
         "audit",
         help="flag constant-output, zeros-pass, nondeterministic, domain-limited and broken problems",
-        description="Run each problem's reference in a trusted worker and flag problems that cannot tell an honest kernel from a cheap trick (constant_output, zeros_pass, nondeterministic, needs_domain_rule) or cannot produce their own output (problem_error). Each result is written as soon as it is found: a line per problem above a progress bar, or with --json one JSON object per line (docs/problems-audit.md).",
+        description=(
+            "Run each problem's reference in a trusted worker and flag problems that cannot tell an "
+            "honest kernel from a cheap trick (constant_output, zeros_pass, nondeterministic, "
+            "needs_domain_rule) or cannot produce their own output (problem_error). Each result is "
+            "written as soon as it is found: a line per problem above a progress bar, or with --json "
+            "one JSON object per line (docs/problems-audit.md)."
+        ),
     )
     ap.add_argument(
         "path",
@@ -381,7 +406,8 @@ def _check_eval_args(args: argparse.Namespace) -> None:
     if args.replay:
         if args.problem or args.candidate:
             raise UsageError(
-                "--replay RECORD.json takes the problem and candidate from the record; give no PROBLEM/CANDIDATE"
+                "--replay RECORD.json takes the problem and candidate from the record; give no "
+                "PROBLEM/CANDIDATE"
             )
         _check_file(args.replay, "record")
     else:
@@ -552,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write(
-            "kbv: interrupted; finished records are stored (kbv run: continue with kbv run --resume [--db PATH])\n"
+            "kbv: interrupted; finished records are stored (kbv run: continue with kbv run "
+            "--resume [--db PATH])\n"
         )
         return 130
     except Exception as exc:  # the harness itself failed: say so, exit 1

@@ -64,7 +64,8 @@ def _prebuild(candidates: list, device: str, console: Console) -> None:
         results = list(pool.map(lambda c: compile_candidate(c, arch_list=arch), todo))
     built = sum(1 for r in results if r.status == "built")
     console.print(
-        f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, {sum(1 for r in results if r.status == 'failed')} failed (reported as compile_error)"
+        f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, "
+        f"{sum(1 for r in results if r.status == 'failed')} failed (reported as compile_error)"
     )
 
 

@@ -27,7 +27,8 @@ def check_device(device: str | None) -> None:
 
     if not torch.cuda.is_available():
         raise DeviceError(
-            f"--device {device}: no CUDA GPU is visible on this machine (torch {torch.__version__}); use --device cpu"
+            f"--device {device}: no CUDA GPU is visible on this machine (torch "
+            f"{torch.__version__}); use --device cpu"
         )
     count = torch.cuda.device_count()
     if device.startswith("cuda:") and int(device[5:]) >= count:

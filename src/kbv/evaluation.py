@@ -205,7 +205,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
     with DeviceLock(device) as gpu, reference, subject:
         reference.launch()
         subject.launch()
-        spares.launch_expected()  # the next evaluation's workers boot while this one loads and checks correctness
+        # the next evaluation's workers boot while this one loads and checks correctness
+        spares.launch_expected()
         try:
             ref_hello = _start_reference(ctx, reference)
         except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
@@ -522,7 +523,10 @@ def _check_distribution(
         seed = ctx.seeds.draw(distribution, k)
         expected, variant = _usable_reference(ctx, reference, variant, seed)
         if expected is None:
-            note = f"the reference is not finite under {distribution} nor any domain-preserving variant of it; not counted"
+            note = (
+                f"the reference is not finite under {distribution} nor any domain-preserving variant "
+                "of it; not counted"
+            )
             return DistributionResult(
                 distribution, applicable=False, passed=False, note=note, draws=len(draws)
             )

@@ -11,8 +11,8 @@ seeded from the same seed (integer, bool and plain values keep the problem's own
 Names
 -----
 A distribution name is a *base* name (``original``, ``signed``, ``wide``, ``shifted``,
-``blockwise``, ``sparse``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or ``_unit``
-(every value in the open interval (0, 1)). :func:`domain_fallback` walks ``X -> X_positive ->
+``blockwise``, ``sparse``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or
+``_unit`` (every value in the open interval (0, 1)). :func:`domain_fallback` walks ``X -> X_positive ->
 X_unit -> None``; the pipeline uses it when the reference output is non-finite under ``X`` but finite
 on the original inputs, and records the variant's name.
 """
@@ -568,7 +568,8 @@ def band_limits(zeros: Any) -> tuple[int | None, int | None]:
         ):
             return int(arg[0]), int(arg[1])
     raise ValueError(
-        f'unknown zero pattern {zeros!r}: use "lower", "upper", "mask", {{"tril": k}}, {{"triu": k}} or {{"band": [lo, hi]}}'
+        f'unknown zero pattern {zeros!r}: use "lower", "upper", "mask", {{"tril": k}}, {{"triu": '
+        f'k}} or {{"band": [lo, hi]}}'
     )
 
 

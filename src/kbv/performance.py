@@ -255,7 +255,10 @@ class _KeepPlan:
             "checked": self.checked,
             "wrong": self.wrong,
             "per_batch": KEPT_CALLS_PER_BATCH,
-            "method": "secret timed-call indices + the last call of each candidate batch, judged like a correctness draw",
+            "method": (
+                "secret timed-call indices + the last call of each candidate batch, judged like a "
+                "correctness draw"
+            ),
         }
 
     def round_summary(self) -> dict[str, Any]:
@@ -265,7 +268,10 @@ class _KeepPlan:
             "wrong": self.round_wrong,
             "of": self.ctx.settings.repeats,
             "budget_bytes": ROUND_KEEP_BYTES,
-            "method": "every call of one secret timing round (as many as fit the budget, chosen in secret), judged like a correctness draw",
+            "method": (
+                "every call of one secret timing round (as many as fit the budget, chosen in secret), "
+                "judged like a correctness draw"
+            ),
         }
 
 

@@ -323,7 +323,10 @@ def invalid_samples(measurement: dict[str, Any], settings: TimingSettings) -> st
     if not isinstance(device, list) or not isinstance(wall, list):
         return "device_ms and wall_ms must be lists of samples"
     if not 1 <= len(device) <= settings.repeats or len(wall) != len(device):
-        return f"{len(device)} device and {len(wall)} wall samples (expected 1..{settings.repeats} of each, as many of both)"
+        return (
+            f"{len(device)} device and {len(wall)} wall samples (expected 1..{settings.repeats} of "
+            "each, as many of both)"
+        )
     for kind, samples in (("device_ms", device), ("wall_ms", wall)):
         for i, x in enumerate(samples):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:

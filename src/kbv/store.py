@@ -263,7 +263,8 @@ class Store:
         sha = self.add_protocol(protocol) if protocol is not None else None
         with self._transaction() as conn:
             cur = conn.execute(
-                "INSERT INTO runs(started_at, command, args, protocol_sha, status) VALUES (?, ?, ?, ?, 'running')",
+                "INSERT INTO runs(started_at, command, args, protocol_sha, status) VALUES (?, ?, "
+                "?, ?, 'running')",
                 (now_iso(), command, json.dumps(args or {}, sort_keys=True, default=str), sha),
             )
             return int(cur.lastrowid or 0)
@@ -337,13 +338,15 @@ class Store:
                 (key[0], problem.get("name"), problem.get("level"), problem.get("path")),
             )
             conn.execute(
-                "INSERT INTO candidates(sha, path, source, label) VALUES (?, ?, ?, ?) ON CONFLICT(sha) DO UPDATE"
+                "INSERT INTO candidates(sha, path, source, label) VALUES (?, ?, ?, ?) ON "
+                "CONFLICT(sha) DO UPDATE"
                 " SET source = coalesce(candidates.source, excluded.source),"
                 " label = coalesce(candidates.label, excluded.label)",
                 (key[1], candidate.get("path"), source, label),
             )
             conn.execute(
-                "INSERT INTO protocols(sha, name, version, settings) VALUES (?, ?, ?, ?) ON CONFLICT(sha) DO NOTHING",
+                "INSERT INTO protocols(sha, name, version, settings) VALUES (?, ?, ?, ?) ON "
+                "CONFLICT(sha) DO NOTHING",
                 (
                     key[2],
                     stored.protocol.get("name"),
@@ -354,7 +357,8 @@ class Store:
                 ),
             )
             cur = conn.execute(
-                "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, protocol_name, device_name,"
+                "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, "
+                "protocol_name, device_name,"
                 " kbv_version, torch_version, outcome, correct, speedup_best, label, created_at, level, json)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (

@@ -27,7 +27,11 @@ def test_gpu_hack_is_caught(path: Path) -> None:
     spec = fixture_spec(path)
     record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
     fails = {f.check for f in record.findings if f.severity == "fail"}
-    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} error={record.error}"
+    summary = (
+        f"outcome={record.outcome} "
+        f"findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} "
+        f"error={record.error}"
+    )
     assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
     if record.outcome == "hack_detected" and spec.get("expect_checks"):
@@ -57,7 +61,11 @@ def test_bundled_gpu_candidate_meets_its_declared_expectation(path: Path) -> Non
     problem = next((SUITE / "problems").rglob(f"{path.stem}.py"))
     record = evaluate_paths(problem, path, protocol="verified", device="cuda", timeout_s=600)
     fails = {f.check for f in record.findings if f.severity == "fail"}
-    summary = f"outcome={record.outcome} findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} memory={record.memory}"
+    summary = (
+        f"outcome={record.outcome} "
+        f"findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} "
+        f"memory={record.memory}"
+    )
     assert record.outcome in spec["expect_outcome"], summary
     if record.outcome == "hack_detected" and spec.get(
         "expect_checks"

@@ -42,5 +42,6 @@ def test_honest_kernelbench_kernel_passes(candidate: Path) -> None:
     record = evaluate_paths(problem, candidate, protocol="verified", device="cuda", timeout_s=600)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
     assert record.outcome == "passed", (
-        f"{record.outcome} {fails} {record.error} {[(d.name, d.rel_err, d.note) for d in record.distributions if not d.passed]}"
+        f"{record.outcome} {fails} {record.error} "
+        f"{[(d.name, d.rel_err, d.note) for d in record.distributions if not d.passed]}"
     )

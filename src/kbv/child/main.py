@@ -66,7 +66,8 @@ def main(fd: int) -> None:
     with contextlib.suppress(ImportError):
         from kbv.child import probes as _probes  # type: ignore[attr-defined,unused-ignore]
 
-        _probes.note_boot_modules()  # what booting imported (the profiler may import Triton) is not the candidate's
+        # what booting imported (the profiler may import Triton) is not the candidate's
+        _probes.note_boot_modules()
     _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
     while True:
         request = _channel.receive(sock)

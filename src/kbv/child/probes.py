@@ -117,7 +117,8 @@ def _type_name(value: Any) -> str:
 
 
 def _snapshot(state: Any, value: Any) -> Any:
-    """A plain copy of an output on the worker's device, safe to hand to the parent (a subclass is stripped)."""
+    """A plain copy of an output on the worker's device, safe to hand to the parent (a subclass is
+    stripped)."""
     return _plain_copy(value, state.device)
 
 
@@ -395,7 +396,8 @@ _LIBRARY_MARKERS = (
 
 
 def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """CUDA only: names of the device kernels one forward launched (torch.profiler), and custom code loaded."""
+    """CUDA only: names of the device kernels one forward launched (torch.profiler), and custom code
+    loaded."""
     custom = _custom_code()
     if state.device.type != "cuda":
         return {"available": False, "kernels": [], "custom_code": custom}

@@ -139,7 +139,10 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
         "--executor",
         choices=EXECUTORS,
         default=None,
-        help="run pairs concurrently: local (every GPU of this host) or ray (a Ray cluster); default: one at a time",
+        help=(
+            "run pairs concurrently: local (every GPU of this host) or ray (a Ray cluster); default: "
+            "one at a time"
+        ),
     )
     group.add_argument(
         "--gpus",

@@ -196,8 +196,8 @@ def _print_summary(summary: GenerationSummary, config: GenerationConfig) -> None
     cost = f"${summary.cost_usd:.4f}" if summary.cost_known else "unknown (model not in the price table)"
     print(
         f"{config.provider}:{config.model}: {summary.statuses.get(STATUS_OK, 0)}/{summary.jobs} candidates "
-        f"written to {summary.run_dir} ({statuses}); {summary.requests} requests, {summary.cache_hits} cached, "
-        f"{summary.input_tokens}+{summary.output_tokens} tokens, cost {cost}"
+        f"written to {summary.run_dir} ({statuses}); {summary.requests} requests, "
+        f"{summary.cache_hits} cached, {summary.input_tokens}+{summary.output_tokens} tokens, cost {cost}"
     )
     for path, error in summary.problem_errors:
         print(f"  skipped problem {path}: {error}", file=sys.stderr)

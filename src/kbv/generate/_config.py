@@ -121,7 +121,8 @@ def find_preset(name_or_path: str) -> Path:
         if candidate.is_file():
             return candidate
     raise ConfigError(
-        f"preset {name_or_path!r} not found: pass a .toml path or one of {', '.join(available_presets()) or 'none'}"
+        f"preset {name_or_path!r} not found: pass a .toml path or one of "
+        f"{', '.join(available_presets()) or 'none'}"
     )
 
 

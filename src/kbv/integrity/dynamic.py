@@ -375,7 +375,9 @@ def check_input_mutation(ctx: DynamicContext) -> list[Finding]:
             findings.append(
                 _finding(
                     "input_mutation",
-                    f"input {j} changed during the call: sum {_fmt(before and before['sum'])} -> {_fmt(after and after['sum'])}, sha {before and before['sha']} -> {after and after['sha']}",
+                    f"input {j} changed during the call: sum {_fmt(before and before['sum'])} -> "
+                    f"{_fmt(after and after['sum'])}, sha {before and before['sha']} -> "
+                    f"{after and after['sha']}",
                 )
             )
     return findings
@@ -402,7 +404,9 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
         findings.append(
             _finding(
                 "background_work",
-                f"Python threads: {before['python_threads']} before the call, {after['python_threads']} right after, {later['python_threads']} after {OBSERVE_DELAY_S}s; {cand.get('threads_started', 0)} started during the call",
+                f"Python threads: {before['python_threads']} before the call, "
+                f"{after['python_threads']} right after, {later['python_threads']} after "
+                f"{OBSERVE_DELAY_S}s; {cand.get('threads_started', 0)} started during the call",
             )
         )
     grew_proc = max(after["processes"], later["processes"]) - before["processes"]
@@ -410,7 +414,8 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
         findings.append(
             _finding(
                 "background_work",
-                f"child processes: {before['processes']} before the call, {after['processes']} right after, {later['processes']} after {OBSERVE_DELAY_S}s",
+                f"child processes: {before['processes']} before the call, {after['processes']} "
+                f"right after, {later['processes']} after {OBSERVE_DELAY_S}s",
             )
         )
     diff = obs["late_diff"]
@@ -418,7 +423,8 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
         findings.append(
             _finding(
                 "background_work",
-                f"the outputs changed after the call returned: max |late - returned| = {_fmt(diff)} after {OBSERVE_DELAY_S}s",
+                "the outputs changed after the call returned: max |late - returned| = "
+                f"{_fmt(diff)} after {OBSERVE_DELAY_S}s",
             )
         )
     ref_act = ref["activity"]
@@ -431,7 +437,9 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
         findings.append(
             _finding(
                 "background_work",
-                f"OS threads grew from {before['os_threads']} to {max(after['os_threads'], later['os_threads'])} across one call (reference: +{ref_growth})",
+                f"OS threads grew from {before['os_threads']} to "
+                f"{max(after['os_threads'], later['os_threads'])} across one call (reference: "
+                f"+{ref_growth})",
                 "warn",
             )
         )
@@ -552,7 +560,8 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
             return [
                 _finding(
                     "caching_probe",
-                    f"a call on fresh buffers is wrong ({note}) although correctness passed; a reused address or object may have hit a cache",
+                    f"a call on fresh buffers is wrong ({note}) although correctness passed; a "
+                    "reused address or object may have hit a cache",
                 )
             ]
         return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
@@ -585,7 +594,10 @@ def _repeated_output(
                 continue  # the reference cannot tell these inputs apart either
             if _discrete(outputs[i]) and ctx.judge(outputs[i], specs[i])["passed"]:
                 continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
-            return f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) for different input values"
+            return (
+                f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) "
+                "for different input values"
+            )
     return None
 
 
@@ -651,7 +663,8 @@ def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
             findings.append(
                 _finding(
                     "unwritten_output",
-                    f"poisoned run {k + 1} is wrong: max_abs_err {_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip(),
+                    f"poisoned run {k + 1} is wrong: max_abs_err "
+                    f"{_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip(),
                 )
             )
     return findings[:1]
@@ -680,7 +693,8 @@ def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
     return [
         _finding(
             "nondeterminism",
-            f"two runs on identical inputs differ by {_fmt(cand_diff)} (reference: {_fmt(ref_diff)}); runs judged {passed}",
+            f"two runs on identical inputs differ by {_fmt(cand_diff)} (reference: "
+            f"{_fmt(ref_diff)}); runs judged {passed}",
             severity,
         )
     ]
@@ -705,7 +719,8 @@ def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
     if not transients:
         return []
     described = "; ".join(
-        f"{t['draw']}: first run max_abs_err={_fmt(t.get('max_abs_err'))}, rel_err={_fmt(t.get('rel_err'))}, then {t['reruns']} re-run(s) passed"
+        f"{t['draw']}: first run max_abs_err={_fmt(t.get('max_abs_err'))}, "
+        f"rel_err={_fmt(t.get('rel_err'))}, then {t['reruns']} re-run(s) passed"
         for t in transients
     )
     severity = "warn" if len(transients) == 1 else "fail"
@@ -744,7 +759,10 @@ def check_timed_output(ctx: DynamicContext) -> list[Finding]:
     return [
         _finding(
             "timed_output_check",
-            f"{len(wrong)} of {checked.get('checked')} calls of timing round {int(checked.get('round') or 0) + 1} returned wrong outputs (first: call {first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''})".strip(),
+            f"{len(wrong)} of {checked.get('checked')} calls of timing round "
+            f"{int(checked.get('round') or 0) + 1} returned wrong outputs (first: call "
+            f"{first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} "
+            f"{first.get('note') or ''})".strip(),
         )
     ]
 
@@ -789,11 +807,15 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     if not wrong:
         return []
     first = wrong[0]
-    detail = f"round {first.get('round', 0) + 1}, call {first.get('call')}: max_abs_err {_fmt(first.get('max_abs_err'))} {first.get('note') or ''}".strip()
+    detail = (
+        f"round {first.get('round', 0) + 1}, call {first.get('call')}: max_abs_err "
+        f"{_fmt(first.get('max_abs_err'))} {first.get('note') or ''}"
+    ).strip()
     return [
         _finding(
             "timed_call_outputs",
-            f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are wrong (first: {detail}); speedup withdrawn",
+            f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are "
+            f"wrong (first: {detail}); speedup withdrawn",
         )
     ]
 
@@ -853,7 +875,11 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     return [
         _finding(
             "timing_disagreement",
-            f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a {_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap {_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} (claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)",
+            f"the worker's samples account for {_fmt(worst['reported_total_ms'])} ms of a "
+            f"{_fmt(worst['parent_bracket_ms'])} ms batch bracketed by the parent (gap "
+            f"{_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms); speedup "
+            f"corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} "
+            f"(claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)",
             severity,
         )
     ]
@@ -903,7 +929,9 @@ def check_side_stream(ctx: DynamicContext) -> list[Finding]:
             findings.append(
                 _finding(
                     "side_stream_timing",
-                    f"wall median {_fmt(check['wall_median_ms'])} ms vs device-event median {_fmt(check['device_median_ms'])} ms (excess {_fmt(check['excess_ms'])} ms, allowed {_fmt(check['allowed_excess_ms'])} ms)",
+                    f"wall median {_fmt(check['wall_median_ms'])} ms vs device-event median "
+                    f"{_fmt(check['device_median_ms'])} ms (excess {_fmt(check['excess_ms'])} ms, "
+                    f"allowed {_fmt(check['allowed_excess_ms'])} ms)",
                 )
             )
             break
@@ -942,7 +970,9 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
     return [
         _finding(
             "kernels_launched",
-            f"{len(names)} kernel(s), {len(custom)} non-library: {', '.join(n[:60] for n in custom[:6]) or '-'}; library: {', '.join(n[:60] for n in list(library)[:4]) or '-'}",
+            f"{len(names)} kernel(s), {len(custom)} non-library: "
+            f"{', '.join(n[:60] for n in custom[:6]) or '-'}; library: "
+            f"{', '.join(n[:60] for n in list(library)[:4]) or '-'}",
         )
     ]
 
@@ -974,7 +1004,8 @@ def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
         return [
             _finding(
                 "ghost_kernel",
-                f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library kernels ran: {', '.join(n[:60] for n in names[:4])}",
+                f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library "
+                f"kernels ran: {', '.join(n[:60] for n in names[:4])}",
             )
         ]
     return []
@@ -986,19 +1017,26 @@ def unused_kernel_findings(calls: dict[str, Any]) -> list[Finding]:
     own = [*ran.get("extension_calls", []), *ran.get("custom_ops", []), *ran.get("triton_launches", [])]
     if own:
         return []
-    evidence = f"calls of its own that ran: {', '.join(ran.get('functions', [])[:8]) or 'none'}; no extension function, custom operator or Triton launch ran"
+    evidence = (
+        f"calls of its own that ran: {', '.join(ran.get('functions', [])[:8]) or 'none'}; no extension "
+        "function, custom operator or Triton launch ran"
+    )
     made = [*built.get("extensions", []), *built.get("triton_kernels", [])]
     caught = ran.get("caught") or []
     if caught:
         # With nothing built, only an exception saying the called thing does not exist is a fallback
         # from a kernel; another caught error in PyTorch-only code is control flow, and warns.
         first = next((c for c in caught if _names_missing(c)), caught[0])
-        what = f"{first.get('type')} ({first.get('message', '')[:100]}) at line {first.get('line')} in {first.get('function')}"
+        what = (
+            f"{first.get('type')} ({first.get('message', '')[:100]}) at line {first.get('line')} in "
+            f"{first.get('function')}"
+        )
         severity = "fail" if made or _names_missing(first) else "warn"
         return [
             _finding(
                 "ghost_kernel",
-                f"during one forward the candidate's code raised and caught {what}, and no kernel of its own ran: the result is PyTorch's; {evidence}",
+                f"during one forward the candidate's code raised and caught {what}, and no kernel "
+                f"of its own ran: the result is PyTorch's; {evidence}",
                 severity,
             )
         ]
@@ -1050,7 +1088,8 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         findings.append(
             _finding(
                 "plausibility",
-                f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; review this candidate (measured {_fmt(cand_ms)} ms)",
+                f"speedup {best:.3g}x over the fastest baseline exceeds {SUSPICIOUS_SPEEDUP:g}x; "
+                f"review this candidate (measured {_fmt(cand_ms)} ms)",
                 "warn",
             )
         )
@@ -1065,7 +1104,9 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
             0,
             _finding(
                 "plausibility",
-                f"median {_fmt(cand_ms)} ms is below the physical floor {_fmt(floor_ms)} ms on {where}: {facts['flops']:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at {bw_peak:.3g} B/s",
+                f"median {_fmt(cand_ms)} ms is below the physical floor {_fmt(floor_ms)} ms on "
+                f"{where}: {facts['flops']:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at "
+                f"{bw_peak:.3g} B/s",
             ),
         )
     return findings
@@ -1193,5 +1234,8 @@ def left_behind_findings(left: list[dict[str, Any]]) -> list[Finding]:
         f"pid {p['pid']}{' (own session)' if p.get('own_session') else ''}: {p['command'][:120]}"
         for p in left[:5]
     )
-    detail = f"{len(left)} process(es) the candidate started were still running at the end of its evaluation (killed): {shown}"
+    detail = (
+        f"{len(left)} process(es) the candidate started were still running at the end of its "
+        f"evaluation (killed): {shown}"
+    )
     return [_finding("processes_left", detail, "fail" if escaped else "warn")]

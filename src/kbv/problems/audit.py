@@ -187,7 +187,8 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
     if _constant_output(worker, master):
         result.flags.append("constant_output")
         result.notes["constant_output"] = (
-            f"outputs for original and signed inputs from different seeds agree within {CONSTANT_RTOL:g} of their scale (float64)"
+            "outputs for original and signed inputs from different seeds agree within "
+            f"{CONSTANT_RTOL:g} of their scale (float64)"
         )
     if zeros_pass:
         result.flags.append("zeros_pass")

@@ -209,7 +209,8 @@ def normalise_declared(declared: Any, n_inputs: int, where: str) -> list[dict[st
     and ``symmetric`` (an empty dict declares that the input has none)."""
     if not isinstance(declared, (list, tuple)) or len(declared) != n_inputs:
         raise ProblemError(
-            f"{where}: KBV['structure'] must be a list with one entry per input ({n_inputs}), not {declared!r}"
+            f"{where}: KBV['structure'] must be a list with one entry per input ({n_inputs}), not "
+            f"{declared!r}"
         )
     out: list[dict[str, Any] | None] = []
     for i, entry in enumerate(declared):

@@ -20,9 +20,10 @@ def register(sub: Any) -> None:
         "audit",
         help="evaluate generated honest controls and mutants of each problem under each protocol",
         description=(
-            "Generate honest controls (the reference as ModelNew, TF32 inside forward, reordered reductions) and mutants "
-            "(zeros, a constant, an input, sampled subsets, a dropped operation, identity for ReLU, a cached output, bf16/fp16, "
-            "x(1+1e-2)) from each problem, evaluate them under each protocol as a stored, resumable batch, and print the "
+            "Generate honest controls (the reference as ModelNew, TF32 inside forward, reordered "
+            "reductions) and mutants (zeros, a constant, an input, sampled subsets, a dropped "
+            "operation, identity for ReLU, a cached output, bf16/fp16, x(1+1e-2)) from each problem, "
+            "evaluate them under each protocol as a stored, resumable batch, and print the "
             "false-rejection rate and the kill rate with Wilson 95%% intervals (docs/protocol-audit.md)."
         ),
     )
@@ -80,7 +81,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     if not Path(args.problems).exists():
         sys.stderr.write(
-            f"kbv: error: --problems {args.problems} does not exist (a problem file, directory or KernelBench tree)\n"
+            f"kbv: error: --problems {args.problems} does not exist (a problem file, directory or "
+            "KernelBench tree)\n"
         )
         return 2
     if args.honest and not Path(args.honest).is_dir():
@@ -146,7 +148,8 @@ def render(summaries: list[dict[str, Any]], console: Any) -> None:
         name = f"{s['protocol']['name']} v{s['protocol']['version']}"
         if s["evaluated"] < s["pairs"]:
             console.print(
-                f"[yellow]{name}: {s['evaluated']} of {s['pairs']} candidates stored[/yellow]; the same command without --report-only evaluates the rest",
+                f"[yellow]{name}: {s['evaluated']} of {s['pairs']} candidates stored[/yellow]; the "
+                "same command without --report-only evaluates the rest",
                 highlight=False,
             )
         caught = ", ".join(f"{k} {v}" for k, v in list(s["caught_by"].items())[:8])
@@ -156,7 +159,8 @@ def render(summaries: list[dict[str, Any]], console: Any) -> None:
                 r["caught_by"]
             )
             console.print(
-                f"  [red]rejected control[/red] {r['problem']} {r['kind']} {r['variant']}: {r['outcome']} ({errors})",
+                f"  [red]rejected control[/red] {r['problem']} {r['kind']} {r['variant']}: "
+                f"{r['outcome']} ({errors})",
                 highlight=False,
             )
         for r in s["surviving_mutants"]:

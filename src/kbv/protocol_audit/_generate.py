@@ -173,7 +173,8 @@ def _judge(
     except Exception as exc:  # a generated source that cannot run here would only crash a worker
         return (
             failed,
-            f"raises on the trusted run ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+            f"raises on the trusted run ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
         )
     shape_note = _structure_difference(got, expected)
     if shape_note:
@@ -183,7 +184,8 @@ def _judge(
         if longest > SHORT_REDUCTION:
             return (
                 "skipped",
-                f"a reduction of length {longest} is not short (> {SHORT_REDUCTION}): no sequential float32 control",
+                f"a reduction of length {longest} is not short (> {SHORT_REDUCTION}): no "
+                "sequential float32 control",
             )
     if draft.role == "mutant" and all(_same_outputs(a, b) for a, b in zip(got, expected, strict=True)):
         return "equivalent", "equals the reference on the problem's domain and structure"
@@ -241,7 +243,10 @@ def _structure_difference(got: list[list[Any]], expected: list[list[Any]]) -> st
         if type(a) is not type(b) or (
             isinstance(b, torch.Tensor) and (a.shape != b.shape or a.dtype != b.dtype)
         ):
-            return f"changes the output's structure ({_describe(a)} instead of {_describe(b)}): rejected by shape alone"
+            return (
+                f"changes the output's structure ({_describe(a)} instead of {_describe(b)}): rejected "
+                "by shape alone"
+            )
     if len(got[0]) != len(expected[0]):
         return f"returns {len(got[0])} outputs instead of {len(expected[0])}: rejected by structure alone"
     return ""

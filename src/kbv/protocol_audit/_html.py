@@ -25,12 +25,14 @@ def audit_section(summaries: list[dict[str, Any]]) -> str:
             )
         )
     parts = [
-        f'<table id="protocol-audit"><thead><tr><th class="l"></th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        '<table id="protocol-audit"><thead><tr><th '
+        f'class="l"></th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     ]
     for s in summaries:
         name = f"{s['protocol']['name']} v{s['protocol']['version']}"
         items = [
-            f"rejected control: {r['problem']} {r['kind']} {r['variant']} ({r['outcome']}; {', '.join(r['caught_by'])})"
+            f"rejected control: {r['problem']} {r['kind']} {r['variant']} ({r['outcome']}; "
+            f"{', '.join(r['caught_by'])})"
             for r in s["rejected_controls"]
         ]
         items += [

@@ -181,4 +181,7 @@ def fmt_rate(entry: dict[str, Any]) -> str:
     if not entry["n"]:
         return "- (0 evaluated)"
     low, high = entry["ci95"]
-    return f"{100 * entry['rate']:.1f}% ({entry['count']}/{entry['n']}, 95% CI {100 * low:.1f}-{100 * high:.1f}%)"
+    return (
+        f"{100 * entry['rate']:.1f}% ({entry['count']}/{entry['n']}, 95% CI "
+        f"{100 * low:.1f}-{100 * high:.1f}%)"
+    )

@@ -27,13 +27,14 @@ def print_record(record: Record, console: Console | None = None) -> None:
     colour = _COLOURS.get(record.outcome, "yellow")
     console.print(
         f"[bold]{record.problem['name']}[/bold] x {record.candidate['path']}\n"
-        f"protocol {record.protocol['name']} v{record.protocol['version']} ({record.protocol['sha256'][:12]}) "
-        f"on {record.device.get('name', record.device.get('type'))}"
+        f"protocol {record.protocol['name']} v{record.protocol['version']} "
+        f"({record.protocol['sha256'][:12]}) on {record.device.get('name', record.device.get('type'))}"
     )
     console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
     if record.outcome == "problem_error":
         console.print(
-            "[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this pair counts in no model's metrics"
+            "[yellow]the problem failed, not the candidate:[/yellow] fix the problem file; this "
+            "pair counts in no model's metrics"
         )
     if record.error:
         summary = record.error.get("summary") or error_summary(
@@ -56,7 +57,8 @@ def print_record(record: Record, console: Console | None = None) -> None:
     if peak is not None:
         console.print(
             f"peak memory: candidate {peak / 2**20:.1f} MiB, "
-            f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio {_fmt(memory.get('ratio'))}"
+            f"baseline {(memory.get('baseline_peak_bytes') or 0) / 2**20:.1f} MiB, ratio "
+            f"{_fmt(memory.get('ratio'))}"
         )
     host_peak = memory.get("candidate_host_peak_bytes")
     if host_peak is not None:
@@ -67,7 +69,8 @@ def print_record(record: Record, console: Console | None = None) -> None:
     if phases:
         console.print(phases, highlight=False, soft_wrap=True)
     console.print(
-        f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a file written by --json or --out)"
+        f"seeds: master {record.seeds.get('master')} (replay: kbv eval --replay RECORD.json, a "
+        "file written by --json or --out)"
     )
 
 

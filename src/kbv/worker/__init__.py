@@ -45,7 +45,8 @@ class WorkerFailed(Exception):
     """The worker did not answer a request: it timed out, crashed or reported an error.
 
     ``kind`` is one of ``timeout``, ``crashed``, ``compile_error``, ``import_error``,
-    ``runtime_error``, ``cuda_error``, ``resource_limit`` (``details["limit"]`` says which). This is an outcome of the code under test, not a harness bug.
+    ``runtime_error``, ``cuda_error``, ``resource_limit`` (``details["limit"]`` says which). This is an
+    outcome of the code under test, not a harness bug.
     ``role`` is the failing worker's (``reference``: the problem's own code failed; ``candidate``),
     or None when the parent raised it without a worker's answer.
     """
@@ -375,11 +376,13 @@ class Worker:
             )
         if self.spec.role == "candidate" and not private_net:
             not_done.append(
-                f"no private network namespace: {no_netns or 'setpriv(1) is missing to drop the uid after it'}"
+                "no private network namespace: "
+                f"{no_netns or 'setpriv(1) is missing to drop the uid after it'}"
             )
         if os.geteuid() == 0 and self.uid is None:
             not_done.append(
-                f"the candidate worker runs as root like the parent ({self._no_drop or 'not a candidate worker'}): "
+                "the candidate worker runs as root like the parent "
+                f"({self._no_drop or 'not a candidate worker'}): "
                 "it can read other workers' memory and write kbv's caches "
                 "(docs/architecture.md, 'What isolation does not cover')"
             )

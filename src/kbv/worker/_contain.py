@@ -137,7 +137,8 @@ class Cgroup:
             return []
 
     def kill(self) -> None:
-        """Kill every member: ``cgroup.kill`` (Linux 5.14+) does it atomically; else one by one until empty."""
+        """Kill every member: ``cgroup.kill`` (Linux 5.14+) does it atomically; else one by one until
+        empty."""
         with contextlib.suppress(OSError):
             (self.path / "cgroup.kill").write_text("1")
         for _ in range(50):
@@ -278,7 +279,10 @@ def open_files_exceeded(limits: Any) -> dict[str, Any]:
 
 def describe_exceeded(over: dict[str, Any]) -> str:
     if over["unit"] == "bytes":
-        return f"{over['limit']} limit exceeded: {over['figure'] / (1 << 20):.1f} MiB used, {over['allowed'] / (1 << 20):.1f} MiB allowed"
+        return (
+            f"{over['limit']} limit exceeded: {over['figure'] / (1 << 20):.1f} MiB used, "
+            f"{over['allowed'] / (1 << 20):.1f} MiB allowed"
+        )
     return f"{over['limit']} limit exceeded: {over['figure']} {over['unit']}, {over['allowed']} allowed"
 
 

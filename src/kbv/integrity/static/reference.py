@@ -388,7 +388,10 @@ def check_reference_fallback(ctx: StaticContext) -> list[Finding]:
             what = f"the custom kernel at line {launch.lineno} raises"
         else:
             assert missing is not None
-            what = f"{_root_name(missing.func)} (called at line {missing.lineno}, defined nowhere) raises NameError"
+            what = (
+                f"{_root_name(missing.func)} (called at line {missing.lineno}, defined nowhere) raises "
+                "NameError"
+            )
         for handler in node.handlers:
             for inner in (n for s in handler.body for n in ast.walk(s)):
                 op = _fallback_op(a, nn_attrs, inner)
