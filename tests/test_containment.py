@@ -432,6 +432,10 @@ def _python_view(tmp_path: Path) -> tuple[list[str], str, str]:
     if not _privileges.unreachable(_privileges.worker_uid("probe"), _privileges.needed_paths()):
         return [], sys.executable, ""
     prefix = Path(sys.prefix).resolve()
+    if not Path(os.path.realpath(sys.executable)).is_relative_to(prefix):
+        # A virtual environment: the interpreter (sys.base_prefix) and the packages (sys.prefix)
+        # sit under two prefixes, and this view binds one.
+        pytest.skip("the interpreter is outside sys.prefix (a virtual environment): run without one")
     view = tmp_path / "python-view"
     view.mkdir()
     os.chmod(tmp_path, 0o755)
