@@ -79,7 +79,7 @@ def main() -> int:
         started = time.monotonic()
         for _ in range(args.runs):
             record = evaluate_paths(problem, candidate, protocol="verified", device=args.device)
-            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+            outcomes[str(record.outcome)] = outcomes.get(str(record.outcome), 0) + 1
             flagged = [(f.check, f.severity, f.detail[:160]) for f in record.findings if f.severity != "info"]
             if record.outcome != "passed" or flagged:
                 print(f"  {candidate.name}: {record.outcome} seed={record.seeds['master']} findings={flagged} "

@@ -58,7 +58,7 @@ def run_config(slots: list[int], pairs: list[Any], args: argparse.Namespace) -> 
         if record is None:
             errors.append(f"{problem.name} x {candidate.path.name}: {exc}")
         else:
-            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+            outcomes[str(record.outcome)] = outcomes.get(str(record.outcome), 0) + 1
 
     with executor:
         env = executor.probe()

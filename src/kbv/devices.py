@@ -37,6 +37,21 @@ def check_device(device: str | None) -> None:
         )
 
 
+def release_device_memory(device: str) -> None:
+    """Hand this process's GPU memory back to the workers: tensors caught in reference cycles
+    (closures, tracebacks) and the allocator's cache. Measured on the H200: without it a parent
+    kept 104 GB cached after 25 KernelBench problems and the next worker ran out. CPU: nothing."""
+    if not device.startswith("cuda"):
+        return
+    import gc
+
+    import torch
+
+    if torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def cpu_name() -> str:
     """What a record calls this machine's CPU (``device.name``)."""
     import platform

@@ -8,7 +8,6 @@ them per-call seeds, and judges what comes back.
 from __future__ import annotations
 
 import datetime as _dt
-import gc
 import platform
 import time
 from collections import OrderedDict
@@ -21,7 +20,7 @@ from kbv import correctness, inputs, performance
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
-from kbv.devices import cpu_name
+from kbv.devices import cpu_name, release_device_memory
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -190,13 +189,10 @@ def evaluate(
 
 
 def _release_device_memory(ctx: _Context) -> None:
-    """Hand the evaluation's device memory back: the reference outputs it kept, tensors caught in
-    reference cycles (closures, tracebacks), and the parent allocator's cache, which would otherwise
-    keep the next evaluation's workers from the GPU memory they need."""
+    """Hand the evaluation's device memory back: the reference outputs it kept, then whatever
+    :func:`kbv.devices.release_device_memory` frees, for the next evaluation's workers."""
     ctx.expected.clear()
-    if ctx.device.startswith("cuda"):
-        gc.collect()
-        torch.cuda.empty_cache()
+    release_device_memory(ctx.device)
 
 
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
