@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.handoff",
             "kbv.processes",
             "kbv.samples",
+            "kbv.sketch",
             "kbv.inputs",
             "kbv.telemetry",
             "kbv.problems",

@@ -18,6 +18,7 @@ import torch
 
 from kbv.protocol import CorrectnessSettings
 from kbv.records import DistributionResult
+from kbv.sketch import FEATURE_ROUNDING, PROJECTIONS
 
 __all__ = [
     "baseline_error",
@@ -314,10 +315,7 @@ def compare_error_model(
             int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
         )
         floor = reduction_floor(length, settings)
-        elem_tol = max(
-            settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor, floor
-        )
-        norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor, floor)
+        elem_tol, norm_tol = _error_model_limits(base, length, settings)
         ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
         passed &= ok
         if err["nonfinite_mismatch"]:
@@ -340,6 +338,199 @@ def compare_error_model(
             }
         )
     return passed, max_abs, rel, {**tol, "outputs": per_output}
+
+
+def _error_model_limits(
+    base: dict[str, Any], length: int, settings: CorrectnessSettings
+) -> tuple[float, float]:
+    """(elementwise, norm) limits of one floating output under the error model (scaled errors)."""
+    floor = reduction_floor(length, settings)
+    elem_tol = max(
+        settings.error_multiple * float(base.get("elementwise", 0.0)), settings.elementwise_floor, floor
+    )
+    norm_tol = max(settings.error_multiple * float(base.get("norm", 0.0)), settings.norm_floor, floor)
+    return elem_tol, norm_tol
+
+
+# ------------------------------------------------------------------------------------------------
+# Sketches of timed calls (kbv.sketch): every timed call judged without keeping its outputs
+
+#: A timed call's output passes when its sketch differs from the reference's by at most this many
+#: times what an output at the correctness check's L2 bound would give on average (the RMS over the
+#: projections of the mapped difference, divided by ``omega`` x the L2 bound). For an honest output
+#: at the bound the mean square over the projections has expectation at most 1; in the worst case
+#: (the whole error in one element, or any rank-one error) the ratio is the square root of a product
+#: of two independent chi-square(8)/8 variables, which 40 million draws never took above 4 (above 3:
+#: 2.5e-5 of them). Honest candidates measured 0.22 at most (docs/integrity-dynamic.md).
+SKETCH_LIMIT = 4.0
+#: Rounding of the projections (float64 sums over every element, in the worker and in the parent),
+#: per element: it keeps the limit above zero for exact (integer) outputs, whose L2 bound is 0.
+SKETCH_ROUNDING = 1e-12
+#: Non-finite positions must match: their projections (sums of 0/1 masks) may differ by rounding only.
+_MASK_ROUNDING = 1e-9
+
+
+def _finite_sum_sq(t: torch.Tensor) -> tuple[float, int]:
+    """(sum of squares over the finite positions of ``t``, number of elements), in float64 chunks."""
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    for (chunk,) in flat_chunks(t):
+        c = _as_f64(chunk)
+        total += torch.where(torch.isfinite(c), c, 0.0).square().sum()
+    return float(total), t.numel()
+
+
+def _allclose_l2(reference: torch.Tensor, atol: float, rtol: float) -> float:
+    """The L2 norm of ``atol + rtol |reference|`` over its finite positions: no output that passes
+    ``allclose`` differs from the reference by more than this in L2."""
+    total = torch.zeros((), dtype=torch.float64, device=reference.device)
+    for (chunk,) in flat_chunks(reference):
+        c = _as_f64(chunk)
+        total += torch.where(torch.isfinite(c), atol + rtol * c.abs(), 0.0).square().sum()
+    return math.sqrt(float(total))
+
+
+def timed_reference(
+    expected: dict[str, Any], settings: CorrectnessSettings, reduction_lengths: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """What judging a timed call's sketch needs from one draw's expected outputs (the pipeline's
+    ``expected``: ``truth`` and ``baseline_err`` under the error model, ``reference`` otherwise):
+    ``targets`` (the tensors whose sketches a right output must match), ``like`` (dtype and shape a
+    candidate's output must have), ``tolerances`` (per output, the L2 distance from the target that
+    the correctness check accepts: the norm limit x ||t|| under the error model, the L2 norm of
+    ``atol + rtol |ref|`` under ``allclose``; 0 for an exact output), ``rms`` per output (0 for an
+    exact one) and ``nan_equal`` (whether a NaN may match a NaN: not under ``allclose``)."""
+    like = list(expected["reference"]["outputs"])
+    error_model = settings.mode == "error_model"
+    targets = list(expected["truth"]["outputs"]) if error_model else list(like)
+    base = (expected.get("baseline_err") or {}).get("outputs") or []
+    tolerances: list[float] = []
+    rms: list[float] = []
+    for i, target in enumerate(targets):
+        if not isinstance(target, torch.Tensor) or not _is_inexact(target):
+            tolerances.append(0.0)
+            rms.append(0.0)
+            continue
+        sum_sq, n = _finite_sum_sq(target)
+        rms.append(math.sqrt(sum_sq / n) if n else 0.0)
+        if error_model:
+            length = (
+                int(reduction_lengths[i])
+                if reduction_lengths is not None and i < len(reduction_lengths)
+                else 1
+            )
+            _, norm_tol = _error_model_limits(base[i] if i < len(base) else {}, length, settings)
+            # the error model's relative norm: ||a - t|| / ||t||, with sqrt(n) for an all-zero truth
+            tolerances.append(norm_tol * (math.sqrt(sum_sq) if sum_sq > 0 else math.sqrt(max(n, 1))))
+        else:
+            atol, rtol = (
+                (settings.atol_half, settings.rtol_half)
+                if target.dtype in _HALF
+                else (settings.atol_fp32, settings.rtol_fp32)
+            )
+            tolerances.append(_allclose_l2(target, atol, rtol))
+    return {"targets": targets, "like": like, "tolerances": tolerances, "rms": rms, "nan_equal": error_model}
+
+
+def _floats(value: Any, n: int) -> list[float] | None:
+    if not isinstance(value, list) or len(value) != n:
+        return None
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value):
+        return None
+    return [float(x) for x in value]
+
+
+def _nonfinite_problem(
+    got: Any, target: dict[str, Any] | None, projections: int, nan_equal: bool
+) -> str | None:
+    """Why the non-finite values of an output's sketch do not match the target's, or None."""
+    want = target or {"nan": 0, "posinf": 0, "neginf": 0}
+    have = got if got is not None else {"nan": 0, "posinf": 0, "neginf": 0}
+    if not isinstance(have, dict):
+        return "malformed description of non-finite values"
+    if have.get("nan") and not nan_equal:
+        return f"{have.get('nan')} NaN values (allclose never accepts a NaN)"
+    for kind in ("nan", "posinf", "neginf"):
+        if have.get(kind, 0) != want.get(kind, 0):
+            return f"{have.get(kind, 0)} {kind} values where the reference has {want.get(kind, 0)}"
+        if not want.get(kind):
+            continue
+        at, want_at = _floats(have.get(f"{kind}_at"), projections), want[f"{kind}_at"]
+        limit = _MASK_ROUNDING * max(1, int(want[kind]))
+        if at is None or any(abs(a - b) > limit for a, b in zip(at, want_at, strict=True)):
+            return f"{kind} values at other positions than the reference's"
+    return None
+
+
+def judge_sketch(
+    got: Any, target_sketches: list[dict[str, Any]], reference: dict[str, Any], omegas: Sequence[float]
+) -> dict[str, Any]:
+    """Judge one timed call from the worker's sketch of its outputs (``kbv.sketch.sketch_outputs``)
+    against the sketches of the reference's ``targets`` (same seed and ``omegas``), with
+    ``reference`` from :func:`timed_reference`.
+
+    Structure first (count, exact type ``torch.Tensor``, dtype, shape); then non-finite values must
+    match; then per output ``ratio = sqrt(mean_k |got_k - target_k|^2) / (omega x tolerance +
+    FEATURE_ROUNDING x sqrt(2n) + SKETCH_ROUNDING x n)`` (the second term for the worker's float32
+    cosine and sine), and the call passes when every ratio is at most :data:`SKETCH_LIMIT`.
+    Anything malformed (a hostile worker's reply) is a wrong output, never an exception. Returns
+    ``{"passed", "ratio" (the largest; None when structure failed), "note"}``."""
+    like = reference["like"]
+    if not isinstance(got, list) or not all(isinstance(e, dict) for e in got):
+        return {
+            "passed": False,
+            "ratio": None,
+            "note": "the worker reported no sketch of this call's outputs",
+        }
+    if len(got) != len(like):
+        return {
+            "passed": False,
+            "ratio": None,
+            "note": f"output count mismatch: got {len(got)} outputs, expected {len(like)}",
+        }
+    worst = 0.0
+    for i, (entry, exp, target) in enumerate(zip(got, like, target_sketches, strict=True)):
+        if not isinstance(exp, torch.Tensor):  # the reference's own output is no tensor: nothing to judge
+            continue
+        if entry.get("type") != "torch.Tensor":
+            return {
+                "passed": False,
+                "ratio": None,
+                "note": f"output {i}: type {entry.get('type')} is not torch.Tensor",
+            }
+        if entry.get("dtype") != str(exp.dtype):
+            return {
+                "passed": False,
+                "ratio": None,
+                "note": f"output {i}: dtype mismatch: got {entry.get('dtype')}, expected {exp.dtype}",
+            }
+        if entry.get("shape") != list(exp.shape):
+            return {
+                "passed": False,
+                "ratio": None,
+                "note": f"output {i}: shape mismatch: got {entry.get('shape')}, expected {list(exp.shape)}",
+            }
+        re, im = _floats(entry.get("re"), PROJECTIONS), _floats(entry.get("im"), PROJECTIONS)
+        if re is None or im is None:
+            return {"passed": False, "ratio": None, "note": f"output {i}: malformed sketch"}
+        problem = _nonfinite_problem(
+            entry.get("nonfinite"), target.get("nonfinite"), PROJECTIONS, reference["nan_equal"]
+        )
+        if problem:
+            return {"passed": False, "ratio": math.inf, "note": f"output {i}: {problem}"}
+        squares = [
+            (a - b) ** 2 + (c - d) ** 2 for a, b, c, d in zip(re, target["re"], im, target["im"], strict=True)
+        ]
+        spread = math.sqrt(sum(squares) / PROJECTIONS)
+        n = math.prod(exp.shape) * (2 if exp.is_complex() else 1)
+        scale = (
+            float(omegas[i]) * float(reference["tolerances"][i])
+            + FEATURE_ROUNDING * math.sqrt(2 * max(1, n))
+            + SKETCH_ROUNDING * max(1, n)
+        )
+        worst = max(worst, spread / scale)
+    passed = worst <= SKETCH_LIMIT
+    note = "" if passed else f"sketch {worst:.3g}x the tolerance's (limit {SKETCH_LIMIT:g})"
+    return {"passed": passed, "ratio": worst, "note": note}
 
 
 def _worst(values: list[Any]) -> float | None:
