@@ -82,6 +82,31 @@ def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests
     assert str(record.seeds["master"]) not in json.dumps([f for _, f, _ in to_candidate])
 
 
+def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
+    requests_seen, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The candidate's worker can read its own ``time`` requests: none names a call (no secret
+    picks to be honest on), and each is exactly the request the baseline's batch of the same round
+    got, but for the precision. Every timed call comes back sketched, none held back."""
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path))  # a cached baseline would time no rounds
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    timed = [(role, fields) for role, op, fields, _ in requests_seen if op == "time" and "sketch" in fields]
+    to_candidate = [fields for role, fields in timed if role == "candidate"]
+    to_baseline = [fields for role, fields in timed if role == "reference"]
+    rounds = record.protocol["settings"]["timing"]["rounds"]
+    assert len(to_candidate) == rounds and len(to_baseline) >= rounds
+    for fields in to_candidate:
+        assert set(fields) == {"distribution", "seeds", "precision", "settings", "sketch"}, fields
+        assert set(fields["sketch"]) == {"seed", "omega"}
+    same_round = {fields["sketch"]["seed"]: fields for fields in to_baseline}
+    for fields in to_candidate:
+        assert {**fields, "precision": None} == {**same_round[fields["sketch"]["seed"]], "precision": None}
+    checked = record.timing["timed_outputs"]
+    assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
+    assert checked["wrong"] == [] and checked["max_ratio"] < 1
+
+
 def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen) -> None:
     """Every file a reference wrote for the parent is deleted when the parent has read it."""
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")

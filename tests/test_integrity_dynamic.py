@@ -169,14 +169,21 @@ def test_wrong_timed_call_outputs_fail_and_keep_the_speedup_withdrawn() -> None:
     timing = _timing([_round(0.400, 0.01)] * 3, [_round(0.085, 1.0)] * 3)
     assert dynamic.check_timed_call_outputs(_ctx(timing=timing)) == []
     timing["timed_outputs"] = {
-        "checked": 9,
-        "wrong": [{"round": 1, "call": 29, "max_abs_err": 2.0, "note": ""}],
+        "checked": 90,
+        "wrong_calls": 3,
+        "wrong": [
+            {"round": 1, "call": 29, "input_set": 2, "ratio": 812.0, "note": "sketch 812x the tolerance's"}
+        ],
     }
     timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     speedup = {"eager_fp32": None, "best": None}
     ctx = _ctx(timing=timing, speedup=speedup)
     findings = dynamic.check_timed_call_outputs(ctx)
-    assert [f.severity for f in findings] == ["fail"] and "round 2, call 29" in findings[0].detail
+    assert [f.severity for f in findings] == ["fail"]
+    assert (
+        "3 of 90 real timed calls" in findings[0].detail
+        and "round 2, call 29 (input set 2)" in findings[0].detail
+    )
     assert dynamic.timed_call_findings(timing) == findings  # what the pipeline reports without dynamic checks
     dynamic.check_timing_disagreement(ctx)  # the lying clock fires, yet nothing brings a speedup back
     assert speedup == {"eager_fp32": None, "best": None} and ctx.speedup() == speedup

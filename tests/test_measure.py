@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
+from kbv import correctness, sketch
 from kbv import performance as measure
 from kbv.api import evaluate_paths
-from kbv.protocol import TimingSettings
+from kbv.protocol import CorrectnessSettings, TimingSettings
 from kbv.worker import WorkerFailed
 
 
@@ -87,48 +89,55 @@ def test_a_candidate_that_patches_the_clocks_and_sleeps_gets_its_real_slow_speed
     assert record.timing["candidate"]["summary"]["median"] >= 1.0
 
 
+def test_a_candidate_honest_only_on_the_calls_it_thinks_are_checked_is_caught_on_the_others(
+    fresh_cache: Path,
+) -> None:
+    """read_timed_picks.py looks for the checked calls' indices in its own worker's ``time`` request
+    and is honest on those (and on the batch's last call) only; no request names a call any more,
+    so it returns the previous call's output on nearly every timed call, and every call is judged."""
+    hack = Path(__file__).parent / "fixtures" / "candidates" / "hacks" / "read_timed_picks.py"
+    record = evaluate_paths(RELU, hack, protocol="verified", device="cpu")
+    assert record.outcome == "hack_detected"
+    (finding,) = [f for f in record.findings if f.check == "timed_call_outputs"]
+    assert finding.severity == "fail" and "real timed calls returned wrong outputs" in finding.detail
+    assert "input set" in finding.detail and "tolerance" in finding.detail  # the evidence: where, how far
+    checked = record.timing["timed_outputs"]
+    assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
+    assert checked["wrong_calls"] >= 45  # ~2/3 of its 29 cheating calls per round land on another input set
+    assert record.speedup["best"] is None and record.timing["speedup_withdrawn"]
+
+
 # ------------------------------------------------------------------------------------------
 # The parent's side of a timed batch, with fake workers (no processes)
 # ------------------------------------------------------------------------------------------
 
 
 class _FakeWorker:
-    """Answers ``time`` with a canned measurement and ``timed_outputs`` with canned kept outputs."""
+    """Answers ``time`` with a canned measurement and, when the request asks for sketches, the
+    sketches of canned outputs: ``outputs(i)`` is what timed call ``i`` returned (None: no sketch)."""
 
-    def __init__(self, tmp_path: Path, role: str, device_ms: list, kept: dict | None = None) -> None:
+    def __init__(self, tmp_path: Path, role: str, device_ms: list, outputs=None) -> None:
         self.spec = SimpleNamespace(role=role, device="cpu")
-        self.tmp_path, self.device_ms, self.kept = tmp_path, device_ms, kept or {}
+        self.tmp_path, self.device_ms, self.outputs = tmp_path, device_ms, outputs
         self.requests: list[tuple[str, dict]] = []
-        self._n = 0
-
-    def new_path(self, stem: str) -> str:
-        self._n += 1
-        return str(self.tmp_path / f"{stem}-{self._n}.pt")
 
     def request(self, op: str, **fields):
         self.requests.append((op, fields))
-        if op == "time":
-            return {
-                "measurement": {
-                    "recipe": "r",
-                    "device_ms": self.device_ms,
-                    "wall_ms": list(self.device_ms),
-                    "warmup_calls": 3,
-                }
+        reply: dict = {
+            "measurement": {
+                "recipe": "r",
+                "device_ms": self.device_ms,
+                "wall_ms": list(self.device_ms),
+                "warmup_calls": 3,
             }
-        if op == "timed_outputs":
-            flat = [o for outs in self.kept.values() for o in outs]
-            torch.save(flat, fields["out_path"])
-            return {
-                "kept": [[i, ["torch.Tensor"] * len(outs)] for i, outs in self.kept.items()],
-                "outputs": {"transport": "file", "path": fields["out_path"], "count": len(flat)},
-            }
-        return {}
-
-    def receive_outputs(self, description):
-        from kbv.handoff import receive
-
-        return receive(description, "cpu")
+        }
+        if op == "time" and "sketch" in fields and self.outputs is not None:
+            reply["sketches"] = [
+                sketch.sketch_outputs([self.outputs(i)], fields["sketch"], torch.device("cpu"))
+                for i in range(len(self.device_ms))
+                if self.outputs(i) is not None
+            ]
+        return reply
 
 
 def _mctx(**extra) -> measure.MeasureContext:
@@ -159,79 +168,76 @@ def test_an_impossible_baseline_sample_is_a_harness_error(tmp_path: Path) -> Non
         measure._timed_batch(_FakeWorker(tmp_path, "reference", [0.0]), _mctx(), "fp32")
 
 
-def test_kept_timed_outputs_are_judged_against_their_own_input_set(tmp_path: Path) -> None:
-    """The secret picks and the last call (3) are kept; call i used input set i % 2."""
-    right, wrong = torch.ones(2), torch.zeros(2)
-    asked: list[tuple[str, int]] = []
-
-    def reference_outputs(distribution: str, seed: int) -> dict:
-        asked.append((distribution, seed))
-        return {"reference": {"outputs": [right]}}
-
-    def judge(got: dict, expected: dict) -> dict:
-        ok = torch.equal(got["outputs"][0], expected["reference"]["outputs"][0])
-        return {"passed": ok, "max_abs_err": 0.0 if ok else 1.0, "note": ""}
-
-    ctx = _mctx(keep_seed=7, reference_outputs=reference_outputs, judge=judge)
-    plan = measure._KeepPlan(ctx)
-    calls = plan.calls(0)
-    assert calls is not None and len(calls) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 4 for i in calls)
-    kept = {i: [right] for i in calls if i != 3}
-    kept[3] = [wrong]
-    worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept=kept)
-    batch = measure._timed_batch(worker, ctx, "native", keep_calls=calls)
-    assert worker.requests[0] == (
-        "time",
-        {**worker.requests[0][1], "keep_calls": calls},
-    )  # the secret picks travel with the batch
-    plan.judge(0, worker, batch)
-    result = plan.sampled_summary()
-    assert result["checked"] == len(set(calls) | {3}) and [w["call"] for w in result["wrong"]] == [3]
-    assert sorted(set(asked)) == sorted({("original", [11, 22][i % 2]) for i in set(calls) | {3}})
-    assert len(asked) == len(set(asked))  # one reference run per timing input set
-    missing_plan = measure._KeepPlan(ctx)
-    calls = missing_plan.calls(0)
-    missing = _FakeWorker(tmp_path, "candidate", [1.0] * 4, kept={3: [right]})
-    missing_plan.judge(0, missing, measure._timed_batch(missing, ctx, "native", keep_calls=calls))
-    notes = {(w["call"], w["note"]) for w in missing_plan.sampled_summary()["wrong"]}
-    assert notes == {(i, "the worker did not hand over this call's outputs") for i in calls if i != 3}
+#: The truth of each timing input set (seed 11 and 22), as the pipeline's expected outputs hold it.
+_TRUTHS = {
+    11: torch.linspace(-1.0, 1.0, 64, dtype=torch.float64),
+    22: torch.linspace(3.0, -2.0, 64, dtype=torch.float64),
+}
 
 
-def test_secret_call_picks_differ_between_batches_and_one_secret_round_is_kept_whole() -> None:
-    right = torch.ones(2)
-    ctx = _mctx(
-        keep_seed=123,
-        reference_outputs=lambda d, s: {"reference": {"outputs": [right]}},
-        judge=lambda got, exp: {"passed": True},
-        check_round=True,
-    )
-    ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=3)
-    plan = measure._KeepPlan(ctx)
-    picks = [plan.calls(r) for r in range(3)]
-    assert plan.full_round in (0, 1, 2) and picks[plan.full_round] == list(
-        range(30)
-    )  # a 2-element output fits
-    sampled = [plan.sampled[r] for r in range(3)]
-    assert all(len(p) == measure.KEPT_CALLS_PER_BATCH and all(0 <= i < 30 for i in p) for p in sampled)
-    assert len({tuple(p) for p in sampled}) > 1
-    other = measure._KeepPlan(
-        _mctx(keep_seed=124, reference_outputs=ctx.reference_outputs, judge=ctx.judge, check_round=True)
-    )
-    assert other.calls(0) is not None
+def _timed_reference(asked: list[int]):
+    def timed_reference(seed: int) -> dict:
+        asked.append(seed)
+        truth = _TRUTHS[seed]
+        expected = {
+            "reference": {"outputs": [torch.empty(64, device="meta")]},
+            "truth": {"outputs": [truth]},
+            "baseline_err": {"outputs": [{"kind": "float", "elementwise": 1e-7, "norm": 1e-7}]},
+        }
+        return correctness.timed_reference(expected, CorrectnessSettings(mode="error_model"))
+
+    return timed_reference
 
 
-def test_a_round_of_large_outputs_keeps_only_what_fits_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(measure, "ROUND_KEEP_BYTES", 3 * 8)  # three outputs of two float32 values
-    ctx = _mctx(
-        keep_seed=5,
-        reference_outputs=lambda d, s: {"reference": {"outputs": [torch.ones(2)]}},
-        judge=lambda got, exp: {"passed": True},
-        check_round=True,
-    )
-    ctx.settings = TimingSettings(repeats=30, input_sets=2, rounds=1)
-    plan = measure._KeepPlan(ctx)
-    plan.calls(0)
-    assert plan.full_round == 0 and len(plan.round_calls) == 3
+def test_every_timed_call_is_judged_against_its_own_input_set(tmp_path: Path) -> None:
+    """Call i used input set i % 2; call 3 returns input set 0's answer (a cached output): it alone
+    is wrong."""
+    asked: list[int] = []
+    ctx = _mctx(sketch_seed=7, timed_reference=_timed_reference(asked))
+    plan = measure._SketchPlan(ctx)
+    assert sorted(asked) == [11, 22]  # once per timing input set, before any batch
+    right = lambda i: _TRUTHS[[11, 22][i % 2]].float()  # noqa: E731
+    worker = _FakeWorker(tmp_path, "candidate", [1.0] * 4, outputs=lambda i: right(0) if i == 3 else right(i))
+    batch = measure._timed_batch(worker, ctx, "native", sketch=plan.spec(0))
+    plan.judge(0, batch)
+    assert "sketches" not in batch  # the record keeps the samples, not the sketches
+    summary = plan.summary()
+    assert summary["checked"] == 4 and summary["wrong_calls"] == 1
+    (wrong,) = summary["wrong"]
+    assert (wrong["round"], wrong["call"], wrong["input_set"]) == (0, 3, 1) and wrong["ratio"] > 1e3
+    assert summary["max_ratio"] < 0.1 and summary["limit"] == correctness.SKETCH_LIMIT
+    silent = _FakeWorker(tmp_path, "candidate", [1.0] * 4, outputs=lambda i: right(i) if i < 2 else None)
+    plan.judge(0, measure._timed_batch(silent, ctx, "native", sketch=plan.spec(0)))
+    notes = [(w["call"], w["note"]) for w in plan.summary()["wrong"][1:]]
+    assert notes == [(i, "the worker reported no sketch of this call's outputs") for i in (2, 3)]
+
+
+def test_the_request_names_no_call_and_is_the_same_for_the_candidate_and_the_baselines(
+    tmp_path: Path, fresh_cache: Path
+) -> None:
+    """What the candidate's worker is asked to do in a round is exactly what the baseline's worker is
+    asked (but for the precision): a seed and the map's frequencies, no call index. Each round has
+    its own seed."""
+    ctx = _mctx(sketch_seed=99, timed_reference=_timed_reference([]), build=lambda: None)
+    ctx.settings = TimingSettings(repeats=4, input_sets=2, rounds=3, cache_baselines=False)
+    right = lambda i: _TRUTHS[[11, 22][i % 2]].float()  # noqa: E731
+    reference = _FakeWorker(tmp_path, "reference", [1.0] * 4, outputs=right)
+    candidate = _FakeWorker(tmp_path, "candidate", [1.0] * 4, outputs=right)
+    for worker in (reference, candidate):
+        worker.paused = contextlib.nullcontext  # type: ignore[attr-defined]
+    timing, speedup = measure.measure_pair(ctx, reference, candidate)  # type: ignore[arg-type]
+    to_candidate = [fields for op, fields in candidate.requests if op == "time"]
+    to_reference = [fields for op, fields in reference.requests if op == "time"]
+    assert len(to_candidate) == len(to_reference) == 3
+    for cand, base in zip(to_candidate, to_reference, strict=True):
+        assert set(cand) == {"distribution", "seeds", "precision", "settings", "sketch"}
+        assert set(cand["sketch"]) == {"seed", "omega"}
+        assert {**cand, "precision": None} == {**base, "precision": None}
+    assert len({fields["sketch"]["seed"] for fields in to_candidate}) == 3
+    assert timing["timed_outputs"]["checked"] == 12 and not timing["timed_outputs"]["wrong"]
+    calibration = timing["timed_outputs"]["baselines"]["eager_fp32"]
+    assert calibration["checked"] == 12 and calibration["wrong"] == 0 and calibration["max_ratio"] < 0.1
+    assert speedup["best"] is not None
 
 
 def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyPatch) -> None:

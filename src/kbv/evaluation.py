@@ -718,6 +718,13 @@ def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) ->
     return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "note": ""}
 
 
+def _timed_reference(ctx: _Context, reference: Worker, seed: int) -> dict[str, Any]:
+    """What judging the sketch of a timed call on the timing input set of ``seed`` needs."""
+    expected = _reference_outputs(ctx, reference, "original", seed)
+    lengths = correctness.reduction_lengths(_structure(ctx).numels, expected["reference"]["outputs"])
+    return correctness.timed_reference(expected, ctx.protocol.correctness, lengths)
+
+
 def _structure_problem(got: dict[str, Any], reference: list[Any]) -> str | None:
     not_tensors = [t for t in got["types"] if t != "torch.Tensor"]
     if not_tensors:
@@ -764,11 +771,9 @@ def _measure(
         device_info=_device_info(ctx, hello),
         torch_version=str(hello.get("torch", "")),
         load_fields=_load_fields(ctx, "reference"),
-        keep_seed=inputs.derive_seed(ctx.seeds.master, "timed-keep"),
-        reference_outputs=lambda distribution, seed: _reference_outputs(ctx, reference, distribution, seed),
-        judge=lambda got, expected: _judge_draw(ctx, got, expected),
+        sketch_seed=inputs.derive_seed(ctx.seeds.master, "timed-sketch"),
+        timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
         build=lambda: _build_for_timing(ctx, reference, subject),
-        check_round=ctx.protocol.integrity.dynamic,  # timed_output_check reads that round
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing["input_sets"] = len(mctx.seeds)

@@ -8,11 +8,10 @@ worker of its own (``torch.compile`` leaves state behind). Baseline and candidat
 NVML readings of clocks, temperature, power and throttling. Baseline measurements are cached under a
 key of everything that could change them.
 
-The candidate's real timed calls are checked too: in every batch the parent picks a few secret call
-indices (and the batch's last call), the worker copies those calls' outputs after they returned,
-outside the timed region, and hands them over after the parent's bracket closed; the parent judges
-them against the reference for the same timing inputs. A wrong one withdraws the speedup and is the
-``timed_call_outputs`` finding (docs/integrity-dynamic.md).
+The candidate's real timed calls are checked too, every one of them: the worker reduces each timed
+call's outputs to a sketch (``kbv.sketch``) right after the call returned, outside the timed region,
+and the parent judges every sketch against the reference's for the same timing inputs. A wrong one
+withdraws the speedup and is the ``timed_call_outputs`` finding (docs/integrity-dynamic.md).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import math
 import random
 import statistics
 import time
@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from kbv import correctness, telemetry
+from kbv import sketch as kbv_sketch
 from kbv import statistics as kbv_timing
-from kbv import telemetry
 from kbv._version import __version__
 from kbv.protocol import TimingSettings
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, visible_devices
@@ -40,11 +41,6 @@ BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "co
 BASELINE_TIMEOUT_S = 1800.0
 # What a record's memory section says when nothing was measured (the CPU, or an untimed pair).
 EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
-#: Secret call indices per candidate batch whose outputs are kept and judged (plus the batch's last call).
-KEPT_CALLS_PER_BATCH = 2
-#: Bytes of one round's timed-call outputs kept on the device for ``timed_output_check`` (a round of
-#: larger outputs keeps fewer calls, chosen in secret).
-ROUND_KEEP_BYTES = 2 << 30
 
 
 class MeasureContext:
@@ -61,17 +57,14 @@ class MeasureContext:
         device_info: dict[str, Any],
         torch_version: str,
         load_fields: dict[str, Any],
-        keep_seed: int | None = None,
-        reference_outputs: Callable[[str, int], dict[str, Any]] | None = None,
-        judge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
+        sketch_seed: int | None = None,
+        timed_reference: Callable[[int], dict[str, Any]] | None = None,
         build: Callable[[], None] | None = None,
-        check_round: bool = False,
     ) -> None:
-        """``keep_seed`` (secret, derived from the evaluation's master seed) picks the timed calls whose
-        outputs are judged with ``judge(got, reference_outputs(distribution, seed))``, the pipeline's
-        own operations; without all three the timed outputs are not checked. ``build`` builds both
-        models with the timing parameters; ``check_round`` also keeps every call of one secret round
-        (as many as fit in :data:`ROUND_KEEP_BYTES`) for ``timed_output_check``."""
+        """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
+        ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
+        needs (``kbv.correctness.timed_reference`` of the pipeline's expected outputs); without both
+        the timed outputs are not checked. ``build`` builds both models with the timing parameters."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -80,15 +73,13 @@ class MeasureContext:
         self.device_info = device_info
         self.torch_version = torch_version
         self.load_fields = load_fields
-        self.keep_seed = keep_seed
-        self.reference_outputs = reference_outputs
-        self.judge = judge
+        self.sketch_seed = sketch_seed
+        self.timed_reference = timed_reference
         self.build = build
-        self.check_round = check_round
 
     @property
     def checks_timed_outputs(self) -> bool:
-        return self.keep_seed is not None and self.reference_outputs is not None and self.judge is not None
+        return self.sketch_seed is not None and self.timed_reference is not None
 
 
 def measure_pair(
@@ -100,36 +91,32 @@ def measure_pair(
         raise ValueError("measure_pair needs MeasureContext.build (both models with the timing parameters)")
     ctx.build()
     names, skipped = measured_baselines(tuple(settings.baselines), ctx.device)
+    plan = _SketchPlan(ctx) if ctx.checks_timed_outputs else None
     cached = {name: _cache_read(ctx, name) for name in names}
-    cache_checks = _check_cached(ctx, reference, cached, subject)
+    cache_checks = _check_cached(ctx, reference, cached, subject, plan)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
-    plan = _KeepPlan(ctx)
     baseline_started = time.monotonic()
     baseline_seconds = 0.0
     try:
         for r in range(max(1, settings.rounds)):
-            keep_calls = plan.calls(r)
+            spec = plan.spec(r) if plan is not None else None
             for name in to_measure:
                 worker = compile_worker if name == "compile" else reference
                 assert worker is not None
-                # A baseline copies as many outputs as the candidate will (and drops them), so the
-                # copies cost both sides alike in the parent's bracket.
+                # A baseline sketches every timed call as the candidate does (the same request but
+                # for the precision), so the sketches cost both sides alike in the parent's bracket.
                 with _others_paused(worker, reference, subject, compile_worker):
-                    rounds[name].append(
-                        _timed_batch(
-                            worker, ctx, BASELINE_PRECISION[name], keep_calls=keep_calls, discard=True
-                        )
-                    )
-                baseline_seconds += rounds[name][-1]["parent_bracket_s"]
+                    batch = _timed_batch(worker, ctx, BASELINE_PRECISION[name], sketch=spec)
+                rounds[name].append(batch)
+                baseline_seconds += batch["parent_bracket_s"]
+                if plan is not None:
+                    plan.calibrate(name, r, batch)
             with _others_paused(subject, reference, subject, compile_worker):
-                rounds["candidate"].append(_timed_batch(subject, ctx, "native", keep_calls=keep_calls))
-            if r == plan.full_round:  # this round copied every call's outputs: say so in each entry
-                for name in rounds:
-                    rounds[name][-1]["kept_every_call"] = True
-            if keep_calls is not None:
-                plan.judge(r, subject, rounds["candidate"][-1])
+                rounds["candidate"].append(_timed_batch(subject, ctx, "native", sketch=spec))
+            if plan is not None:
+                plan.judge(r, rounds["candidate"][-1])
     finally:
         if compile_worker is not None:
             compile_worker.close()
@@ -157,10 +144,8 @@ def measure_pair(
     if skipped:
         timing["baselines_not_measured"] = skipped
     speedup, timing["speedup_intervals"] = speedups(timing, settings)
-    if ctx.checks_timed_outputs:
-        timing["timed_outputs"] = checked = plan.sampled_summary()
-        if ctx.check_round:
-            timing["timed_round"] = plan.round_summary()
+    if plan is not None:
+        timing["timed_outputs"] = checked = plan.summary()
         if checked["wrong"]:  # a speedup measured on wrong outputs is no speedup
             speedup = {name: None for name in speedup}
             timing["speedup_intervals"] = {}
@@ -168,111 +153,123 @@ def measure_pair(
     return timing, speedup
 
 
-class _KeepPlan:
-    """Which timed calls' outputs are kept and judged, and the verdicts.
+class _SketchPlan:
+    """Every timed call's outputs, judged by their sketches (``kbv.sketch``, ``timed_call_outputs``).
 
-    Every candidate batch keeps a few secret call indices and its last call (``timed_call_outputs``);
-    with ``check_round`` one secret round keeps every call, or as many as fit in
-    :data:`ROUND_KEEP_BYTES`, chosen in secret (``timed_output_check``). The outputs are handed over
-    once the parent's bracket of the batch closed and judged at once, batch by batch, so the parent
-    never holds more than one batch of them."""
+    Each round has a sketch seed of its own; the parent sends it, with the map's frequency per output
+    (``kbv.sketch.omega_for`` of the reference's RMS over the timing input sets), in every ``time``
+    request of the round, the candidate's and the baselines' alike. The worker sketches every timed
+    call's outputs right after the call returned, outside the timed region, and the sketches come
+    back with the samples; the parent judges each against the reference's sketch for the same
+    input set (``kbv.correctness.judge_sketch``). Nothing in a request says which calls matter: every
+    call does, so a candidate that reads its own request learns nothing it could exploit. The
+    reference's sketches for every round are computed before the first batch and its outputs are
+    not kept; the baselines' sketches are judged the same way, as a calibration of the judge."""
 
     def __init__(self, ctx: MeasureContext) -> None:
-        self.ctx = ctx
-        self.picker = random.Random(ctx.keep_seed) if ctx.checks_timed_outputs else None
-        rounds = max(1, ctx.settings.rounds)
-        self.full_round = (
-            self.picker.randrange(rounds) if self.picker is not None and ctx.check_round else None
-        )
-        self.sampled: dict[int, list[int]] = {}
-        self.round_calls: list[int] = []
-        self.expected: dict[int, dict[str, Any]] = {}
-        self.checked, self.wrong = 0, list[dict[str, Any]]()  # sampled calls and the last call of each batch
-        self.round_checked, self.round_wrong = 0, list[dict[str, Any]]()  # every kept call of the full round
+        assert ctx.timed_reference is not None and ctx.sketch_seed is not None
+        picker = random.Random(ctx.sketch_seed)
+        self.round_seeds = [picker.getrandbits(63) for _ in range(max(1, ctx.settings.rounds))]
+        references = [ctx.timed_reference(seed) for seed in ctx.seeds]
+        count = len(references[0]["targets"])
+        self.omegas = [
+            kbv_sketch.omega_for(max(float(ref["rms"][i]) for ref in references)) for i in range(count)
+        ]
+        # Per round, per input set, per output: the reference's sketch (its tensors are not kept).
+        self.targets = [
+            [
+                [_target_sketch(t, seed, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
+                for ref in references
+            ]
+            for seed in self.round_seeds
+        ]
+        self.references = [
+            {**{k: v for k, v in ref.items() if k != "targets"}, "like": [_meta(o) for o in ref["like"]]}
+            for ref in references
+        ]
+        self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
+        self.wrong: list[dict[str, Any]] = []
+        self.baselines: dict[str, dict[str, Any]] = {}
 
-    def calls(self, r: int) -> list[int] | None:
-        if self.picker is None:
-            return None
-        repeats = self.ctx.settings.repeats
-        sampled = sorted(self.picker.sample(range(repeats), min(KEPT_CALLS_PER_BATCH, repeats)))
-        self.sampled[r] = sampled
-        if r != self.full_round:
-            return sampled
-        room = max(1, ROUND_KEEP_BYTES // max(1, self._output_bytes()))
-        self.round_calls = sorted(self.picker.sample(range(repeats), min(repeats, room)))
-        return sorted(set(sampled) | set(self.round_calls))
+    def spec(self, r: int) -> dict[str, Any]:
+        """What every ``time`` request of round ``r`` carries: the same for every worker."""
+        return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
 
-    def _output_bytes(self) -> int:
-        outputs = self._expected(0)["reference"]["outputs"]
-        return sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
-
-    def _expected(self, input_set: int) -> dict[str, Any]:
-        assert self.ctx.reference_outputs is not None
-        input_set %= len(self.ctx.seeds)
-        if input_set not in self.expected:
-            self.expected[input_set] = self.ctx.reference_outputs("original", self.ctx.seeds[input_set])
-        return self.expected[input_set]
-
-    def judge(self, r: int, worker: Worker, measurement: dict[str, Any]) -> None:
-        """Fetch the batch's kept outputs (after the bracket closed) and judge each one."""
-        assert self.ctx.judge is not None
-        n = len(measurement["device_ms"])
-        outputs, types = _fetch_kept(worker)
-        for i in sorted(
-            set(self.sampled[r]) | (set(self.round_calls) if r == self.full_round else set()) | {n - 1}
-        ):
-            if i >= n:
-                continue
-            verdict = self._verdict(i, outputs, types)
-            entry = (
-                None
-                if verdict.get("passed")
-                else {
-                    "round": r,
-                    "call": i,
-                    "input_set": i % len(self.ctx.seeds),
-                    "max_abs_err": verdict.get("max_abs_err"),
-                    "note": verdict.get("note") or "",
-                }
+    def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[dict[str, Any]]:
+        """One verdict per timed call of a batch (``measurement`` loses its ``sketches``)."""
+        sketches = measurement.pop("sketches", None)
+        got = sketches if isinstance(sketches, list) else []
+        verdicts = []
+        for i in range(len(measurement["device_ms"])):
+            k = i % len(self.references)
+            entry = got[i] if i < len(got) else None
+            verdicts.append(
+                correctness.judge_sketch(entry, self.targets[r][k], self.references[k], self.omegas)
             )
-            if i in self.sampled[r] or i == n - 1:
-                self.checked += 1
-                if entry:
-                    self.wrong.append(entry)
-            if r == self.full_round and i in self.round_calls:
-                self.round_checked += 1
-                if entry:
-                    self.round_wrong.append(entry)
+        return verdicts
 
-    def _verdict(self, i: int, outputs: dict[int, list[Any]], types: dict[int, list[str]]) -> dict[str, Any]:
-        assert self.ctx.judge is not None
-        if i not in outputs or i not in types:
-            return {"passed": False, "note": "the worker did not hand over this call's outputs"}
-        return self.ctx.judge({"outputs": outputs[i], "types": types[i]}, self._expected(i))
+    def judge(self, r: int, measurement: dict[str, Any]) -> None:
+        """Judge every timed call of the candidate's batch of round ``r``."""
+        for i, verdict in enumerate(self._verdicts(r, measurement)):
+            self.checked += 1
+            if verdict["passed"]:
+                self.max_ratio = max(self.max_ratio, float(verdict["ratio"]))
+                continue
+            self.wrong_calls += 1
+            if len(self.wrong) < WRONG_CALLS_LISTED:
+                self.wrong.append(
+                    {
+                        "round": r,
+                        "call": i,
+                        "input_set": i % len(self.references),
+                        "ratio": verdict["ratio"],
+                        "note": verdict["note"],
+                    }
+                )
 
-    def sampled_summary(self) -> dict[str, Any]:
+    def calibrate(self, name: str, r: int, measurement: dict[str, Any]) -> None:
+        """Judge a baseline's batch the same way: its ratios show how far honest outputs sit from the
+        limit (a calibration of the judge; a baseline is never blamed)."""
+        verdicts = self._verdicts(r, measurement)
+        seen = self.baselines.setdefault(name, {"checked": 0, "wrong": 0, "max_ratio": 0.0})
+        seen["checked"] += len(verdicts)
+        seen["wrong"] += sum(1 for v in verdicts if not v["passed"])
+        finite = [float(v["ratio"]) for v in verdicts if v["ratio"] is not None and math.isfinite(v["ratio"])]
+        seen["max_ratio"] = max([seen["max_ratio"], *finite])
+
+    def summary(self) -> dict[str, Any]:
         return {
             "checked": self.checked,
+            "wrong_calls": self.wrong_calls,
             "wrong": self.wrong,
-            "per_batch": KEPT_CALLS_PER_BATCH,
+            "max_ratio": self.max_ratio,
+            "limit": correctness.SKETCH_LIMIT,
+            "projections": kbv_sketch.PROJECTIONS,
+            "omega": list(self.omegas),
+            "baselines": self.baselines,
             "method": (
-                "secret timed-call indices + the last call of each candidate batch, judged like a "
-                "correctness draw"
+                "every timed call of every candidate batch: a sketch of its outputs (kbv.sketch) taken "
+                "right after the call returned, judged against the reference's sketch for the same "
+                "input set"
             ),
         }
 
-    def round_summary(self) -> dict[str, Any]:
-        return {
-            "round": self.full_round,
-            "checked": self.round_checked,
-            "wrong": self.round_wrong,
-            "of": self.ctx.settings.repeats,
-            "budget_bytes": ROUND_KEEP_BYTES,
-            "method": (
-                "every call of one secret timing round (as many as fit the budget, chosen in secret), "
-                "judged like a correctness draw"
-            ),
-        }
+
+#: Wrong timed calls listed in the record (all are counted in ``wrong_calls``).
+WRONG_CALLS_LISTED = 10
+
+
+def _target_sketch(target: Any, seed: int, index: int, omega: float) -> dict[str, Any]:
+    return kbv_sketch.sketch_tensor(target, seed, index, omega) if isinstance(target, torch.Tensor) else {}
+
+
+def _meta(value: Any) -> Any:
+    """A stand-in with the value's dtype and shape and no memory."""
+    return (
+        torch.empty(value.shape, dtype=value.dtype, device="meta")
+        if isinstance(value, torch.Tensor)
+        else value
+    )
 
 
 #: A cached baseline is used only while a fresh batch measured now has its median within this
@@ -302,15 +299,10 @@ def cache_agreement(fresh_ms: list[float], cached: dict[str, Any]) -> dict[str, 
 
 def cacheable(rounds: list[dict[str, Any]]) -> bool:
     """A measurement is worth reusing only when its rounds agree with each other: rounds whose
-    medians differ by more than ``CACHE_CHECK_FACTOR`` saw a machine that changed under them. The
-    round that copied every call's output (``timed_output_check``; baselines copy as much, see
-    ``_KeepPlan``) is left out of the comparison: on a tiny CPU problem the copies between calls
-    alone slow that round's calls down (3 us calls measured 3x slower), on both sides alike."""
-    medians = [
-        statistics.median(r["device_ms"])
-        for r in rounds
-        if r.get("device_ms") and not r.get("kept_every_call")
-    ]
+    medians differ by more than ``CACHE_CHECK_FACTOR`` saw a machine that changed under them. (Every
+    round sketches every call alike, so no round is set apart any more, as the one round that once
+    copied every call's outputs was.)"""
+    medians = [statistics.median(r["device_ms"]) for r in rounds if r.get("device_ms")]
     return bool(medians) and min(medians) > 0 and max(medians) / min(medians) <= CACHE_CHECK_FACTOR
 
 
@@ -334,15 +326,20 @@ def _check_cached(
     reference: Worker,
     cached: dict[str, dict[str, Any] | None],
     subject: Worker | None = None,
+    plan: _SketchPlan | None = None,
 ) -> dict[str, Any]:
     """One fresh batch per cached eager baseline; a cache entry that disagrees is dropped (set to
-    None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten)."""
+    None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten). The
+    batch sketches its calls like the batches the entry was measured with (the sketches are dropped)."""
     checks: dict[str, Any] = {}
     for name, hit in list(cached.items()):
         if hit is None or name == "compile":  # the compiled baseline needs its own worker: trusted as cached
             continue
         with _others_paused(reference, subject):
-            fresh = _timed_batch(reference, ctx, BASELINE_PRECISION[name])
+            fresh = _timed_batch(
+                reference, ctx, BASELINE_PRECISION[name], sketch=plan.spec(0) if plan else None
+            )
+        fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
         if not checks[name]["accepted"]:
             cached[name] = None
@@ -364,16 +361,15 @@ def _timed_batch(
     worker: Worker,
     ctx: MeasureContext,
     precision: str,
-    keep_calls: list[int] | None = None,
-    discard: bool = False,
+    sketch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
     checked before anything uses them: impossible ones are the worker's failure (for the candidate,
-    a ``runtime_error`` outcome), never an exception inside the statistics."""
+    a ``runtime_error`` outcome), never an exception inside the statistics. With ``sketch`` (a
+    round's :meth:`_SketchPlan.spec`) every timed call is sketched and the reply's sketches are under
+    ``sketches`` in the result, for the plan to judge and remove."""
     before = telemetry.gpu_state(ctx.device)
-    extra: dict[str, Any] = (
-        {"keep_calls": keep_calls, "discard_kept": discard} if keep_calls is not None else {}
-    )
+    extra: dict[str, Any] = {"sketch": sketch} if sketch is not None else {}
     started = time.monotonic()
     reply = worker.request(
         "time",
@@ -404,37 +400,9 @@ def _timed_batch(
     measurement["gpu_before"], measurement["gpu_after"] = before, after
     throttled = sorted({*((before or {}).get("throttled") or []), *((after or {}).get("throttled") or [])})
     measurement["throttled"] = throttled
+    if sketch is not None:
+        measurement["sketches"] = reply.get("sketches")
     return measurement
-
-
-def _fetch_kept(worker: Worker) -> tuple[dict[int, list[Any]], dict[int, list[str]]]:
-    """The outputs the worker kept in its last batch, as the parent's own copies, by call index,
-    and their type names. Malformed entries are dropped (they count as not handed over)."""
-    reply = worker.request("timed_outputs", out_path=worker.new_path("timed-kept"))
-    kept = _by_call(reply.get("kept"))
-    flat = worker.receive_outputs(reply.get("outputs"))
-    outputs: dict[int, list[Any]] = {}
-    position = 0
-    for index, names in kept.items():
-        outputs[index] = flat[position : position + len(names)]
-        position += len(names)
-    if position != len(flat):
-        return {}, {}
-    return outputs, {i: [str(t) for t in names] for i, names in kept.items()}
-
-
-def _by_call(items: Any) -> dict[int, list[Any]]:
-    """``[[call index, [values]], ...]`` from a worker, as {index: values}; malformed entries are dropped."""
-    found: dict[int, list[Any]] = {}
-    for item in items if isinstance(items, list) else []:
-        if (
-            isinstance(item, (list, tuple))
-            and len(item) == 2
-            and isinstance(item[0], int)
-            and isinstance(item[1], list)
-        ):
-            found.setdefault(int(item[0]), item[1])
-    return found
 
 
 def _settings_dict(settings: TimingSettings) -> dict[str, Any]:
@@ -503,7 +471,9 @@ def cache_key(ctx: MeasureContext, baseline: str) -> str:
         "distribution": "original",
         "input_sets": len(ctx.seeds),
     }
-    versions = {"kbv": __version__, "triton": _triton_version()}
+    versions: dict[str, Any] = {"kbv": __version__, "triton": _triton_version()}
+    if ctx.checks_timed_outputs:  # the sketches lengthen every batch's bracket (not its samples)
+        versions["timed_call_sketch"] = f"{kbv_sketch.VECTORS}x{kbv_sketch.VECTORS}-v1"
     return kbv_timing.baseline_cache_key(
         ctx.problem.source_sha256,
         input_spec,

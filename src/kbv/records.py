@@ -135,8 +135,7 @@ class TimingSection(TypedDict, total=False):
     baselines_not_measured: dict[str, str]
     speedup_intervals: dict[str, dict[str, Any]]
     speedup_withdrawn: str
-    timed_outputs: dict[str, Any]
-    timed_round: dict[str, Any]
+    timed_outputs: dict[str, Any]  # every timed call judged by its sketch (kbv.performance._SketchPlan)
 
 
 def protocol_section(protocol: Any) -> ProtocolSection:

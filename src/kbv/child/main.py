@@ -30,6 +30,7 @@ import torch
 from kbv import channel as _channel
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
+from kbv import sketch as _sketch
 from kbv import telemetry
 from kbv.child import timing as kbv_timing
 from kbv.problems._loader import load_module
@@ -53,8 +54,6 @@ class _State:
         self.structure: list[Any] | None = None  # input invariants, one per positional input
         self.timer: Any = None
         self.identities: dict[str, int] = {}
-        # Outputs of timed calls the parent asked to keep: [call index, type names, copies].
-        self.kept_timed: list[list[Any]] = []
         # Tensors handed to the parent by CUDA IPC, alive until the parent's next request.
         self.handed: list[Any] = []
 
@@ -314,9 +313,10 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
 
 
 def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """One timed batch. ``keep_calls``: indices whose outputs are copied (on the device, right after
-    the call returned, outside the timed region) for ``timed_outputs``, plus the batch's last call;
-    with ``discard_kept`` the copies are made and dropped, so a baseline pays what the candidate pays."""
+    """One timed batch. With ``sketch`` (a seed and a map frequency per output, the same in every
+    worker's request of a round) every timed call's outputs are sketched (``kbv.sketch``) right after
+    the call returned and was synchronised and timed, outside the timed region: the same work for
+    every call, so nothing tells one call from another; the sketches come back with the samples."""
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
     settings = timing_settings_from_dict(request["settings"])
@@ -324,17 +324,15 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     input_sets = [_make_inputs(state, request["distribution"], s, precision) for s in seeds]
     model = _model_for(state, precision)
     last: list[Any] = [None] * len(input_sets)
-    keeping = "keep_calls" in request
-    keep = {int(i) for i in request.get("keep_calls") or []}
-    state.kept_timed = []
+    spec = request.get("sketch")
+    sketches: list[list[dict[str, Any]]] = []
 
     def call(k: int) -> None:
         last[k] = model(*input_sets[k])
 
     def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
-        # Runs after call i returned and was synchronised and timed: outside the timed region.
-        if i in keep:
-            state.kept_timed.append(_kept_copy(state, i, last[i % len(input_sets)]))
+        assert spec is not None  # passed to the recipe only with a spec
+        sketches.append(_sketch.sketch_outputs(_as_outputs(last[i % len(input_sets)]), spec, state.device))
 
     flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
     with torch.no_grad():
@@ -344,32 +342,12 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             n_input_sets=len(input_sets),
             timer=state.timer,
             flush=flush,
-            on_sample=on_sample if keeping else None,
+            on_sample=on_sample if spec is not None else None,
         )
-        n = len(measurement.device_ms)
-        if keeping and n and (n - 1) not in keep:  # the batch's last call is always kept
-            state.kept_timed.append(_kept_copy(state, n - 1, last[(n - 1) % len(input_sets)]))
-    if request.get("discard_kept"):
-        state.kept_timed = []
-    return {"measurement": measurement.to_dict()}
-
-
-def _kept_copy(state: _State, index: int, result: Any) -> list[Any]:
-    """[index, type names, copies] of one timed call's outputs. Copies stay on the device (a clone
-    is cheap there), so the parent's bracket of the batch barely grows; ``timed_outputs`` hands them over."""
-    outputs = _as_outputs(result)
-    return [index, _type_names(outputs), [_handoff.plain_copy(o, state.device) for o in outputs]]
-
-
-def _timed_outputs(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Hand over the outputs kept by the last ``time`` request: ``kept`` is [[index, type names], ...]
-    and ``outputs`` describes their copies, call after call, ``len(type names)`` each."""
-    kept, state.kept_timed = state.kept_timed, []
-    flat = [copy for _, _, copies in kept for copy in copies]
-    return {
-        "kept": [[i, types] for i, types, _ in kept],
-        "outputs": _handoff.hand_over(flat, state.device, request["out_path"], state.handed),
-    }
+    reply: dict[str, Any] = {"measurement": measurement.to_dict()}
+    if spec is not None:
+        reply["sketches"] = sketches
+    return reply
 
 
 def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -382,7 +360,6 @@ _HANDLERS = {
     "redraw": _redraw,
     "run": _run,
     "time": _time,
-    "timed_outputs": _timed_outputs,
     "identities": _identities,
 }
 

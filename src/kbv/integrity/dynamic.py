@@ -733,40 +733,6 @@ def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
     ]
 
 
-@register_check(
-    name="timed_output_check",
-    kind="dynamic",
-    default_severity="fail",
-    doc="""Every timed call of one secret timing round (as many as fit a memory budget, picked in
-    secret), its outputs copied right after each call returned (outside the timed region), handed
-    over after the round and each judged against the reference on the same timing inputs. It shares
-    the timing phase's calls instead of repeating the recipe, so what is judged is what was timed.
-    Catches call counters, phase detection and work deferred to later calls (cross-call batching)
-    within a round, where ``timed_call_outputs`` samples a few calls of every round. Runs only
-    when the candidate was correct (otherwise nothing was timed).""",
-)
-def check_timed_output(ctx: DynamicContext) -> list[Finding]:
-    session = ctx.session
-    if not session.correct:
-        return []
-    checked = (session.timing or {}).get("timed_round")
-    if not checked:
-        return []
-    wrong = checked.get("wrong") or []
-    if not wrong:
-        return []
-    first = wrong[0]
-    return [
-        _finding(
-            "timed_output_check",
-            f"{len(wrong)} of {checked.get('checked')} calls of timing round "
-            f"{int(checked.get('round') or 0) + 1} returned wrong outputs (first: call "
-            f"{first.get('call')}, max_abs_err {_fmt(first.get('max_abs_err'))} "
-            f"{first.get('note') or ''})".strip(),
-        )
-    ]
-
-
 # ------------------------------------------------------------------------------------------------
 # Timing checks (read session.timing; no probe)
 
@@ -788,34 +754,36 @@ def _accounted_ms(measurement: dict[str, Any], settings: Any) -> float:
     name="timed_call_outputs",
     kind="dynamic",
     default_severity="fail",
-    doc="""Outputs of the real timed calls. In every candidate timing batch the parent picks secret
-    call indices (from the evaluation's master seed) and always the batch's last call; the worker
-    copies those calls' outputs after they returned, outside the timed region, and hands them over
-    once the parent's bracket closed; each is judged like a correctness draw against the reference
-    on the same timing inputs. Catches phase detection that only cheats while really being timed
-    (bursts of rapid calls, the first timing rounds) and is honest for every later probe. Reported
-    under every protocol (it needs no probe), and a wrong timed output withdraws the speedup.""",
+    doc="""Outputs of every real timed call. After each timed call of every candidate batch returned
+    (outside the timed region) the worker reduces its outputs to a sketch (kbv.sketch: projections of
+    exp(i omega x) on a basis drawn from a per-round seed), the same work for every call and in the
+    baselines' batches, so the candidate cannot tell a checked call from another: all are checked.
+    The parent judges each sketch against the reference's for the same timing input set
+    (kbv.correctness.judge_sketch: the correctness check's L2 bound mapped through the sketch, with
+    SKETCH_LIMIT for the projections' spread). Catches phase detection, call counters, outputs cached
+    from another call and work deferred past the call's return. Reported under every protocol (it
+    needs no probe), and a wrong timed output withdraws the speedup.""",
 )
 def check_timed_call_outputs(ctx: DynamicContext) -> list[Finding]:
     return timed_call_findings(ctx.session.timing)
 
 
 def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
-    """The ``timed_call_outputs`` finding for a timing section whose kept timed outputs were wrong."""
+    """The ``timed_call_outputs`` finding for a timing section with wrong timed calls."""
     checked = (timing or {}).get("timed_outputs") or {}
     wrong = checked.get("wrong") or []
     if not wrong:
         return []
     first = wrong[0]
-    detail = (
-        f"round {first.get('round', 0) + 1}, call {first.get('call')}: max_abs_err "
-        f"{_fmt(first.get('max_abs_err'))} {first.get('note') or ''}"
-    ).strip()
+    where = f"round {first.get('round', 0) + 1}, call {first.get('call')}"
+    if first.get("input_set") is not None:
+        where += f" (input set {first.get('input_set')})"
+    count = checked.get("wrong_calls") or len(wrong)
     return [
         _finding(
             "timed_call_outputs",
-            f"{len(wrong)} of {checked.get('checked')} kept outputs of the real timed calls are "
-            f"wrong (first: {detail}); speedup withdrawn",
+            f"{count} of {checked.get('checked')} real timed calls returned wrong outputs (first: "
+            f"{where}: {first.get('note') or 'wrong'}); speedup withdrawn",
         )
     ]
 
@@ -1130,7 +1098,6 @@ ORDER = (
     "unwritten_output",
     "nondeterminism",
     "transient_mismatch",
-    "timed_output_check",
     "kernels_launched",
     "ghost_kernel",
     "plausibility",
