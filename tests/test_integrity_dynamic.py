@@ -142,6 +142,20 @@ def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -
     assert 0.4 < ctx.corrections["speedup"]["best"] < 1.0
 
 
+def test_one_outsized_sample_per_round_hides_no_time_and_one_hiccup_round_fires_nothing() -> None:
+    """A worker that reports 0.25 ms calls and dumps the rest of each 1 ms-per-call batch into one
+    sample is corrected in every round; an honest candidate with a 19 ms hiccup in one round is not."""
+    base = [_round(0.086, 1.0)] * 3
+    lying = {**_round(0.086, 0.25, warmup_calls=100_000), "wall_ms": [0.25] * 29 + [23.0]}
+    ctx = _ctx(timing=_timing([lying] * 3, base, cand_median=0.25), speedup={"eager_fp32": 4.0, "best": 4.0})
+    findings = dynamic.check_timing_disagreement(ctx)
+    assert findings and findings[0].check == "timing_disagreement"
+    assert ctx.corrections["speedup"]["best"] < 1.5  # about 1 ms per trusted call against 1 ms
+    hiccup = {**_round(0.105, 1.0, warmup_calls=51), "wall_ms": [1.0] * 29 + [20.0]}
+    honest = [_round(0.086, 1.0, warmup_calls=51), hiccup, _round(0.086, 1.0, warmup_calls=51)]
+    assert dynamic.check_timing_disagreement(_ctx(timing=_timing(honest, base), speedup={"best": 1.0})) == []
+
+
 def test_timing_agreement_and_one_noisy_round_do_not_fire() -> None:
     base = [_round(0.085, 1.0)] * 3
     honest = [_round(0.086, 1.0), _round(0.200, 1.0), _round(0.084, 1.0)]  # one noise spike

@@ -646,17 +646,55 @@ def test_honest_warmup_fits_the_recipe_bound_and_the_trusted_per_call_time(calls
     )
 
 
+def _lying_batch(claimed_ms: float, outsized_ms: float) -> list[float]:
+    """29 samples at the claimed per-call time and one that carries the rest of the batch."""
+    return [claimed_ms] * 29 + [outsized_ms]
+
+
 def test_one_outsized_sample_cannot_account_for_the_bracket() -> None:
-    """29 calls reported at 0.01 ms and one at 50 ms 'explain' a 50 ms bracket while the median
-    claims 0.01 ms per call: the outsized sample counts 20 medians, so the bracket check disagrees."""
-    s = settings(warmup_calls=3, warmup_seconds=0.0, repeats=30)
-    lying = [0.01] * 29 + [50.0]
-    accounted = statistics.accounted_batch_ms(lying, 3, s)
-    assert accounted == pytest.approx(29 * 0.01 + statistics.SAMPLE_CAP * 0.01 + 3 * 0.01)
-    assert statistics.bracket_check(accounted, 50.4, 0.0)["disagrees"]
-    honest = [1.0] * 29 + [15.0]  # a hiccup within the cap counts in full
-    assert statistics.accounted_batch_ms(honest, 3, s) == pytest.approx(29.0 + 15.0 + 3.0)
-    assert not statistics.bracket_check(statistics.accounted_batch_ms(honest, 3, s), 47.5, 0.0)["disagrees"]
+    """30 calls of 1 ms, a 50 ms warm-up and 5 ms of overhead: an 86 ms bracket. A worker reporting
+    0.25 ms per call (a 4x lie) and one sample of 23 ms (the rest) once fit: the sample counted 20
+    medians and stretched the warm-up bound by 4 x 20 medians. Now a sample counts at most
+    SAMPLE_CAP medians and the warm-up bound uses the median: the bracket disagrees."""
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+    bracket, overhead = 50.0 + 1.0 + 30.0 + 5.0, 5.0
+    lying = _lying_batch(0.25, 23.0)
+    accounted = statistics.accounted_batch_ms(lying, 100_000, s)
+    assert accounted == pytest.approx(29 * 0.25 + statistics.SAMPLE_CAP * 0.25 + 50.0 + 4 * 0.25)
+    assert statistics.bracket_check(accounted, bracket, overhead)["disagrees"]
+    old = 29 * 0.25 + 20 * 0.25 + min(100_000 * 0.25, 50.0 + 4 * 20 * 0.25)  # the former account
+    assert not statistics.bracket_check(old, bracket, overhead)["disagrees"]
+    # What still passes: a claim the slack (2 ms + 10 %) hides, with or without the outsized sample.
+    for claimed in (0.62, 0.7):
+        assert not statistics.bracket_check(
+            statistics.accounted_batch_ms(_lying_batch(claimed, 30.0), 100_000, s), bracket, overhead
+        )["disagrees"]
+
+
+def test_honest_noisy_samples_agree_with_the_bracket() -> None:
+    """Samples that jitter (log-normal, 30 %) and the odd 2.5x call, with the warm-up the recipe
+    really makes, never disagree with a bracket that holds exactly them plus the overhead."""
+    import random
+
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+    rng = random.Random(5)
+    for _ in range(500):
+        call = rng.choice([0.01, 0.3, 1.0, 20.0])
+        wall = [call * rng.lognormvariate(0.0, 0.3) for _ in range(30)]
+        for i in rng.sample(range(30), 2):
+            wall[i] *= 2.5
+        warm_calls = max(3, int(50.0 / call) + 1)
+        warm_ms = max(50.0, 3 * call) + call  # the call that crosses the budget
+        bracket = sum(wall) + warm_ms + 5.0
+        accounted = statistics.accounted_batch_ms(wall, warm_calls, s)
+        assert not statistics.bracket_check(accounted, bracket, 5.0)["disagrees"], (call, wall)
+
+
+def test_an_honest_hiccup_beyond_the_cap_is_a_gap_in_its_own_round_only() -> None:
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+    wall = [1.0] * 29 + [20.0]  # the scheduler took 19 ms from one call
+    result = statistics.bracket_check(statistics.accounted_batch_ms(wall, 51, s), 51.0 + 49.0 + 5.0, 5.0)
+    assert result["disagrees"]  # the price of not believing outsized samples; rounds decide (integrity)
 
 
 def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:

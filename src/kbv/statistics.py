@@ -251,15 +251,17 @@ def bracket_check(
     }
 
 
-def warmup_bound_ms(settings: TimingSettings, largest_sample_ms: float, n_input_sets: int = 1) -> float:
+def warmup_bound_ms(settings: TimingSettings, call_ms: float, n_input_sets: int = 1) -> float:
     """The longest an honest warm-up under ``settings`` lasts, from the recipe, not the worker's word.
 
     :func:`_warm_up` stops at the first check after ``settings.warmup_calls`` calls were made and
-    ``settings.warmup_seconds`` passed, so it lasts at most warmup_seconds + (warmup_calls + 1) x the
-    slowest call. With ``cuda_graph`` there are two warm-ups (eager, covering every input set, then
-    replays) and one capture per input set. ``largest_sample_ms`` is the largest timed sample.
+    ``settings.warmup_seconds`` passed, so it lasts at most warmup_seconds + (warmup_calls + 1) x a
+    call. With ``cuda_graph`` there are two warm-ups (eager, covering every input set, then
+    replays) and one capture per input set. ``call_ms`` is the time of a call: the batch's median
+    sample in :func:`accounted_batch_ms` (the largest sample once stood here, so one outsized sample
+    stretched the warm-up it may account for by four times itself).
     """
-    largest = max(0.0, float(largest_sample_ms))
+    largest = max(0.0, float(call_ms))
     budget_ms = settings.warmup_seconds * 1e3
     bound = budget_ms + (settings.warmup_calls + 1) * largest
     if settings.cuda_graph:
@@ -274,10 +276,11 @@ def accounted_batch_ms(
     """How much of a timed batch the worker's report accounts for: the timed samples plus the warm-up.
 
     The warm-up the worker implies (its claimed number of warm-up calls x its median sample, at
-    least the recipe's ``warmup_seconds``) is accepted only up to :func:`warmup_bound_ms`: a worker
-    that claims 100000 warm-up calls cannot stretch its account to cover a gap in the parent's bracket.
-    Each sample counts at most :data:`SAMPLE_CAP` times the median: one outsized sample (29 calls
-    of 0.01 ms and one of 50 ms) cannot account for a 50 ms bracket while the median says 0.01 ms.
+    least the recipe's ``warmup_seconds``) is accepted only up to :func:`warmup_bound_ms` of the
+    median: a worker that claims 100000 warm-up calls cannot stretch its account to cover a gap in
+    the parent's bracket. Each sample counts at most :data:`SAMPLE_CAP` times the median, so what the
+    report accounts for is what its median (the speedup's figure) can explain: time hidden in
+    outsized samples (29 calls of 0.25 ms and one of 25 ms, for 30 calls of 1 ms) stays a gap.
     """
     wall = [float(x) for x in wall_ms]
     if not wall:
@@ -285,12 +288,19 @@ def accounted_batch_ms(
     median = float(np.median(wall))
     capped = [min(x, SAMPLE_CAP * median) for x in wall]
     claimed = max(settings.warmup_seconds * 1e3, max(0, int(claimed_warmup_calls)) * median)
-    return sum(capped) + min(claimed, warmup_bound_ms(settings, max(capped), n_input_sets))
+    return sum(capped) + min(claimed, warmup_bound_ms(settings, median, n_input_sets))
 
 
 #: A sample beyond this multiple of its batch's median counts only as this multiple when the
-#: worker's report is held against the parent's bracket (an honest hiccup is smaller, or rare).
-SAMPLE_CAP = 20.0
+#: worker's report is held against the parent's bracket: the ``outliers`` threshold
+#: (:data:`OUTLIER_FACTOR`). The speedup is the median's, so a report may account for the bracket only
+#: with samples its median explains: with at most half the samples above the median, outsized
+#: samples raise the account to at most (1 + SAMPLE_CAP) / 2 times what the median claims, and one
+#: of them by SAMPLE_CAP - 1 medians. It was 20 (and the warm-up bound took the largest capped
+#: sample), which let one outsized sample account for about 100 medians and a 30-call batch claim
+#: about 4 times its true speed (tests/test_timing.py). An honest hiccup beyond it is a gap in its
+#: round only; the check fires when every round disagrees.
+SAMPLE_CAP = OUTLIER_FACTOR
 
 
 def trusted_per_call_ms(
