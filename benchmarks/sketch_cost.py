@@ -1,0 +1,107 @@
+"""What sketching every timed call costs (kbv.sketch, ``timed_call_outputs``): per bundled problem, the
+median time of one forward call of the reference Model and of the sketch of its outputs, at the
+sizes the problem runs with on the device (the suite's ``cpu_sizes`` on the CPU), and what 30 timed
+calls add to a batch. The sketch runs outside the timed region, so it never enters a sample; it
+lengthens every batch's bracket, the candidate's and the baselines' alike.
+
+    python benchmarks/sketch_cost.py                               # CPU, a few level-1/2 problems
+    python benchmarks/sketch_cost.py --device cuda --all --json benchmarks/results/sketch-cost-cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kbv import sketch
+from kbv.problems import bundled_suite_dir
+from kbv.problems._loader import load_module, load_problem
+
+DEFAULT = [
+    "level1/1_ReLU.py",
+    "level1/9_Softmax.py",
+    "level1/20_MSELoss.py",
+    "level1/25_Matmul_Square.py",
+    "level1/28_Conv2d.py",
+    "level2/1_Linear_GELU_LayerNorm.py",
+    "level3/1_MLP.py",
+]
+
+
+def _median_s(fn, device: torch.device, repeats: int) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(3):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure(path: Path, device: torch.device, repeats: int) -> dict:
+    problem = load_problem(path)
+    module = load_module(path, sizes=problem.sizes_for(device.type))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = module.Model(*module.get_init_inputs()).eval()
+        args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs()]
+    with torch.no_grad():
+        result = model(*args)
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        spec = {"seed": 1, "omega": [1.0] * len(outputs)}
+        call = _median_s(lambda: model(*args), device, repeats)
+        sketched = _median_s(lambda: sketch.sketch_outputs(outputs, spec, device), device, repeats)
+    elements = sum(o.numel() for o in outputs if isinstance(o, torch.Tensor))
+    return {
+        "problem": f"{path.parent.name}/{path.name}",
+        "output_elements": elements,
+        "call_ms": call * 1e3,
+        "sketch_ms": sketched * 1e3,
+        "sketch_per_call": sketched / call if call else None,
+        "per_batch_of_30_ms": 30 * sketched * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--all", action="store_true", help="every bundled problem, not the default few")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    suite = bundled_suite_dir()
+    paths = sorted(suite.glob("level*/*.py")) if args.all else [suite / p for p in DEFAULT]
+    rows = [measure(p, device, args.repeats) for p in paths]
+    print(
+        f"{'problem':40s} {'elements':>10s} {'call ms':>9s} {'sketch ms':>9s} {'ratio':>6s} {'+batch ms':>9s}"
+    )
+    for r in rows:
+        print(
+            f"{r['problem']:40s} {r['output_elements']:10d} {r['call_ms']:9.3f} {r['sketch_ms']:9.3f} "
+            f"{r['sketch_per_call']:6.2f} {r['per_batch_of_30_ms']:9.1f}"
+        )
+    if args.json:
+        info = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
+        args.json.write_text(json.dumps({"environment": info, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
