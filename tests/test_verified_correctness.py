@@ -98,7 +98,9 @@ def test_cpp_relu_passes_verified() -> None:
     record = evaluate_paths(
         L1 / "1_ReLU.py", FOUNDATION / "relu_cpp.py", protocol="verified", device="cpu", timeout_s=300
     )
-    assert record.outcome == "passed"
+    assert record.outcome == "passed", [
+        (f.check, f.severity, f.detail) for f in record.findings if f.severity != "info"
+    ]
 
 
 def test_seeds_are_secret_fresh_and_replayable(tmp_path: Path) -> None:
