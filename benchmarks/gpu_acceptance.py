@@ -33,11 +33,16 @@ from kbv.problems import (
     load_problem,
 )
 from kbv.protocol import STANDARD, VERIFIED
-from kbv.worker.builds import compile_candidate
+from kbv.worker.builds import arch_list_for, compile_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "gpu"
-_ARCH = "{}.{}+PTX".format(*torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+# As the evaluation worker decides it (a TORCH_CUDA_ARCH_LIST of the user's wins): a hard-coded
+# "X.Y+PTX" here disagreed with the worker where the variable is set, and every prebuilt source
+# was built again by its worker (57-66 s each on the H200).
+_ARCH = (
+    arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None
+)
 FOUNDATION = ROOT / "tests" / "fixtures" / "candidates" / "foundation"
 
 
@@ -91,11 +96,23 @@ def _explain_rebuild(record, before: dict[str, dict]) -> None:
     for line in difflib.unified_diff(
         old["ninja"].splitlines(), new["ninja"].splitlines(), "prebuild", "worker", lineterm="", n=0
     ):
-        print(f"    ninja| {line[:400]}", flush=True)
+        print(f"    ninja| {line[:200]} ...", flush=True)
+        if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
+            print(
+                f"    ninja| {'+' if line[0] == '+' else '-'} words only here: {_unique_words(line, old, new)}"
+            )
     print(f"    log before: {old['ninja_log'][-6:]}", flush=True)
     print(f"    log after:  {new['ninja_log'][-6:]}", flush=True)
     changed = {k: (old["files"].get(k), v) for k, v in new["files"].items() if old["files"].get(k) != v}
     print(f"    files changed: {json.dumps(changed)[:1500]}", flush=True)
+
+
+def _unique_words(line: str, old: dict, new: dict) -> list[str]:
+    """The words of a changed build.ninja line that the other side's same line lacks (the flags)."""
+    key = line[1:].split("=", 1)[0].strip()
+    other = new if line[0] == "-" else old
+    twin = next((x for x in other["ninja"].splitlines() if x.split("=", 1)[0].strip() == key), "")
+    return [w for w in line[1:].split() if w not in set(twin.split())]
 
 
 def _prebuild(candidates: list) -> list[dict]:

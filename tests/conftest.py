@@ -47,10 +47,12 @@ _GPU_BUILDS = (
 
 @pytest.fixture(scope="session", autouse=True)
 def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
-    """On a GPU run, build every CUDA source the GPU tests use once, side by side, ahead of them:
-    built one after another inside the tests, eight builds of 40-70 s each took the whole
-    5-minute budget on the H200. The build cache is the one evaluation workers read
-    (``kbv.worker.builds``), so the tests then build nothing."""
+    """On a GPU run, build every CUDA source the GPU tests use once, side by side, while the tests
+    run: built one after another inside the tests, eight builds of 40-70 s each took the whole
+    5-minute budget on the H200, and waiting for all of them first took 150 s. The build cache is
+    the one evaluation workers read (``kbv.worker.builds``), and an evaluation that needs a source
+    still being built waits for it on the source's build lock, so no test builds anything and
+    tests that need no build do not wait."""
     if not any("gpu" in item.keywords for item in request.session.items):
         return
     import torch
@@ -65,12 +67,14 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
 
     sources = [p for d in _GPU_BUILDS for p in sorted(d.glob("*.py")) if needs_build(p.read_text())]
     arch = arch_list_for(telemetry.compute_capability("cuda:0"))
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(
-            pool.map(
-                lambda p: compile_candidate(load_candidate(p, label="prebuild"), arch_list=arch), sources
-            )
-        )
+    # Six at a time (two compiler processes each) leave cores to the tests that time kernels
+    # meanwhile; an evaluation that needs a source waits on its build lock while it builds.
+    pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="kbv-test-prebuild")
+    futures = [
+        pool.submit(lambda p: compile_candidate(load_candidate(p, label="prebuild"), arch_list=arch), path)
+        for path in sources
+    ]
+    request.addfinalizer(lambda: [f.result() for f in futures] and pool.shutdown(wait=True))
 
 
 def extensions_dir_of(path: Path) -> Path:
