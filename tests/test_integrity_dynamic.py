@@ -246,3 +246,30 @@ def test_triton_imported_while_booting_is_not_the_candidates_custom_code(
 
     monkeypatch.setattr(_probes, "_BOOT", {"modules": frozenset(n for n in sys.modules if n != "triton")})
     assert "triton" in _probes._custom_code()  # imported after boot: the candidate's
+
+
+def test_a_module_whose_objects_have_no_string_module_does_not_break_the_custom_code_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the H200 an honest kernel (hacks_gpu/6_Sigmoid.py) was failed by ``kernels_launched``
+    because this probe raised on a type whose ``__module__`` was a descriptor, not a string: kbv's
+    own error, blamed on the candidate. Such objects are skipped; Triton next to them still counts."""
+    import sys
+    import types
+
+    from kbv.child import probes as _probes
+
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # imported at boot
+    monkeypatch.setattr(_probes, "_BOOT", {"modules": frozenset(sys.modules)})
+    odd_type = type("Odd", (), {})
+    odd_type.__module__ = property(lambda self: "x")  # type: ignore[assignment]
+    exploding = type("Exploding", (types.ModuleType,), {"__name__": property(lambda self: 1 / 0)})
+    candidate = types.ModuleType("kbv_candidate_odd")
+    candidate.odd = odd_type()
+    candidate.odd_class = odd_type
+    candidate.sub = exploding("kbv_sub")
+    monkeypatch.setitem(sys.modules, "kbv_candidate_odd", candidate)
+    assert "triton" not in _probes._custom_code()  # no exception, and nothing Triton here
+
+    candidate.kernel = type("JITFunction", (), {"__module__": "triton.runtime.jit"})()
+    assert "triton" in _probes._custom_code()
