@@ -161,3 +161,16 @@ def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() ->
         assert taken[-1].pid is not None
     for worker in taken:
         worker.close()
+
+
+def test_the_candidate_runs_its_draw_while_the_reference_computes_the_same_draw(requests_seen) -> None:
+    """Each correctness draw is asked of the candidate before the reference's runs of that draw, so
+    the two processes work at once (issue 11: the draw costs the slower side, not the sum)."""
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
+    assert record.outcome == "passed"
+    runs = [(i, role, f["seed"]) for i, (role, op, f, _) in enumerate(requests_seen) if op == "run"]
+    candidate = {seed: i for i, role, seed in runs if role == "candidate"}
+    reference = {seed: i for i, role, seed in reversed(runs) if role == "reference"}  # its first run
+    assert candidate, "no correctness draw was run"
+    for seed, asked in candidate.items():
+        assert asked < reference[seed], f"draw {seed}: the reference ran before the candidate was asked"

@@ -517,7 +517,13 @@ def _check_distribution(
     variant = distribution
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
+        # The candidate runs its draw while the reference computes the baseline and the truth of the
+        # same draw: two processes, so the draw costs the slower side, not the sum. Nothing passes
+        # between them; the parent judges once both have answered.
+        asked = variant
+        subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
         expected, variant = _usable_reference(ctx, reference, variant, seed)
+        outputs = _received(subject, subject.receive_reply())
         if expected is None:
             note = (
                 f"the reference is not finite under {distribution} nor any domain-preserving variant "
@@ -526,7 +532,8 @@ def _check_distribution(
             return DistributionResult(
                 distribution, applicable=False, passed=False, note=note, draws=len(draws)
             )
-        outputs = _run(subject, variant, seed, "native")
+        if variant != asked:  # the reference fell back to a domain-preserving variant: run that one
+            outputs = _run(subject, variant, seed, "native")
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
             judged = _confirm_failure(
@@ -678,15 +685,30 @@ def _run(
 ) -> dict[str, Any]:
     """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
     GPU through CUDA IPC, on the CPU through a file read once and deleted)."""
-    reply = worker.request(
-        "run",
-        distribution=distribution,
-        seed=seed,
-        mix_seed=mix_seed,
-        precision=precision,
-        out_path=worker.new_path("out"),
-        measure_memory=measure_memory,
-    )
+    fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
+    return _received(worker, worker.request("run", **fields))
+
+
+def _run_fields(
+    worker: Worker,
+    distribution: str,
+    seed: int,
+    precision: str,
+    measure_memory: bool = False,
+    mix_seed: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "distribution": distribution,
+        "seed": seed,
+        "mix_seed": mix_seed,
+        "precision": precision,
+        "out_path": worker.new_path("out"),
+        "measure_memory": measure_memory,
+    }
+
+
+def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+    """A ``run`` reply as the parent's own outputs, types and memory figures."""
     return {
         "outputs": worker.receive_outputs(reply.get("outputs")),
         "types": reply["types"],
