@@ -236,6 +236,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
         _end_containment(ctx, reference, subject)
+        closing = time.monotonic()
+    ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
     outcome = decide_outcome(correct, ctx.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
@@ -408,12 +410,12 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
     A failure here raises ``WorkerFailed`` with role ``reference``: ``evaluate`` records it as the
     problem's (``problem_error``). A worker that does not even boot is kbv's failure."""
     try:
-        hello = reference.wait_ready()
+        hello = _phase(ctx, "boot", reference.wait_ready)  # a spare is up already: ~0
     except WorkerFailed as exc:
         raise HarnessError(
             f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}"
         ) from exc
-    reply = reference.request("load", **_load_fields(ctx, "reference"))
+    reply = _phase(ctx, "reference_load", lambda: reference.request("load", **_load_fields(ctx, "reference")))
     hello["parameters"] = reply["parameters"]
     return hello
 
