@@ -163,9 +163,16 @@ def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() ->
         worker.close()
 
 
-def test_the_candidate_runs_its_draw_while_the_reference_computes_the_same_draw(requests_seen) -> None:
-    """Each correctness draw is asked of the candidate before the reference's runs of that draw, so
-    the two processes work at once (issue 11: the draw costs the slower side, not the sum)."""
+def test_on_the_cpu_the_reference_output_file_is_gone_before_the_candidate_runs_the_draw(
+    requests_seen,
+) -> None:
+    """On the CPU the reference's outputs pass through a file: each draw is asked of the reference
+    first (the parent reads and deletes the file), then of the candidate, which could otherwise read
+    the file half-written beside it (``steal_reference_outputs``). On a GPU (CUDA IPC, no file) the
+    two run at once."""
+    from kbv.evaluation import draws_overlap
+
+    assert draws_overlap("cuda") and draws_overlap("cuda:1") and not draws_overlap("cpu")
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
     assert record.outcome == "passed"
     runs = [(i, role, f["seed"]) for i, (role, op, f, _) in enumerate(requests_seen) if op == "run"]
@@ -173,4 +180,4 @@ def test_the_candidate_runs_its_draw_while_the_reference_computes_the_same_draw(
     reference = {seed: i for i, role, seed in reversed(runs) if role == "reference"}  # its first run
     assert candidate, "no correctness draw was run"
     for seed, asked in candidate.items():
-        assert asked < reference[seed], f"draw {seed}: the reference ran before the candidate was asked"
+        assert reference[seed] < asked, f"draw {seed}: the candidate was asked before the reference ran"

@@ -519,13 +519,17 @@ def _check_distribution(
     variant = distribution
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
-        # The candidate runs its draw while the reference computes the baseline and the truth of the
-        # same draw: two processes, so the draw costs the slower side, not the sum. Nothing passes
-        # between them; the parent judges once both have answered.
         asked = variant
-        subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
-        expected, variant = _usable_reference(ctx, reference, variant, seed)
-        outputs = _received(subject, subject.receive_reply())
+        if draws_overlap(ctx.device):
+            # The candidate runs its draw while the reference computes the baseline and the truth of
+            # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
+            # passes between them; the parent judges once both have answered.
+            subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
+            expected, variant = _usable_reference(ctx, reference, variant, seed)
+            outputs = _received(subject, subject.receive_reply())
+        else:
+            expected, variant = _usable_reference(ctx, reference, variant, seed)
+            outputs = _run(subject, variant, seed, "native")
         if expected is None:
             note = (
                 f"the reference is not finite under {distribution} nor any domain-preserving variant "
@@ -550,6 +554,16 @@ def _check_distribution(
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
     return result
+
+
+def draws_overlap(device: str) -> bool:
+    """Whether the candidate runs a correctness draw while the reference computes it: on a GPU,
+    where the reference's outputs reach the parent by CUDA IPC and never touch a file. On the CPU
+    they pass through a file in the reference's scratch, read and deleted before the candidate is
+    asked; a candidate running beside it as the same uid (root, where the drop is impossible) could
+    read that file half-written (the ``steal_reference_outputs`` fixture did), so there the draws
+    stay one after the other."""
+    return device.startswith("cuda")
 
 
 def _confirm_failure(
