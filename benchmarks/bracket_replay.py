@@ -12,9 +12,9 @@ candidate's median against each baseline's) over the one from the bracket (the c
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -82,4 +82,7 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("stores", nargs="+", help="results stores (.sqlite) or record files (.jsonl)")
+    raise SystemExit(main(parser.parse_args().stores))
