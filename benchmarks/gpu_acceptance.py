@@ -99,7 +99,8 @@ def _explain_rebuild(record, before: dict[str, dict]) -> None:
         print(f"    ninja| {line[:200]} ...", flush=True)
         if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
             print(
-                f"    ninja| {'+' if line[0] == '+' else '-'} words only here: {_unique_words(line, old, new)}"
+                f"    ninja| {'+' if line[0] == '+' else '-'} words only here: "
+                f"{_unique_words(line, old, new)}"
             )
     print(f"    log before: {old['ninja_log'][-6:]}", flush=True)
     print(f"    log after:  {new['ninja_log'][-6:]}", flush=True)
@@ -153,8 +154,10 @@ def _row(record) -> str:
     base = mem.get("baseline_peak_bytes")
     speed = record.speedup or {}
     return (
-        f"| {record.problem['name']} | {record.candidate.get('label')}/{Path(record.candidate['path']).name} | "
-        f"{record.protocol['name']} | {record.outcome} | {_fmt(speed.get('eager_fp32'))} | {_fmt(speed.get('eager_tf32'))} | "
+        f"| {record.problem['name']} | "
+        f"{record.candidate.get('label')}/{Path(record.candidate['path']).name} | "
+        f"{record.protocol['name']} | {record.outcome} | {_fmt(speed.get('eager_fp32'))} | "
+        f"{_fmt(speed.get('eager_tf32'))} | "
         f"{_fmt(speed.get('best'))} | {_mib(peak)} | {_mib(base)} | {fails} | {warns} |"
     )
 
@@ -202,12 +205,14 @@ def main() -> int:
         with open(jsonl, "a") as handle:  # written as it goes: a cut-short run keeps what finished
             handle.write(record.to_json() + "\n")
         print(
-            f"{time.monotonic() - started:6.1f} s {_row(record)} phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }",
+            f"{time.monotonic() - started:6.1f} s {_row(record)} "
+            f"phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }",
             flush=True,
         )
         _explain_rebuild(record, snapshots)
     table = [
-        "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB | base MiB | fail findings | warn findings |",
+        "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB "
+        "| base MiB | fail findings | warn findings |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(r) for r in records],
     ]

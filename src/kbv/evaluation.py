@@ -807,12 +807,18 @@ def _measure(
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
         build=lambda: _build_for_timing(ctx, reference, subject),
         check_round=ctx.protocol.integrity.dynamic,  # timed_output_check reads that round
+        recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing["input_sets"] = len(mctx.seeds)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = performance.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
+
+
+def _checks_brackets(protocol: Protocol) -> bool:
+    integrity = protocol.integrity
+    return integrity.dynamic and integrity.severity_for("timing_disagreement", "fail") != "off"
 
 
 def _versions(hello: dict[str, Any]) -> dict[str, Any]:

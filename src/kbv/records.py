@@ -137,6 +137,9 @@ class TimingSection(TypedDict, total=False):
     speedup_withdrawn: str
     timed_outputs: dict[str, Any]
     timed_round: dict[str, Any]
+    # Trusted batches timed after the rounds when every candidate round's bracket disagreed
+    # (timing_disagreement holds the rounds against their gaps too): {rounds, precision, why}.
+    bracket_recheck: dict[str, Any]
 
 
 def protocol_section(protocol: Any) -> ProtocolSection:
