@@ -482,7 +482,11 @@ def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> lis
     settings = ctx.protocol.correctness
     results: list[DistributionResult] = []
     for distribution in settings.distributions:
-        _build_pair(ctx, reference, subject, distribution)
+        # A part of the correctness phase, kept apart (parameters redrawn by the reference and sent
+        # to the candidate through a file: seconds per distribution for a GEMM's 256 MB of weights).
+        _phase(
+            ctx, "correctness:parameters", lambda d=distribution: _build_pair(ctx, reference, subject, d)
+        )
         results.append(_check_distribution(ctx, reference, subject, distribution))
     return results
 
