@@ -181,3 +181,34 @@ def test_on_the_cpu_the_reference_output_file_is_gone_before_the_candidate_runs_
     assert candidate, "no correctness draw was run"
     for seed, asked in candidate.items():
         assert reference[seed] < asked, f"draw {seed}: the candidate was asked before the reference ran"
+
+
+@pytest.mark.parametrize("same_filesystem", [True, False], ids=["linked", "copied"])
+def test_a_file_given_to_a_worker_is_a_fresh_readable_name_with_the_same_bytes(
+    tmp_path: Path, same_filesystem: bool
+) -> None:
+    """``Worker.give``: a fresh name in the worker's scratch (never one the worker prepared), the
+    same bytes, readable by other uids; a symlink planted in the scratch is not written through.
+    Beside the scratch (a trusted worker's file) it is a hard link: no copy of 256 MB of weights."""
+    import shutil
+    import tempfile
+
+    worker = Worker(WorkerSpec(build_key="test-give", device="cpu", role="candidate", budget_s=10))
+    home = Path(tempfile.mkdtemp(dir=worker.scratch.parent)) if same_filesystem else tmp_path
+    source = home / "params.pt"
+    source.write_bytes(b"kbv-params" * 1000)
+    try:
+        elsewhere = tmp_path / "elsewhere"
+        (worker.scratch / "planted").symlink_to(elsewhere)
+        given = Path(worker.give(str(source)))
+        assert given.parent == worker.scratch and given.name.startswith("given-")
+        assert given.read_bytes() == source.read_bytes()
+        assert given.stat().st_mode & 0o044 == 0o044
+        assert not elsewhere.exists()
+        assert Path(worker.give(str(source))) != given  # every call a new name
+        linked = given.stat().st_ino == source.stat().st_ino
+        assert linked == (same_filesystem and os.stat(home).st_dev == os.stat(worker.scratch).st_dev)
+    finally:
+        worker.close()
+        if same_filesystem:
+            shutil.rmtree(home, ignore_errors=True)

@@ -263,6 +263,16 @@ class Worker:
         name it cannot have prepared (no symlink planted there redirects the write), readable by
         the worker's own uid; returns the new path."""
         target = self.scratch / f"given-{uuid.uuid4().hex}.pt"
+        try:
+            # A hard link, not a copy, where both scratch directories share a filesystem (/dev/shm):
+            # a GEMM's parameters are 256 MB per distribution. link() makes a fresh name (it fails
+            # on one that exists) and does not follow a symlink; what the worker may later write
+            # into that file, no trusted process reads again.
+            os.link(path, target)
+            os.chmod(target, 0o644)
+            return str(target)
+        except OSError:
+            target.unlink(missing_ok=True)  # another filesystem, or links refused here: copy
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(source, out)
