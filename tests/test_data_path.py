@@ -212,3 +212,26 @@ def test_a_file_given_to_a_worker_is_a_fresh_readable_name_with_the_same_bytes(
         worker.close()
         if same_filesystem:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def test_overlapped_draws_and_builds_judge_as_the_sequential_ones(
+    requests_seen, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The GPU's order, forced on the CPU: the candidate's build reply is read after the first
+    draw's reference work and each draw runs beside the reference's; the reference submitted as the
+    candidate (parameters redrawn and sent as a file) still passes every distribution."""
+    from conftest import SUITE
+
+    from kbv import evaluation
+
+    problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
+    candidate = tmp_path / "reference_as_candidate.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    monkeypatch.setattr(evaluation, "draws_overlap", lambda device: True)
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+    assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
+    assert all(d.passed for d in record.distributions if d.applicable)
+    ops = [(role, op) for role, op, _, _ in requests_seen]
+    build = ops.index(("candidate", "build"), ops.index(("reference", "redraw")))
+    assert ops[build + 1] == ("candidate", "run"), "the first draw is not asked right after the build"
+    assert ("reference", "run") in ops[build + 2 :]  # and the reference works while both are pending

@@ -138,6 +138,8 @@ class _Context:
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     parameters_mode: str = "matched_seed"
+    #: A candidate ``build`` was sent without waiting for its reply (``_build_pair(wait=False)``).
+    build_pending: bool = False
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
     transients: list[dict[str, Any]] = field(default_factory=list)
     # The models' parameters right now (which build/redraw), so reference outputs are reused only
@@ -481,19 +483,35 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
     settings = ctx.protocol.correctness
     results: list[DistributionResult] = []
+    # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
+    # reference work, so loading the parameters overlaps it (requests are answered in order).
+    wait = not draws_overlap(ctx.device)
     for distribution in settings.distributions:
         # A part of the correctness phase, kept apart (parameters redrawn by the reference and sent
         # to the candidate through a file: seconds per distribution for a GEMM's 256 MB of weights).
         _phase(
-            ctx, "correctness:parameters", lambda d=distribution: _build_pair(ctx, reference, subject, d)
+            ctx,
+            "correctness:parameters",
+            lambda d=distribution: _build_pair(ctx, reference, subject, d, wait=wait),
         )
         results.append(_check_distribution(ctx, reference, subject, distribution))
+        _finish_build(ctx, subject)
     return results
 
 
-def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> None:
+def _finish_build(ctx: _Context, subject: Worker) -> None:
+    """Read the reply of a candidate build sent without waiting (``_build_pair(wait=False)``)."""
+    if ctx.build_pending:
+        ctx.build_pending = False
+        subject.receive_reply()
+
+
+def _build_pair(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str, *, wait: bool = True
+) -> None:
     """Both models with the parameters of ``distribution`` (the same seed gives the same values,
-    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws)."""
+    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws).
+    ``wait=False`` sends the candidate's build and leaves its reply to :func:`_finish_build`."""
     init_seed = ctx.seeds.init(distribution)
     reference.request("build", init_seed=init_seed)
     state_path = None
@@ -503,7 +521,11 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
             "redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path
         )
         state_path = subject.give(state_path)  # a copy in the candidate's scratch, which its own uid may read
-    subject.request("build", init_seed=init_seed, state_path=state_path)
+    if wait:
+        subject.request("build", init_seed=init_seed, state_path=state_path)
+    else:
+        subject.send_request("build", init_seed=init_seed, state_path=state_path)
+        ctx.build_pending = True
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
 
 
@@ -530,6 +552,7 @@ def _check_distribution(
             # passes between them; the parent judges once both have answered.
             subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
             expected, variant = _usable_reference(ctx, reference, variant, seed)
+            _finish_build(ctx, subject)  # its reply comes before the run's
             outputs = _received(subject, subject.receive_reply())
         else:
             expected, variant = _usable_reference(ctx, reference, variant, seed)
