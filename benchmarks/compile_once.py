@@ -30,9 +30,16 @@ def _snapshot(directory: Path) -> dict[str, Any]:
     return {
         "ninja": ninja[0].read_text() if ninja else "",
         "libraries": {str(p.name): p.stat().st_mtime_ns for p in libraries},
-        # Which files each build wrote and when (ninja's own log) and every file's mtime: why a rebuild happened.
-        "ninja_log": [line for n in ninja for line in (n.parent / ".ninja_log").read_text().splitlines()] if ninja else [],
-        "files": {str(f.relative_to(directory)): f.stat().st_mtime_ns for f in sorted(directory.rglob("*")) if f.is_file()},
+        # Which files each build wrote and when (ninja's own log) and every file's mtime: why a rebuild
+        # happened.
+        "ninja_log": [line for n in ninja for line in (n.parent / ".ninja_log").read_text().splitlines()]
+        if ninja
+        else [],
+        "files": {
+            str(f.relative_to(directory)): f.stat().st_mtime_ns
+            for f in sorted(directory.rglob("*"))
+            if f.is_file()
+        },
     }
 
 
@@ -40,16 +47,21 @@ def check(candidate_path: Path, problem_path: Path, protocol_name: str = "standa
     import torch
 
     from kbv.candidates import load_candidate
-    from kbv.worker.builds import arch_list_for, build_dir, compile_candidate
     from kbv.evaluation import evaluate
     from kbv.problems import load_problem
     from kbv.protocol import load_protocol
+    from kbv.worker.builds import arch_list_for, build_dir, compile_candidate
 
     candidate, problem = load_candidate(candidate_path, label="compile_once"), load_problem(problem_path)
     arch = arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0)))
     started = time.monotonic()
     built = compile_candidate(candidate, arch_list=arch)
-    row: dict[str, Any] = {"candidate": candidate_path.name, "arch_list": arch, "prebuild": built.to_dict(), "prebuild_s": time.monotonic() - started}
+    row: dict[str, Any] = {
+        "candidate": candidate_path.name,
+        "arch_list": arch,
+        "prebuild": built.to_dict(),
+        "prebuild_s": time.monotonic() - started,
+    }
     directory = build_dir(candidate.source_sha256)
     before = _snapshot(directory)
     for run in ("first", "second"):
@@ -62,7 +74,16 @@ def check(candidate_path: Path, problem_path: Path, protocol_name: str = "standa
             "ninja_log_after": after["ninja_log"],
             "files_before": before["files"],
             "files_after": after["files"],
-            "ninja_diff": list(difflib.unified_diff(before["ninja"].splitlines(), after["ninja"].splitlines(), "prebuild", run, lineterm="", n=0))[:40],
+            "ninja_diff": list(
+                difflib.unified_diff(
+                    before["ninja"].splitlines(),
+                    after["ninja"].splitlines(),
+                    "prebuild",
+                    run,
+                    lineterm="",
+                    n=0,
+                )
+            )[:40],
         }
         before = after
     return row
@@ -71,10 +92,16 @@ def check(candidate_path: Path, problem_path: Path, protocol_name: str = "standa
 def main() -> int:
     from kbv.problems import bundled_candidates_dir, bundled_suite_dir
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--candidates", nargs="*", type=Path, default=None)
-    parser.add_argument("--protocol", default="standard", help="the protocol of the two evaluations (standard, verified or a TOML file)")
+    parser.add_argument(
+        "--protocol",
+        default="standard",
+        help="the protocol of the two evaluations (standard, verified or a TOML file)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("KBV_CACHE_DIR", tempfile.mkdtemp(prefix="kbv-compile-once-"))
     candidates = args.candidates or sorted((bundled_candidates_dir() / "honest_cuda").glob("*.py"))[:1]
@@ -83,7 +110,18 @@ def main() -> int:
     for path in candidates:
         problem = next(bundled_suite_dir().rglob(f"{path.stem}.py"))
         rows.append(check(path, problem, args.protocol))
-        print(json.dumps({k: rows[-1][k] for k in ("candidate", "prebuild_s")} | {r: {k: v for k, v in rows[-1][r].items() if k in ("outcome", "compile_phase_s", "rebuilt")} for r in ("first", "second")}), flush=True)
+        print(
+            json.dumps(
+                {k: rows[-1][k] for k in ("candidate", "prebuild_s")}
+                | {
+                    r: {
+                        k: v for k, v in rows[-1][r].items() if k in ("outcome", "compile_phase_s", "rebuilt")
+                    }
+                    for r in ("first", "second")
+                }
+            ),
+            flush=True,
+        )
         for line in rows[-1]["first"]["ninja_diff"]:
             print("   ", line, flush=True)
         (args.out / "compile-once.json").write_text(json.dumps(rows, indent=2))

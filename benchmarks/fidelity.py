@@ -51,14 +51,27 @@ dynamic = false
 def _pair(candidate_set: str, stem: str):
     problem = load_problem(next(bundled_suite_dir().rglob(f"{stem}.py")))
     check_importable(problem)
-    return problem, load_candidate(bundled_candidates_dir() / candidate_set / f"{stem}.py", label=candidate_set)
+    return problem, load_candidate(
+        bundled_candidates_dir() / candidate_set / f"{stem}.py", label=candidate_set
+    )
 
 
 def _ncu_ms(problem_path: Path, candidate_path: Path) -> float | None:
     command = [
-        "ncu", "--clock-control", "none", "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum",
-        "--csv", "--page", "raw", sys.executable, str(Path(__file__).with_name("_ncu_target.py")),
-        str(problem_path), str(candidate_path),
+        "ncu",
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        "--page",
+        "raw",
+        sys.executable,
+        str(Path(__file__).with_name("_ncu_target.py")),
+        str(problem_path),
+        str(candidate_path),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     rows = [line for line in done.stdout.splitlines() if line.startswith('"')]
@@ -67,7 +80,9 @@ def _ncu_ms(problem_path: Path, candidate_path: Path) -> float | None:
         return None
     table = list(csv.DictReader(io.StringIO("\n".join([rows[0], *rows[2:]]))))
     unit = rows[1].split(",")[list(table[0].keys()).index("gpu__time_duration.sum")].strip('"')
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "ns": 1e-6, "us": 1e-3, "ms": 1.0}.get(unit, 1e-6)
+    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "ns": 1e-6, "us": 1e-3, "ms": 1.0}.get(
+        unit, 1e-6
+    )
     return sum(float(r["gpu__time_duration.sum"].replace(",", "")) for r in table) * scale
 
 
@@ -82,15 +97,23 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as handle:
         handle.write(PROTOCOL)
     protocol = load_protocol(handle.name)
-    results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "classes": []}
+    results = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "classes": [],
+    }
     for klass, candidate_set, stem in CLASSES:
         problem, candidate = _pair(candidate_set, stem)
         runs = [evaluate(problem, candidate, protocol, "cuda") for _ in range(args.runs)]
         best = [r.speedup.get("best") for r in runs]
         medians = [r.timing["candidate"]["summary"]["median"] for r in runs if r.timing.get("candidate")]
         entry = {
-            "class": klass, "candidate": f"{candidate_set}/{stem}", "outcomes": [r.outcome for r in runs],
-            "speedup_best": best, "candidate_median_ms": medians,
+            "class": klass,
+            "candidate": f"{candidate_set}/{stem}",
+            "outcomes": [r.outcome for r in runs],
+            "speedup_best": best,
+            "candidate_median_ms": medians,
             "spread": (max(best) / min(best) - 1) if all(isinstance(b, float) for b in best) else None,
         }
         if args.ncu and stem in NCU_CASES and medians:
@@ -100,12 +123,20 @@ def main() -> int:
         results["classes"].append(entry)
         print(json.dumps(entry), flush=True)
     (out / "fidelity.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# Timing fidelity ({results['date']}, {results['gpu']}, torch {results['torch']})", "",
-             "| class | candidate | median ms (runs) | speedup.best (runs) | spread | ncu ms | events vs ncu |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Timing fidelity ({results['date']}, {results['gpu']}, torch {results['torch']})",
+        "",
+        "| class | candidate | median ms (runs) | speedup.best (runs) | spread | ncu ms | events vs ncu |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for e in results["classes"]:
-        lines.append(f"| {e['class']} | {e['candidate']} | {', '.join(f'{m:.4f}' for m in e['candidate_median_ms'])} | "
-                     f"{', '.join(f'{b:.3f}' if b else '-' for b in e['speedup_best'])} | {_pct(e['spread'])} | "
-                     f"{e.get('ncu_ms', '-') if e.get('ncu_ms') is None else format(e['ncu_ms'], '.4f')} | {_pct(e.get('event_vs_ncu'))} |")
+        lines.append(
+            f"| {e['class']} | {e['candidate']} | "
+            f"{', '.join(f'{m:.4f}' for m in e['candidate_median_ms'])} | "
+            f"{', '.join(f'{b:.3f}' if b else '-' for b in e['speedup_best'])} | {_pct(e['spread'])} | "
+            f"{e.get('ncu_ms', '-') if e.get('ncu_ms') is None else format(e['ncu_ms'], '.4f')} | "
+            f"{_pct(e.get('event_vs_ncu'))} |"
+        )
     (out / "fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import json
 import sys
 import time
@@ -23,7 +24,6 @@ import torch
 
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
-from kbv.worker.builds import compile_candidate
 from kbv.evaluation import evaluate
 from kbv.problems import (
     bundled_candidates_dir,
@@ -33,10 +33,16 @@ from kbv.problems import (
     load_problem,
 )
 from kbv.protocol import STANDARD, VERIFIED
+from kbv.worker.builds import arch_list_for, compile_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "gpu"
-_ARCH = "{}.{}+PTX".format(*torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+# As the evaluation worker decides it (a TORCH_CUDA_ARCH_LIST of the user's wins): a hard-coded
+# "X.Y+PTX" here disagreed with the worker where the variable is set, and every prebuilt source
+# was built again by its worker (57-66 s each on the H200).
+_ARCH = (
+    arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None
+)
 FOUNDATION = ROOT / "tests" / "fixtures" / "candidates" / "foundation"
 
 
@@ -52,9 +58,62 @@ def _pairs() -> list[tuple]:
     for name in ("honest_cuda", "honest_triton"):
         for file in sorted((bundled_candidates_dir() / name).glob("*.py")):
             pairs.append((_problem(file.stem), load_candidate(file, label=name)))
-    pairs.append((_problem("1_Linear_GELU_LayerNorm"), load_candidate(GPU_FIXTURES / "linear_gelu_ln_triton_tf32.py", label="gpu_fixtures")))
-    pairs.append((_problem("1_ReLU"), load_candidate(GPU_FIXTURES / "relu_raw_cudamalloc.py", label="gpu_fixtures")))
+    pairs.append(
+        (
+            _problem("1_Linear_GELU_LayerNorm"),
+            load_candidate(GPU_FIXTURES / "linear_gelu_ln_triton_tf32.py", label="gpu_fixtures"),
+        )
+    )
+    pairs.append(
+        (_problem("1_ReLU"), load_candidate(GPU_FIXTURES / "relu_raw_cudamalloc.py", label="gpu_fixtures"))
+    )
     return pairs
+
+
+def _build_snapshots(candidates: list) -> dict[str, dict]:
+    """Each prebuilt source's build.ninja, ninja log and file times, to explain a later rebuild."""
+    from compile_once import _snapshot  # benchmarks/ is on sys.path when this script runs
+
+    from kbv.worker.builds import build_dir
+
+    return {c.source_sha256: _snapshot(build_dir(c.source_sha256)) for c in candidates}
+
+
+def _explain_rebuild(record, before: dict[str, dict]) -> None:
+    """When a worker's compile phase took long although the source was prebuilt, print what changed."""
+    from compile_once import _snapshot
+
+    from kbv.worker.builds import build_dir
+
+    sha = record.candidate.get("source_sha256") or ""
+    if (record.phases_s.get("compile") or 0.0) < 5.0 or sha not in before:
+        return
+    old, new = before[sha], _snapshot(build_dir(sha))
+    print(
+        f"  REBUILT {Path(record.candidate['path']).name}: compile {record.phases_s['compile']:.1f} s",
+        flush=True,
+    )
+    for line in difflib.unified_diff(
+        old["ninja"].splitlines(), new["ninja"].splitlines(), "prebuild", "worker", lineterm="", n=0
+    ):
+        print(f"    ninja| {line[:200]} ...", flush=True)
+        if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
+            print(
+                f"    ninja| {'+' if line[0] == '+' else '-'} words only here: "
+                f"{_unique_words(line, old, new)}"
+            )
+    print(f"    log before: {old['ninja_log'][-6:]}", flush=True)
+    print(f"    log after:  {new['ninja_log'][-6:]}", flush=True)
+    changed = {k: (old["files"].get(k), v) for k, v in new["files"].items() if old["files"].get(k) != v}
+    print(f"    files changed: {json.dumps(changed)[:1500]}", flush=True)
+
+
+def _unique_words(line: str, old: dict, new: dict) -> list[str]:
+    """The words of a changed build.ninja line that the other side's same line lacks (the flags)."""
+    key = line[1:].split("=", 1)[0].strip()
+    other = new if line[0] == "-" else old
+    twin = next((x for x in other["ninja"].splitlines() if x.split("=", 1)[0].strip() == key), "")
+    return [w for w in line[1:].split() if w not in set(twin.split())]
 
 
 def _prebuild(candidates: list) -> list[dict]:
@@ -95,8 +154,10 @@ def _row(record) -> str:
     base = mem.get("baseline_peak_bytes")
     speed = record.speedup or {}
     return (
-        f"| {record.problem['name']} | {record.candidate.get('label')}/{Path(record.candidate['path']).name} | "
-        f"{record.protocol['name']} | {record.outcome} | {_fmt(speed.get('eager_fp32'))} | {_fmt(speed.get('eager_tf32'))} | "
+        f"| {record.problem['name']} | "
+        f"{record.candidate.get('label')}/{Path(record.candidate['path']).name} | "
+        f"{record.protocol['name']} | {record.outcome} | {_fmt(speed.get('eager_fp32'))} | "
+        f"{_fmt(speed.get('eager_tf32'))} | "
         f"{_fmt(speed.get('best'))} | {_mib(peak)} | {_mib(base)} | {fails} | {warns} |"
     )
 
@@ -127,6 +188,7 @@ def main() -> int:
         (_problem("1_ReLU"), load_candidate(FOUNDATION / "relu_plain.py", label="gpu_fixtures")),
     ]
     builds = _prebuild([c for _, c in pairs + illegal])
+    snapshots = _build_snapshots([c for _, c in pairs + illegal])
     tf32 = _tf32_rejected_by_fixed_tolerance()
     print(json.dumps(tf32), flush=True)
     jsonl = out / "records.jsonl"
@@ -134,22 +196,35 @@ def main() -> int:
     batch = run_batch(illegal, STANDARD, device="cuda", jsonl=jsonl)
     records = list(batch.records)
     for record in batch.records:
-        print(_row(record), flush=True)
+        print(_row(record), f"phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }", flush=True)
+        _explain_rebuild(record, snapshots)
     for problem, candidate in pairs:
         started = time.monotonic()
         record = evaluate(problem, candidate, VERIFIED, "cuda")
         records.append(record)
         with open(jsonl, "a") as handle:  # written as it goes: a cut-short run keeps what finished
             handle.write(record.to_json() + "\n")
-        print(f"{time.monotonic() - started:6.1f} s {_row(record)} phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }", flush=True)
+        print(
+            f"{time.monotonic() - started:6.1f} s {_row(record)} "
+            f"phases={ {k: round(v, 1) for k, v in record.phases_s.items()} }",
+            flush=True,
+        )
+        _explain_rebuild(record, snapshots)
     table = [
-        "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB | base MiB | fail findings | warn findings |",
+        "| problem | candidate | protocol | outcome | vs eager_fp32 | vs eager_tf32 | best | cand MiB "
+        "| base MiB | fail findings | warn findings |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(r) for r in records],
     ]
-    builds_text = "\n".join(f"- {b['source_sha256'][:12]}: {b['status']} in {b['seconds']:.0f} s {b['message'][:200]}" for b in builds)
+    builds_text = "\n".join(
+        f"- {b['source_sha256'][:12]}: {b['status']} in {b['seconds']:.0f} s {b['message'][:200]}"
+        for b in builds
+    )
     (out / "summary.md").write_text(
-        "# GPU acceptance run\n\n" + "\n".join(f"- {h}" for h in header) + "\n\n" + "\n".join(table)
+        "# GPU acceptance run\n\n"
+        + "\n".join(f"- {h}" for h in header)
+        + "\n\n"
+        + "\n".join(table)
         + f"\n\nTF32 against the float64 truth: `{json.dumps(tf32)}`\n\nBuilds:\n{builds_text}\n"
     )
     print(f"wrote {out}/records.jsonl and {out}/summary.md")

@@ -34,23 +34,33 @@ def _fixture_pairs() -> list[tuple[Path, Path]]:
 
     pairs = [(ROOT / fixture_spec(p)["problem"], p) for p in sorted((FIXTURES / "honest").glob("*.py"))]
     level1 = SUITE / "problems" / "level1"
-    for name, problem in (("layernorm_two_pass", "11_LayerNorm"), ("softmax_max_subtracted", "9_Softmax"), ("matmul_blocked", "25_Matmul_Square")):
+    for name, problem in (
+        ("layernorm_two_pass", "11_LayerNorm"),
+        ("softmax_max_subtracted", "9_Softmax"),
+        ("matmul_blocked", "25_Matmul_Square"),
+    ):
         pairs.append((level1 / f"{problem}.py", FIXTURES / "verified" / f"{name}.py"))
     return pairs
 
 
 def _suite_pairs(candidate_set: str) -> list[tuple[Path, Path]]:
     problems, _ = load_problems(SUITE / "problems")
-    return [(problem.path, candidate.path) for problem, candidate in match_candidates(problems, SUITE / "candidates" / candidate_set)]
+    return [
+        (problem.path, candidate.path)
+        for problem, candidate in match_candidates(problems, SUITE / "candidates" / candidate_set)
+    ]
 
 
 def _kernelbench_pairs(level_dir: Path) -> list[tuple[Path, Path]]:
-    """Each candidate of KERNELBENCH_CANDIDATES (``{problem stem}__{variant}.py``) with its KernelBench file."""
+    """Each candidate of KERNELBENCH_CANDIDATES (``{problem stem}__{variant}.py``) with its
+    KernelBench file."""
     pairs = []
     for candidate in sorted(KERNELBENCH_CANDIDATES.glob("*.py")):
         problem = level_dir / f"{candidate.stem.split('__')[0]}.py"
         if not problem.is_file():
-            raise SystemExit(f"{candidate.name}: no {problem} (pass the level1 directory of a KernelBench tree)")
+            raise SystemExit(
+                f"{candidate.name}: no {problem} (pass the level1 directory of a KernelBench tree)"
+            )
         pairs.append((problem, candidate))
     return pairs
 
@@ -59,9 +69,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--set", action="append", help="bundled candidate set(s); default honest_cpu plus the honest test fixtures")
-    parser.add_argument("--kernelbench", type=Path, help="KernelBench level1 directory: run the gpu_kernelbench candidates only")
-    parser.add_argument("--match", action="append", help="keep only candidates whose file name contains this (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        help="bundled candidate set(s); default honest_cpu plus the honest test fixtures",
+    )
+    parser.add_argument(
+        "--kernelbench",
+        type=Path,
+        help="KernelBench level1 directory: run the gpu_kernelbench candidates only",
+    )
+    parser.add_argument(
+        "--match", action="append", help="keep only candidates whose file name contains this (repeatable)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.kernelbench:
@@ -82,14 +102,31 @@ def main() -> int:
             outcomes[str(record.outcome)] = outcomes.get(str(record.outcome), 0) + 1
             flagged = [(f.check, f.severity, f.detail[:160]) for f in record.findings if f.severity != "info"]
             if record.outcome != "passed" or flagged:
-                print(f"  {candidate.name}: {record.outcome} seed={record.seeds['master']} findings={flagged} "
-                      f"dists={[(d.name, d.passed, d.note) for d in record.distributions if not d.passed]}", flush=True)
+                print(
+                    f"  {candidate.name}: {record.outcome} seed={record.seeds['master']} findings={flagged} "
+                    f"dists={[(d.name, d.passed, d.note) for d in record.distributions if not d.passed]}",
+                    flush=True,
+                )
             if out:
-                out.write(json.dumps({"problem": problem.name, "candidate": str(candidate.relative_to(ROOT)), "outcome": record.outcome,
-                                      "seed": record.seeds["master"], "findings": flagged}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "problem": problem.name,
+                            "candidate": str(candidate.relative_to(ROOT)),
+                            "outcome": record.outcome,
+                            "seed": record.seeds["master"],
+                            "findings": flagged,
+                        }
+                    )
+                    + "\n"
+                )
                 out.flush()
         failures += args.runs - outcomes.get("passed", 0)
-        print(f"{candidate.relative_to(ROOT)} on {problem.name}: {outcomes} ({time.monotonic() - started:.0f} s)", flush=True)
+        print(
+            f"{candidate.relative_to(ROOT)} on {problem.name}: {outcomes} "
+            f"({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     print(f"not passed: {failures} of {len(pairs) * args.runs}")
     return 1 if failures else 0
 

@@ -28,19 +28,45 @@ from pathlib import Path
 
 #: The fixed KernelBench sample: level-1 and level-2 file names of /work/shared/kernelbench.
 KERNELBENCH_SAMPLE: tuple[str, ...] = (
-    "level1/1_Square_matrix_multiplication_.py", "level1/4_Matrix_vector_multiplication_.py",
-    "level1/9_Tall_skinny_matrix_multiplication_.py", "level1/13_Matmul_for_symmetric_matrices.py",
-    "level1/15_Matmul_for_lower_triangular_matrices.py", "level1/19_ReLU.py", "level1/20_LeakyReLU.py",
-    "level1/21_Sigmoid.py", "level1/22_Tanh.py", "level1/23_Softmax.py", "level1/24_LogSoftmax.py",
-    "level1/26_GELU_.py", "level1/31_ELU.py", "level1/32_HardTanh.py", "level1/33_BatchNorm.py",
-    "level1/36_RMSNorm_.py", "level1/37_FrobeniusNorm_.py", "level1/40_LayerNorm.py", "level1/42_Max_Pooling_2D.py",
-    "level1/47_Sum_reduction_over_a_dimension.py", "level1/48_Mean_reduction_over_a_dimension.py",
-    "level1/51_Argmax_over_a_dimension.py", "level1/63_conv_standard_2D__square_input__square_kernel.py",
-    "level1/89_cumsum.py", "level1/90_cumprod.py", "level1/94_MSELoss.py", "level1/95_CrossEntropyLoss.py",
-    "level1/96_HuberLoss.py", "level1/98_KLDivLoss.py", "level1/100_HingeLoss.py",
-    "level2/1_Conv2D_ReLU_BiasAdd.py", "level2/9_Matmul_Subtract_Multiply_ReLU.py", "level2/12_Gemm_Multiply_LeakyReLU.py",
-    "level2/14_Gemm_Divide_Sum_Scaling.py", "level2/17_Conv2d_InstanceNorm_Divide.py", "level2/29_Matmul_Mish_Mish.py",
-    "level2/30_Gemm_GroupNorm_Hardtanh.py", "level2/33_Gemm_Scale_BatchNorm.py", "level2/40_Matmul_Scaling_ResidualAdd.py",
+    "level1/1_Square_matrix_multiplication_.py",
+    "level1/4_Matrix_vector_multiplication_.py",
+    "level1/9_Tall_skinny_matrix_multiplication_.py",
+    "level1/13_Matmul_for_symmetric_matrices.py",
+    "level1/15_Matmul_for_lower_triangular_matrices.py",
+    "level1/19_ReLU.py",
+    "level1/20_LeakyReLU.py",
+    "level1/21_Sigmoid.py",
+    "level1/22_Tanh.py",
+    "level1/23_Softmax.py",
+    "level1/24_LogSoftmax.py",
+    "level1/26_GELU_.py",
+    "level1/31_ELU.py",
+    "level1/32_HardTanh.py",
+    "level1/33_BatchNorm.py",
+    "level1/36_RMSNorm_.py",
+    "level1/37_FrobeniusNorm_.py",
+    "level1/40_LayerNorm.py",
+    "level1/42_Max_Pooling_2D.py",
+    "level1/47_Sum_reduction_over_a_dimension.py",
+    "level1/48_Mean_reduction_over_a_dimension.py",
+    "level1/51_Argmax_over_a_dimension.py",
+    "level1/63_conv_standard_2D__square_input__square_kernel.py",
+    "level1/89_cumsum.py",
+    "level1/90_cumprod.py",
+    "level1/94_MSELoss.py",
+    "level1/95_CrossEntropyLoss.py",
+    "level1/96_HuberLoss.py",
+    "level1/98_KLDivLoss.py",
+    "level1/100_HingeLoss.py",
+    "level2/1_Conv2D_ReLU_BiasAdd.py",
+    "level2/9_Matmul_Subtract_Multiply_ReLU.py",
+    "level2/12_Gemm_Multiply_LeakyReLU.py",
+    "level2/14_Gemm_Divide_Sum_Scaling.py",
+    "level2/17_Conv2d_InstanceNorm_Divide.py",
+    "level2/29_Matmul_Mish_Mish.py",
+    "level2/30_Gemm_GroupNorm_Hardtanh.py",
+    "level2/33_Gemm_Scale_BatchNorm.py",
+    "level2/40_Matmul_Scaling_ResidualAdd.py",
     "level2/45_Gemm_Sigmoid_LogSumExp.py",
 )
 
@@ -59,7 +85,9 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int]) -> Path:
     chosen = [name for i, name in enumerate(KERNELBENCH_SAMPLE) if i % n == k - 1]
     missing = [name for name in chosen if not (root / name).is_file()]
     if missing:
-        raise SystemExit(f"not in {root}: {', '.join(missing)}; give --kernelbench the KernelBench tree (level1/, level2/)")
+        raise SystemExit(
+            f"not in {root}: {', '.join(missing)}; give --kernelbench the KernelBench tree (level1/, level2/)"
+        )
     target = work / f"part-{k}-of-{n}"
     shutil.rmtree(target, ignore_errors=True)
     for name in chosen:
@@ -70,11 +98,23 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernelbench", type=Path, default=None, help="a KernelBench tree; default: kbv's bundled suite")
+    ap.add_argument(
+        "--kernelbench", type=Path, default=None, help="a KernelBench tree; default: kbv's bundled suite"
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--db", type=Path, default=Path("kbv-results/audit.sqlite"))
-    ap.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N", help="every N-th sample problem from the K-th")
-    ap.add_argument("--report", action="store_true", help="evaluate nothing: the whole sample's figures from what --db holds")
+    ap.add_argument(
+        "--part",
+        type=parse_part,
+        default=(1, 1),
+        metavar="K/N",
+        help="every N-th sample problem from the K-th",
+    )
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="evaluate nothing: the whole sample's figures from what --db holds",
+    )
     ap.add_argument("--protocol", action="append", default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
     args = ap.parse_args(argv)
@@ -87,8 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernelbench is None:
         problems = bundled_suite_dir()
     else:
-        problems = sample_dir(args.kernelbench, args.db.parent / "audit-sample", (1, 1) if args.report else args.part)
-    result = audit_protocols(problems, args.protocol or ["standard", "verified"], device=args.device, db=args.db, console=Console(stderr=True), evaluate=not args.report)
+        problems = sample_dir(
+            args.kernelbench, args.db.parent / "audit-sample", (1, 1) if args.report else args.part
+        )
+    result = audit_protocols(
+        problems,
+        args.protocol or ["standard", "verified"],
+        device=args.device,
+        db=args.db,
+        console=Console(stderr=True),
+        evaluate=not args.report,
+    )
     render(result.summaries, Console())
     for what, message in result.errors:
         print(f"left out: {what}: {message}", file=sys.stderr)

@@ -26,7 +26,7 @@ from pathlib import Path
 from kbv.api import evaluate_paths
 from kbv.problems import discover
 
-_TF32_WRAPPER = '''
+_TF32_WRAPPER = """
 
 _kbv_reference_forward = ModelNew.forward
 
@@ -42,7 +42,7 @@ def _kbv_forward_with_tf32(self, *args, **kwargs):
 
 
 ModelNew.forward = _kbv_forward_with_tf32
-'''
+"""
 
 
 def candidate_source(problem_source: str, tf32: bool) -> str:
@@ -79,26 +79,50 @@ def main() -> int:
             if problem.stem in done:
                 continue
             if time.monotonic() - started > args.budget_s:
-                print(f"budget reached; {len([f for f in files if f.stem not in done])} problems left (run again to resume)")
+                print(
+                    f"budget reached; {len([f for f in files if f.stem not in done])} problems left "
+                    "(run again to resume)"
+                )
                 break
             candidate = Path(tmp) / f"{problem.stem}.py"
             candidate.write_text(candidate_source(problem.read_text(), args.tf32))
             t0 = time.monotonic()
             try:
-                record = evaluate_paths(problem, candidate, protocol="verified", device=args.device, timeout_s=args.timeout)
+                record = evaluate_paths(
+                    problem, candidate, protocol="verified", device=args.device, timeout_s=args.timeout
+                )
                 row = {
-                    "problem": problem.stem, "tf32": args.tf32, "outcome": record.outcome, "seed": record.seeds["master"],
-                    "failed": [(d.name, d.rel_err, (d.note or "")[:200]) for d in record.distributions if d.applicable and not d.passed],
-                    "fail_findings": [(f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"],
-                    "structure": record.seeds.get("structure"), "error": (record.error or {}).get("message", "")[:300],
+                    "problem": problem.stem,
+                    "tf32": args.tf32,
+                    "outcome": record.outcome,
+                    "seed": record.seeds["master"],
+                    "failed": [
+                        (d.name, d.rel_err, (d.note or "")[:200])
+                        for d in record.distributions
+                        if d.applicable and not d.passed
+                    ],
+                    "fail_findings": [
+                        (f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"
+                    ],
+                    "structure": record.seeds.get("structure"),
+                    "error": (record.error or {}).get("message", "")[:300],
                 }
             except Exception as exc:  # the harness or the problem failed: recorded, the run goes on
-                row = {"problem": problem.stem, "tf32": args.tf32, "outcome": "harness_error", "error": f"{type(exc).__name__}: {exc}"[:500]}
+                row = {
+                    "problem": problem.stem,
+                    "tf32": args.tf32,
+                    "outcome": "harness_error",
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                }
             row["seconds"] = round(time.monotonic() - t0, 1)
             failures += row["outcome"] != "passed"
             out.write(json.dumps(row) + "\n")
             out.flush()
-            print(f"{problem.stem}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} {row.get('fail_findings') or ''}", flush=True)
+            print(
+                f"{problem.stem}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} "
+                f"{row.get('fail_findings') or ''}",
+                flush=True,
+            )
     print(f"not passed in this call: {failures}")
     return 0
 

@@ -63,7 +63,13 @@ def run_config(slots: list[int], pairs: list[Any], args: argparse.Namespace) -> 
     with executor:
         env = executor.probe()
         started = time.monotonic()
-        executor.map(pairs, load_protocol(args.protocol), timeout_s=args.timeout, on_record=on_record, should_skip=lambda p, c: False)
+        executor.map(
+            pairs,
+            load_protocol(args.protocol),
+            timeout_s=args.timeout,
+            on_record=on_record,
+            should_skip=lambda p, c: False,
+        )
         wall = time.monotonic() - started
         stats, health = executor.stats(), executor.health()
     return {
@@ -86,8 +92,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Throughput, {report['date']}",
         "",
-        f"{report['device_name']}, torch {report['torch']}, kbv {report['kbv']}, protocol `{report['protocol']}`, "
-        f"{report['pairs']} evaluations per configuration ({report['repeat']}x the bundled GPU candidates), cold build cache.",
+        f"{report['device_name']}, torch {report['torch']}, kbv {report['kbv']}, "
+        f"protocol `{report['protocol']}`, {report['pairs']} evaluations per configuration "
+        f"({report['repeat']}x the bundled GPU candidates), cold build cache.",
         "",
         "| slots | wall (s) | candidates/hour | speedup | idle waiting for compile | outcomes |",
         "|---:|---:|---:|---:|---:|---|",
@@ -96,17 +103,28 @@ def markdown(report: dict[str, Any]) -> str:
     for config in report["configs"]:
         rate = config["candidates_per_hour"]
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(config["outcomes"].items()))
-        lines.append(f"| {config['slots']} | {config['wall_s']:.0f} | {rate:.0f} | {rate / base:.2f}x | {100 * config['idle_compile_share']:.1f}% | {outcomes} |")
+        lines.append(
+            f"| {config['slots']} | {config['wall_s']:.0f} | {rate:.0f} | {rate / base:.2f}x | "
+            f"{100 * config['idle_compile_share']:.1f}% | {outcomes} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpus", default="0,1", help="two GPU indices: the first alone, then both (default 0,1)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--gpus", default="0,1", help="two GPU indices: the first alone, then both (default 0,1)"
+    )
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--protocol", default="standard")
-    parser.add_argument("--sets", nargs="*", default=None, help="bundled candidate sets (default: all but honest_cpu)")
-    parser.add_argument("--repeat", type=int, default=1, help="evaluate the suite this many times per configuration")
+    parser.add_argument(
+        "--sets", nargs="*", default=None, help="bundled candidate sets (default: all but honest_cpu)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="evaluate the suite this many times per configuration"
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs (smoke tests)")
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -138,7 +156,9 @@ def write_report(configs: list[dict[str, Any]], pairs: list[Any], args: argparse
         "repeat": args.repeat,
         "pairs": len(pairs),
         "configs": configs,
-        "second_gpu_speedup": configs[1]["candidates_per_hour"] / configs[0]["candidates_per_hour"] if len(configs) > 1 else None,
+        "second_gpu_speedup": configs[1]["candidates_per_hour"] / configs[0]["candidates_per_hour"]
+        if len(configs) > 1
+        else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"throughput-{report['date'][:10]}-{args.device}"

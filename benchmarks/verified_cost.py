@@ -46,16 +46,38 @@ PHASES = ("compile", "load", "correctness", "integrity", "timing", "baseline")
 
 #: The fixed KernelBench sample (level, file stem): no helper classes, so renaming Model is enough.
 KERNELBENCH_SAMPLE: tuple[tuple[int, str], ...] = (
-    (1, "1_Square_matrix_multiplication_"), (1, "4_Matrix_vector_multiplication_"),
-    (1, "9_Tall_skinny_matrix_multiplication_"), (1, "15_Matmul_for_lower_triangular_matrices"),
-    (1, "19_ReLU"), (1, "21_Sigmoid"), (1, "23_Softmax"), (1, "26_GELU_"), (1, "33_BatchNorm"),
-    (1, "36_RMSNorm_"), (1, "40_LayerNorm"), (1, "42_Max_Pooling_2D"), (1, "47_Sum_reduction_over_a_dimension"),
-    (1, "51_Argmax_over_a_dimension"), (1, "63_conv_standard_2D__square_input__square_kernel"), (1, "89_cumsum"),
-    (1, "94_MSELoss"), (1, "95_CrossEntropyLoss"), (1, "97_ScaledDotProductAttention"), (1, "100_HingeLoss"),
-    (2, "12_Gemm_Multiply_LeakyReLU"), (2, "14_Gemm_Divide_Sum_Scaling"), (2, "1_Conv2D_ReLU_BiasAdd"),
-    (2, "17_Conv2d_InstanceNorm_Divide"), (2, "29_Matmul_Mish_Mish"), (2, "33_Gemm_Scale_BatchNorm"),
-    (2, "40_Matmul_Scaling_ResidualAdd"), (2, "45_Gemm_Sigmoid_LogSumExp"),
-    (3, "1_MLP"), (3, "2_ShallowWideMLP"), (3, "3_DeepNarrowMLP"), (3, "31_VisionAttention"),
+    (1, "1_Square_matrix_multiplication_"),
+    (1, "4_Matrix_vector_multiplication_"),
+    (1, "9_Tall_skinny_matrix_multiplication_"),
+    (1, "15_Matmul_for_lower_triangular_matrices"),
+    (1, "19_ReLU"),
+    (1, "21_Sigmoid"),
+    (1, "23_Softmax"),
+    (1, "26_GELU_"),
+    (1, "33_BatchNorm"),
+    (1, "36_RMSNorm_"),
+    (1, "40_LayerNorm"),
+    (1, "42_Max_Pooling_2D"),
+    (1, "47_Sum_reduction_over_a_dimension"),
+    (1, "51_Argmax_over_a_dimension"),
+    (1, "63_conv_standard_2D__square_input__square_kernel"),
+    (1, "89_cumsum"),
+    (1, "94_MSELoss"),
+    (1, "95_CrossEntropyLoss"),
+    (1, "97_ScaledDotProductAttention"),
+    (1, "100_HingeLoss"),
+    (2, "12_Gemm_Multiply_LeakyReLU"),
+    (2, "14_Gemm_Divide_Sum_Scaling"),
+    (2, "1_Conv2D_ReLU_BiasAdd"),
+    (2, "17_Conv2d_InstanceNorm_Divide"),
+    (2, "29_Matmul_Mish_Mish"),
+    (2, "33_Gemm_Scale_BatchNorm"),
+    (2, "40_Matmul_Scaling_ResidualAdd"),
+    (2, "45_Gemm_Sigmoid_LogSumExp"),
+    (3, "1_MLP"),
+    (3, "2_ShallowWideMLP"),
+    (3, "3_DeepNarrowMLP"),
+    (3, "31_VisionAttention"),
 )
 PROTOCOLS = ("standard", "verified")
 
@@ -151,7 +173,11 @@ def run_kernelbench(args: argparse.Namespace) -> int:
 
     done = set()
     if args.results.exists():
-        done = {(r["protocol"], r["problem"]) for r in map(json.loads, args.results.read_text().splitlines()) if r.get("kind") == "row"}
+        done = {
+            (r["protocol"], r["problem"])
+            for r in map(json.loads, args.results.read_text().splitlines())
+            if r.get("kind") == "row"
+        }
     pairs = kernelbench_pairs(args.kernelbench, args.work, args.part)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     for name in PROTOCOLS:
@@ -161,16 +187,33 @@ def run_kernelbench(args: argparse.Namespace) -> int:
         protocol = load_protocol(name)
         started = time.monotonic()
         with MemorySampler() as memory:
-            result = run_batch(todo, protocol, device=args.device, timeout_s=args.timeout,
-                               evaluate_fn=_appending(args.results, name))
+            result = run_batch(
+                todo,
+                protocol,
+                device=args.device,
+                timeout_s=args.timeout,
+                evaluate_fn=_appending(args.results, name),
+            )
         wall = time.monotonic() - started
         compile_s = sum(float(r.phases_s.get("compile", 0.0)) for r in result.records)
-        batch = {"kind": "batch", "protocol": name, "part": list(args.part), "candidates": len(todo), "wall_s": wall,
-                 "compile_s": compile_s, "peak_rss_bytes": memory.peak_bytes, "errors": result.errors}
+        batch = {
+            "kind": "batch",
+            "protocol": name,
+            "part": list(args.part),
+            "candidates": len(todo),
+            "wall_s": wall,
+            "compile_s": compile_s,
+            "peak_rss_bytes": memory.peak_bytes,
+            "errors": result.errors,
+        }
         with open(args.results, "a") as handle:
             handle.write(json.dumps(batch) + "\n")
-        print(f"{name}: {len(todo)} candidates in {wall:.1f} s ({(wall - compile_s) / max(1, len(todo)):.2f} s each excl. compile), "
-              f"peak RSS {memory.peak_bytes / 2**30:.2f} GiB", flush=True)
+        print(
+            f"{name}: {len(todo)} candidates in {wall:.1f} s "
+            f"({(wall - compile_s) / max(1, len(todo)):.2f} s each excl. compile), "
+            f"peak RSS {memory.peak_bytes / 2**30:.2f} GiB",
+            flush=True,
+        )
     return 0
 
 
@@ -183,16 +226,27 @@ def _appending(results: Path, protocol: str) -> Any:
     @functools.wraps(evaluate)
     def run(problem: Any, candidate: Any, protocol_obj: Any, device: Any, **kwargs: Any) -> Any:
         record = evaluate(problem, candidate, protocol_obj, device, **kwargs)
-        row = {"kind": "row", "protocol": protocol, "problem": problem.name, "outcome": record.outcome,
-               "phases_s": record.phases_s, "speedup": record.speedup.get("best"),
-               "failed": [d.name for d in record.distributions if d.applicable and not d.passed],
-               "findings": [f"{f.check}:{f.severity}: {f.detail[:300]}" for f in record.findings if f.severity != "info"],
-               "error": (record.error or {}).get("message", "")[-600:] if record.error else None,
-               "bytes": problem_bytes(problem.path)}
+        row = {
+            "kind": "row",
+            "protocol": protocol,
+            "problem": problem.name,
+            "outcome": record.outcome,
+            "phases_s": record.phases_s,
+            "speedup": record.speedup.get("best"),
+            "failed": [d.name for d in record.distributions if d.applicable and not d.passed],
+            "findings": [
+                f"{f.check}:{f.severity}: {f.detail[:300]}" for f in record.findings if f.severity != "info"
+            ],
+            "error": (record.error or {}).get("message", "")[-600:] if record.error else None,
+            "bytes": problem_bytes(problem.path),
+        }
         with open(results, "a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
-        print(f"  {protocol} {problem.name}: {record.outcome} {record.phases_s.get('total', 0):.1f} s "
-              + " ".join(f"{k}={v:.1f}" for k, v in record.phases_s.items() if v >= 0.05 and k != "total"), flush=True)
+        print(
+            f"  {protocol} {problem.name}: {record.outcome} {record.phases_s.get('total', 0):.1f} s "
+            + " ".join(f"{k}={v:.1f}" for k, v in record.phases_s.items() if v >= 0.05 and k != "total"),
+            flush=True,
+        )
         return record
 
     run.uses_spares = True  # type: ignore[attr-defined]
@@ -213,20 +267,32 @@ def kernelbench_report(results: Path, out: Path) -> dict[str, Any]:
     for name in PROTOCOLS:
         mine = [r for r in report["rows"] if r["protocol"] == name]
         batches = [b for b in rows if b["kind"] == "batch" and b["protocol"] == name]
-        totals = [float(r["phases_s"].get("total", 0.0)) - float(r["phases_s"].get("compile", 0.0)) for r in mine]
+        totals = [
+            float(r["phases_s"].get("total", 0.0)) - float(r["phases_s"].get("compile", 0.0)) for r in mine
+        ]
         phases = sorted({k for r in mine for k in r["phases_s"]})
         wall = sum(b["wall_s"] - b["compile_s"] for b in batches)
         report["protocols"][name] = {
-            "candidates": len(mine), "outcomes": {o: sum(r["outcome"] == o for r in mine) for o in sorted({r["outcome"] for r in mine})},
-            "median_s": statistics.median(totals) if totals else None, "p95_s": percentile(totals, 0.95),
+            "candidates": len(mine),
+            "outcomes": {
+                o: sum(r["outcome"] == o for r in mine) for o in sorted({r["outcome"] for r in mine})
+            },
+            "median_s": statistics.median(totals) if totals else None,
+            "p95_s": percentile(totals, 0.95),
             "batch_wall_per_candidate_s": wall / max(1, sum(b["candidates"] for b in batches)),
-            "phase_median_s": {k: statistics.median(float(r["phases_s"].get(k, 0.0)) for r in mine) for k in phases},
-            "phase_p95_s": {k: percentile([float(r["phases_s"].get(k, 0.0)) for r in mine], 0.95) for k in phases},
+            "phase_median_s": {
+                k: statistics.median(float(r["phases_s"].get(k, 0.0)) for r in mine) for k in phases
+            },
+            "phase_p95_s": {
+                k: percentile([float(r["phases_s"].get(k, 0.0)) for r in mine], 0.95) for k in phases
+            },
             "peak_rss_bytes": max((b["peak_rss_bytes"] for b in batches), default=0),
         }
     report["largest_problem_bytes"] = largest
     std, ver = report["protocols"]["standard"], report["protocols"]["verified"]
-    report["verified_over_standard"] = ver["median_s"] / std["median_s"] if ver["median_s"] and std["median_s"] else None
+    report["verified_over_standard"] = (
+        ver["median_s"] / std["median_s"] if ver["median_s"] and std["median_s"] else None
+    )
     out.write_text(json.dumps(report, indent=2, default=str))
     return report
 
@@ -249,13 +315,24 @@ def one_pass(pairs: list[Any], device: str, timeout_s: float | None) -> list[dic
         record = evaluate(problem, candidate, protocol, device, timeout_s=timeout_s)
         wall = time.monotonic() - started
         phases = {k: float(record.phases_s.get(k, 0.0)) for k in PHASES}
-        rows.append({
-            "problem": problem.name, "candidate": f"{candidate.label}/{candidate.path.name}", "outcome": record.outcome,
-            "wall_s": wall, "wall_excl_compile_s": wall - phases["compile"], "phases_s": phases,
-            "speedup": {k: record.speedup.get(k) for k in ("eager_fp32", "eager_tf32", "compile", "best")},
-        })
-        print(f"  {rows[-1]['candidate']}: {record.outcome} {wall:.1f} s "
-              + " ".join(f"{k}={v:.1f}" for k, v in phases.items() if v), flush=True)
+        rows.append(
+            {
+                "problem": problem.name,
+                "candidate": f"{candidate.label}/{candidate.path.name}",
+                "outcome": record.outcome,
+                "wall_s": wall,
+                "wall_excl_compile_s": wall - phases["compile"],
+                "phases_s": phases,
+                "speedup": {
+                    k: record.speedup.get(k) for k in ("eager_fp32", "eager_tf32", "compile", "best")
+                },
+            }
+        )
+        print(
+            f"  {rows[-1]['candidate']}: {record.outcome} {wall:.1f} s "
+            + " ".join(f"{k}={v:.1f}" for k, v in phases.items() if v),
+            flush=True,
+        )
     return rows
 
 
@@ -263,43 +340,74 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "total_s": sum(r["wall_s"] for r in rows),
         "median_excl_compile_s": statistics.median(r["wall_excl_compile_s"] for r in rows) if rows else None,
-        "median_phase_s": {k: statistics.median(r["phases_s"][k] for r in rows) for k in PHASES} if rows else {},
+        "median_phase_s": {k: statistics.median(r["phases_s"][k] for r in rows) for k in PHASES}
+        if rows
+        else {},
     }
 
 
 def markdown(report: dict[str, Any]) -> str:
     first, second = report["passes"][0]["summary"], report["passes"][1]["summary"]
     lines = [
-        f"# Cost of a verified evaluation, {report['date']}", "",
-        f"{report['device_name']}, torch {report['torch']}, kbv {report['kbv']}, {report['pairs']} candidates "
-        f"({', '.join(report['sets'])}), one fresh cache for both passes.", "",
-        "| pass | total (s) | median per candidate excl. compile (s) | " + " | ".join(f"median {p} (s)" for p in PHASES) + " |",
+        f"# Cost of a verified evaluation, {report['date']}",
+        "",
+        f"{report['device_name']}, torch {report['torch']}, kbv {report['kbv']}, "
+        f"{report['pairs']} candidates "
+        f"({', '.join(report['sets'])}), one fresh cache for both passes.",
+        "",
+        "| pass | total (s) | median per candidate excl. compile (s) | "
+        + " | ".join(f"median {p} (s)" for p in PHASES)
+        + " |",
         "|---|---:|---:|" + "---:|" * len(PHASES),
     ]
     for name, s in (("first (cold)", first), ("second (cached)", second)):
-        lines.append(f"| {name} | {s['total_s']:.1f} | {s['median_excl_compile_s']:.2f} | "
-                     + " | ".join(f"{s['median_phase_s'][p]:.2f}" for p in PHASES) + " |")
-    lines += ["", f"Second pass {report['second_pass_speedup']:.1f}x faster than the first.", "",
-              "| candidate | outcome | vs eager_fp32 | vs eager_tf32 | best |", "|---|---|---:|---:|---:|"]
+        lines.append(
+            f"| {name} | {s['total_s']:.1f} | {s['median_excl_compile_s']:.2f} | "
+            + " | ".join(f"{s['median_phase_s'][p]:.2f}" for p in PHASES)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Second pass {report['second_pass_speedup']:.1f}x faster than the first.",
+        "",
+        "| candidate | outcome | vs eager_fp32 | vs eager_tf32 | best |",
+        "|---|---|---:|---:|---:|",
+    ]
     for row in report["passes"][0]["rows"]:
         s = row["speedup"]
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {row['candidate']} | {row['outcome']} | {fmt(s['eager_fp32'])} | {fmt(s['eager_tf32'])} | {fmt(s['best'])} |")
+        lines.append(
+            f"| {row['candidate']} | {row['outcome']} | {fmt(s['eager_fp32'])} | "
+            f"{fmt(s['eager_tf32'])} | {fmt(s['best'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--sets", nargs="*", default=["honest_cuda", "honest_triton", "hacks_gpu"])
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--kernelbench", type=Path, default=None, help="a KernelBench tree (level1/, level2/, level3/)")
-    parser.add_argument("--results", type=Path, default=None, help="KernelBench mode: the rows file (appended, resumed)")
+    parser.add_argument(
+        "--kernelbench", type=Path, default=None, help="a KernelBench tree (level1/, level2/, level3/)"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=None, help="KernelBench mode: the rows file (appended, resumed)"
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "kbv-kb-candidates")
-    parser.add_argument("--part", type=lambda t: tuple(int(x) for x in t.split("/")), default=(1, 1), help="K/N: every N-th problem from the K-th")
-    parser.add_argument("--report", type=Path, default=None, help="KernelBench mode: write the summary of --results here")
+    parser.add_argument(
+        "--part",
+        type=lambda t: tuple(int(x) for x in t.split("/")),
+        default=(1, 1),
+        help="K/N: every N-th problem from the K-th",
+    )
+    parser.add_argument(
+        "--report", type=Path, default=None, help="KernelBench mode: write the summary of --results here"
+    )
     args = parser.parse_args()
     if args.report:
         print(json.dumps(kernelbench_report(args.results, args.report)["protocols"], indent=2))
@@ -324,7 +432,11 @@ def main() -> int:
     report = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "torch": torch.__version__, "kbv": __version__, "sets": args.sets, "pairs": len(pairs), "passes": passes,
+        "torch": torch.__version__,
+        "kbv": __version__,
+        "sets": args.sets,
+        "pairs": len(pairs),
+        "passes": passes,
         "second_pass_speedup": passes[0]["summary"]["total_s"] / passes[1]["summary"]["total_s"],
     }
     args.out.mkdir(parents=True, exist_ok=True)

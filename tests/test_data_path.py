@@ -186,3 +186,77 @@ def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() ->
         assert taken[-1].pid is not None
     for worker in taken:
         worker.close()
+
+
+def test_on_the_cpu_the_reference_output_file_is_gone_before_the_candidate_runs_the_draw(
+    requests_seen,
+) -> None:
+    """On the CPU the reference's outputs pass through a file: each draw is asked of the reference
+    first (the parent reads and deletes the file), then of the candidate, which could otherwise read
+    the file half-written beside it (``steal_reference_outputs``). On a GPU (CUDA IPC, no file) the
+    two run at once."""
+    from kbv.evaluation import draws_overlap
+
+    assert draws_overlap("cuda") and draws_overlap("cuda:1") and not draws_overlap("cpu")
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
+    assert record.outcome == "passed"
+    runs = [(i, role, f["seed"]) for i, (role, op, f, _) in enumerate(requests_seen) if op == "run"]
+    candidate = {seed: i for i, role, seed in runs if role == "candidate"}
+    reference = {seed: i for i, role, seed in reversed(runs) if role == "reference"}  # its first run
+    assert candidate, "no correctness draw was run"
+    for seed, asked in candidate.items():
+        assert reference[seed] < asked, f"draw {seed}: the candidate was asked before the reference ran"
+
+
+@pytest.mark.parametrize("same_filesystem", [True, False], ids=["linked", "copied"])
+def test_a_file_given_to_a_worker_is_a_fresh_readable_name_with_the_same_bytes(
+    tmp_path: Path, same_filesystem: bool
+) -> None:
+    """``Worker.give``: a fresh name in the worker's scratch (never one the worker prepared), the
+    same bytes, readable by other uids; a symlink planted in the scratch is not written through.
+    Beside the scratch (a trusted worker's file) it is a hard link: no copy of 256 MB of weights."""
+    import shutil
+    import tempfile
+
+    worker = Worker(WorkerSpec(build_key="test-give", device="cpu", role="candidate", budget_s=10))
+    home = Path(tempfile.mkdtemp(dir=worker.scratch.parent)) if same_filesystem else tmp_path
+    source = home / "params.pt"
+    source.write_bytes(b"kbv-params" * 1000)
+    try:
+        elsewhere = tmp_path / "elsewhere"
+        (worker.scratch / "planted").symlink_to(elsewhere)
+        given = Path(worker.give(str(source)))
+        assert given.parent == worker.scratch and given.name.startswith("given-")
+        assert given.read_bytes() == source.read_bytes()
+        assert given.stat().st_mode & 0o044 == 0o044
+        assert not elsewhere.exists()
+        assert Path(worker.give(str(source))) != given  # every call a new name
+        linked = given.stat().st_ino == source.stat().st_ino
+        assert linked == (same_filesystem and os.stat(home).st_dev == os.stat(worker.scratch).st_dev)
+    finally:
+        worker.close()
+        if same_filesystem:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def test_overlapped_draws_and_builds_judge_as_the_sequential_ones(
+    requests_seen, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The GPU's order, forced on the CPU: the candidate's build reply is read after the first
+    draw's reference work and each draw runs beside the reference's; the reference submitted as the
+    candidate (parameters redrawn and sent as a file) still passes every distribution."""
+    from conftest import SUITE
+
+    from kbv import evaluation
+
+    problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
+    candidate = tmp_path / "reference_as_candidate.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    monkeypatch.setattr(evaluation, "draws_overlap", lambda device: True)
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+    assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
+    assert all(d.passed for d in record.distributions if d.applicable)
+    ops = [(role, op) for role, op, _, _ in requests_seen]
+    build = ops.index(("candidate", "build"), ops.index(("reference", "redraw")))
+    assert ops[build + 1] == ("candidate", "run"), "the first draw is not asked right after the build"
+    assert ("reference", "run") in ops[build + 2 :]  # and the reference works while both are pending

@@ -38,6 +38,8 @@ def test_baselines_are_cached_and_any_key_change_invalidates_them(
     assert len(list((fresh_cache / "baselines").glob("*.json"))) == 1  # no eager_tf32 on the CPU
     second = evaluate_paths(RELU, FOUNDATION / "relu_env_spy.py", protocol="verified", device="cpu")
     assert _sources(second) == {"eager_fp32": "cache"}
+    fresh = second.timing["baselines"]["eager_fp32"]["cache_check"]["batch"]  # a trusted gap of this moment
+    assert fresh["parent_bracket_s"] * 1e3 > sum(fresh["wall_ms"]) and fresh["warmup_calls"] >= 3
     assert (
         second.timing["baselines"]["eager_fp32"]["summary"]
         == first.timing["baselines"]["eager_fp32"]["summary"]
@@ -248,6 +250,78 @@ def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyP
     monkeypatch.undo()
     monkeypatch.setattr(measure, "_triton_version", lambda: "0.0.1-test")
     assert measure.cache_key(ctx, "eager_fp32") != key
+
+
+class _PausableWorker(_FakeWorker):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused_batches = 0
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.paused_batches += 1
+        yield
+
+
+def _batch(bracket_s: float) -> dict:  # 4 calls of 1 ms + the 50 ms warm-up: 54 ms accounted
+    return {"parent_bracket_s": bracket_s, "wall_ms": [1.0] * 4, "device_ms": [1.0] * 4, "warmup_calls": 3}
+
+
+def test_disagreeing_rounds_get_trusted_batches_timed_beside_them_and_agreeing_ones_none(
+    tmp_path: Path,
+) -> None:
+    """The re-check times trusted batches in the reference worker with the candidate stopped, only
+    when every candidate round left more of its bracket unexplained than any trusted batch did
+    (the cache check's fresh batch counts as one); the candidate itself is never timed again."""
+    ctx = _mctx(recheck_brackets=True)
+    cached = {"eager_fp32": {"source": "cache", "rounds": [_batch(0.060)] * 3}}
+    reference = _PausableWorker(tmp_path, "reference", [1.0] * 4)
+    subject = _PausableWorker(tmp_path, "candidate", [1.0] * 4)
+    assert measure._bracket_recheck(ctx, reference, subject, [_batch(0.062)] * 3, cached) is None
+    assert reference.requests == []
+    recheck = measure._bracket_recheck(ctx, reference, subject, [_batch(0.500)] * 3, cached)
+    assert recheck is not None and len(recheck["rounds"]) == measure.RECHECK_BATCHES
+    assert [op for op, _ in reference.requests] == ["time"] * measure.RECHECK_BATCHES
+    assert all(fields["precision"] == "fp32" for _, fields in reference.requests)
+    assert subject.requests == [] and subject.paused_batches == 1
+    assert all(r["parent_bracket_s"] >= 0 and r["wall_ms"] == [1.0] * 4 for r in recheck["rounds"])
+    busy_check = {"eager_fp32": {**cached["eager_fp32"], "cache_check": {"batch": _batch(0.100)}}}
+    assert measure.trusted_batches(busy_check)[-1] == _batch(0.100)
+    assert measure._bracket_recheck(ctx, reference, subject, [_batch(0.095)] * 3, busy_check) is None
+    off = _mctx()  # the protocol does not run timing_disagreement: nothing to re-check for
+    assert measure._bracket_recheck(off, reference, subject, [_batch(0.500)] * 3, cached) is None
+
+
+def test_a_machine_that_gets_busy_after_the_cache_check_does_not_reject_an_honest_candidate(
+    fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit's false rejection, through real workers: the baseline is cached on a quiet machine,
+    then from the candidate's first timed batch on every batch waits 200 ms more inside the parent's
+    bracket (the machine got busy after the cache check). Held against the cached gaps every round
+    reads as a >100x lie; the re-check's trusted batches wait as long, so the candidate passes with
+    an info finding and its measured speedup."""
+    import time
+
+    from kbv.worker import Worker
+
+    monkeypatch.setattr(measure, "CACHE_CHECK_FACTOR", 1e6)  # the cached entry is used whatever the noise
+    evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    real, busy = Worker.request, [False]
+
+    def request(self: Worker, op: str, **fields):
+        if op == "time":
+            busy[0] = busy[0] or self.spec.role == "candidate"
+            if busy[0]:
+                time.sleep(0.2)
+        return real(self, op, **fields)
+
+    monkeypatch.setattr(Worker, "request", request)
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert _sources(record) == {"eager_fp32": "cache"}
+    found = [f for f in record.findings if f.check == "timing_disagreement"]
+    assert record.outcome == "passed" and [f.severity for f in found] == ["info"], found
+    assert len(record.timing["bracket_recheck"]["rounds"]) == measure.RECHECK_BATCHES
+    assert record.speedup["best"] == record.speedup["eager_fp32"] > 0.2  # the measured one, uncorrected
 
 
 def test_a_throttled_round_is_named_in_the_timing_warnings() -> None:

@@ -305,3 +305,26 @@ def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "unknown protocol" in capsys.readouterr().err
     assert main(["protocol"]) == 2
     assert "kbv protocol audit" in capsys.readouterr().err
+
+
+def test_only_controls_or_only_mutants_are_generated_and_counted(tmp_path: Path) -> None:
+    """``--only controls`` (the false-rejection rate alone, a short run) leaves the mutants out of
+    the candidates, the pairs and the left-out counts, and the other way round."""
+    from kbv.protocol_audit import audit_protocols
+
+    problem = _problem(tmp_path, "torch.relu(x).sum(dim=1)")
+    for roles, other in ((("control",), "mutant"), (("mutant",), "control")):
+        result = audit_protocols(
+            problem,
+            ["verified"],
+            device="cpu",
+            db=tmp_path / roles[0] / "a.sqlite",
+            evaluate=False,
+            roles=roles,
+        )
+        assert result.specs and {s.role for s in result.specs} == set(roles)
+        evaluated = [s for s in result.specs if s.status == "evaluate"]
+        assert result.summaries[0]["pairs"] == len(evaluated) and evaluated
+        assert not any(s.role == other for s in result.specs)
+    with pytest.raises(ValueError, match="roles"):
+        audit_protocols(problem, ["verified"], device="cpu", db=tmp_path / "x.sqlite", roles=("honest",))

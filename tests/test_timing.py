@@ -697,6 +697,28 @@ def test_an_honest_hiccup_beyond_the_cap_is_a_gap_in_its_own_round_only() -> Non
     assert result["disagrees"]  # the price of not believing outsized samples; rounds decide (integrity)
 
 
+def test_bracket_verdict_takes_the_largest_trusted_gap_and_needs_every_round() -> None:
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
+
+    def batch(bracket_ms: float) -> dict:  # 30 x 1 ms + the 50 ms warm-up: 80 ms accounted
+        return {"parent_bracket_s": bracket_ms / 1e3, "wall_ms": [1.0] * 30, "warmup_calls": 50}
+
+    assert statistics.batch_gap_ms(batch(85.0), s) == pytest.approx(5.0)
+    trusted = [batch(83.0), batch(85.0), {"wall_ms": [1.0]}]  # a batch without a bracket is skipped
+    verdict = statistics.bracket_verdict([batch(100.0)] * 3, trusted, s)
+    assert verdict["overhead_ms"] == pytest.approx(5.0) and verdict["disagrees"]  # 20 > 5 + 2 + 8 ms
+    assert verdict["rounds"][0]["allowed_gap_ms"] == pytest.approx(15.0)
+    one_spike = statistics.bracket_verdict([batch(100.0), batch(86.0), batch(100.0)], trusted, s)
+    assert not one_spike["disagrees"]
+    busy_now = statistics.bracket_verdict([batch(100.0)] * 3, [*trusted, batch(97.0)], s)
+    assert busy_now["overhead_ms"] == pytest.approx(17.0) and not busy_now["disagrees"]
+    assert statistics.bracket_verdict([batch(500.0)] * 3, [], s) == {
+        "overhead_ms": None,
+        "rounds": [],
+        "disagrees": False,
+    }  # nothing trusted to compare with: no verdict
+
+
 def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
     wall = [0.01] * 30

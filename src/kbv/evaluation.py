@@ -138,6 +138,8 @@ class _Context:
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     parameters_mode: str = "matched_seed"
+    #: A candidate ``build`` was sent without waiting for its reply (``_build_pair(wait=False)``).
+    build_pending: bool = False
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
     transients: list[dict[str, Any]] = field(default_factory=list)
     # The models' parameters right now (which build/redraw), so reference outputs are reused only
@@ -236,6 +238,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
         _end_containment(ctx, reference, subject)
+        closing = time.monotonic()
+    ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
     outcome = decide_outcome(correct, ctx.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
@@ -408,12 +412,12 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
     A failure here raises ``WorkerFailed`` with role ``reference``: ``evaluate`` records it as the
     problem's (``problem_error``). A worker that does not even boot is kbv's failure."""
     try:
-        hello = reference.wait_ready()
+        hello = _phase(ctx, "boot", reference.wait_ready)  # a spare is up already: ~0
     except WorkerFailed as exc:
         raise HarnessError(
             f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}"
         ) from exc
-    reply = reference.request("load", **_load_fields(ctx, "reference"))
+    reply = _phase(ctx, "reference_load", lambda: reference.request("load", **_load_fields(ctx, "reference")))
     hello["parameters"] = reply["parameters"]
     return hello
 
@@ -479,15 +483,35 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
     settings = ctx.protocol.correctness
     results: list[DistributionResult] = []
+    # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
+    # reference work, so loading the parameters overlaps it (requests are answered in order).
+    wait = not draws_overlap(ctx.device)
     for distribution in settings.distributions:
-        _build_pair(ctx, reference, subject, distribution)
+        # A part of the correctness phase, kept apart (parameters redrawn by the reference and sent
+        # to the candidate through a file: seconds per distribution for a GEMM's 256 MB of weights).
+        _phase(
+            ctx,
+            "correctness:parameters",
+            lambda d=distribution: _build_pair(ctx, reference, subject, d, wait=wait),
+        )
         results.append(_check_distribution(ctx, reference, subject, distribution))
+        _finish_build(ctx, subject)
     return results
 
 
-def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> None:
+def _finish_build(ctx: _Context, subject: Worker) -> None:
+    """Read the reply of a candidate build sent without waiting (``_build_pair(wait=False)``)."""
+    if ctx.build_pending:
+        ctx.build_pending = False
+        subject.receive_reply()
+
+
+def _build_pair(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str, *, wait: bool = True
+) -> None:
     """Both models with the parameters of ``distribution`` (the same seed gives the same values,
-    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws)."""
+    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws).
+    ``wait=False`` sends the candidate's build and leaves its reply to :func:`_finish_build`."""
     init_seed = ctx.seeds.init(distribution)
     reference.request("build", init_seed=init_seed)
     state_path = None
@@ -497,7 +521,11 @@ def _build_pair(ctx: _Context, reference: Worker, subject: Worker, distribution:
             "redraw", distribution=distribution, seed=ctx.seeds.params(distribution), out_path=state_path
         )
         state_path = subject.give(state_path)  # a copy in the candidate's scratch, which its own uid may read
-    subject.request("build", init_seed=init_seed, state_path=state_path)
+    if wait:
+        subject.request("build", init_seed=init_seed, state_path=state_path)
+    else:
+        subject.send_request("build", init_seed=init_seed, state_path=state_path)
+        ctx.build_pending = True
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
 
 
@@ -517,7 +545,18 @@ def _check_distribution(
     variant = distribution
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
-        expected, variant = _usable_reference(ctx, reference, variant, seed)
+        asked = variant
+        if draws_overlap(ctx.device):
+            # The candidate runs its draw while the reference computes the baseline and the truth of
+            # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
+            # passes between them; the parent judges once both have answered.
+            subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
+            expected, variant = _usable_reference(ctx, reference, variant, seed)
+            _finish_build(ctx, subject)  # its reply comes before the run's
+            outputs = _received(subject, subject.receive_reply())
+        else:
+            expected, variant = _usable_reference(ctx, reference, variant, seed)
+            outputs = _run(subject, variant, seed, "native")
         if expected is None:
             note = (
                 f"the reference is not finite under {distribution} nor any domain-preserving variant "
@@ -526,7 +565,8 @@ def _check_distribution(
             return DistributionResult(
                 distribution, applicable=False, passed=False, note=note, draws=len(draws)
             )
-        outputs = _run(subject, variant, seed, "native")
+        if variant != asked:  # the reference fell back to a domain-preserving variant: run that one
+            outputs = _run(subject, variant, seed, "native")
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
             judged = _confirm_failure(
@@ -541,6 +581,16 @@ def _check_distribution(
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
     return result
+
+
+def draws_overlap(device: str) -> bool:
+    """Whether the candidate runs a correctness draw while the reference computes it: on a GPU,
+    where the reference's outputs reach the parent by CUDA IPC and never touch a file. On the CPU
+    they pass through a file in the reference's scratch, read and deleted before the candidate is
+    asked; a candidate running beside it as the same uid (root, where the drop is impossible) could
+    read that file half-written (the ``steal_reference_outputs`` fixture did), so there the draws
+    stay one after the other."""
+    return device.startswith("cuda")
 
 
 def _confirm_failure(
@@ -678,15 +728,30 @@ def _run(
 ) -> dict[str, Any]:
     """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
     GPU through CUDA IPC, on the CPU through a file read once and deleted)."""
-    reply = worker.request(
-        "run",
-        distribution=distribution,
-        seed=seed,
-        mix_seed=mix_seed,
-        precision=precision,
-        out_path=worker.new_path("out"),
-        measure_memory=measure_memory,
-    )
+    fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
+    return _received(worker, worker.request("run", **fields))
+
+
+def _run_fields(
+    worker: Worker,
+    distribution: str,
+    seed: int,
+    precision: str,
+    measure_memory: bool = False,
+    mix_seed: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "distribution": distribution,
+        "seed": seed,
+        "mix_seed": mix_seed,
+        "precision": precision,
+        "out_path": worker.new_path("out"),
+        "measure_memory": measure_memory,
+    }
+
+
+def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+    """A ``run`` reply as the parent's own outputs, types and memory figures."""
     return {
         "outputs": worker.receive_outputs(reply.get("outputs")),
         "types": reply["types"],
@@ -774,12 +839,18 @@ def _measure(
         sketch_seed=inputs.derive_seed(ctx.seeds.master, "timed-sketch"),
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
         build=lambda: _build_for_timing(ctx, reference, subject),
+        recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing["input_sets"] = len(mctx.seeds)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = performance.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
+
+
+def _checks_brackets(protocol: Protocol) -> bool:
+    integrity = protocol.integrity
+    return integrity.dynamic and integrity.severity_for("timing_disagreement", "fail") != "off"
 
 
 def _versions(hello: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,9 @@ BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "co
 BASELINE_TIMEOUT_S = 1800.0
 # What a record's memory section says when nothing was measured (the CPU, or an untimed pair).
 EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_bytes": None, "ratio": None}
+#: Trusted batches timed right after the rounds when every candidate round's gap exceeds what the
+#: trusted batches known so far allow (``timing_disagreement``'s re-check, ``bracket_recheck``).
+RECHECK_BATCHES = 2
 
 
 class MeasureContext:
@@ -60,11 +63,14 @@ class MeasureContext:
         sketch_seed: int | None = None,
         timed_reference: Callable[[int], dict[str, Any]] | None = None,
         build: Callable[[], None] | None = None,
+        recheck_brackets: bool = False,
     ) -> None:
         """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
         ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
         needs (``kbv.correctness.timed_reference`` of the pipeline's expected outputs); without both
-        the timed outputs are not checked. ``build`` builds both models with the timing parameters."""
+        the timed outputs are not checked. ``build`` builds both models with the timing parameters;
+        ``recheck_brackets`` times :data:`RECHECK_BATCHES` trusted batches after the rounds when the
+        parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them)."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -76,6 +82,7 @@ class MeasureContext:
         self.sketch_seed = sketch_seed
         self.timed_reference = timed_reference
         self.build = build
+        self.recheck_brackets = recheck_brackets
 
     @property
     def checks_timed_outputs(self) -> bool:
@@ -135,6 +142,9 @@ def measure_pair(
             baselines[name] = {**hit, "source": "cache"}
         if name in cache_checks:
             baselines[name]["cache_check"] = cache_checks[name]
+    recheck = _bracket_recheck(ctx, reference, subject, rounds["candidate"], baselines, plan)
+    if recheck is not None:
+        baseline_seconds += sum(r["parent_bracket_s"] for r in recheck["rounds"])
     timing = {
         "baseline_seconds": baseline_seconds,
         "recipe": kbv_timing.recipe_name(settings),
@@ -143,6 +153,8 @@ def measure_pair(
     }
     if skipped:
         timing["baselines_not_measured"] = skipped
+    if recheck is not None:
+        timing["bracket_recheck"] = recheck
     speedup, timing["speedup_intervals"] = speedups(timing, settings)
     if plan is not None:
         timing["timed_outputs"] = checked = plan.summary()
@@ -341,9 +353,57 @@ def _check_cached(
             )
         fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
+        # Timed in this evaluation, next to the candidate's rounds: a trusted gap of this moment.
+        checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS}
         if not checks[name]["accepted"]:
             cached[name] = None
     return checks
+
+
+#: What :func:`kbv.statistics.batch_gap_ms` needs of a batch.
+_GAP_FIELDS = ("parent_bracket_s", "wall_ms", "device_ms", "warmup_calls")
+
+
+def trusted_batches(baselines: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every trusted timed batch of a timing section's baselines, each with the parent's bracket:
+    their rounds (measured now or cached) and the fresh batch each cache check timed now."""
+    found = []
+    for entry in baselines.values():
+        found += [r for r in entry.get("rounds") or [] if "parent_bracket_s" in r]
+        batch = (entry.get("cache_check") or {}).get("batch")
+        if isinstance(batch, dict) and "parent_bracket_s" in batch:
+            found.append(batch)
+    return found
+
+
+def _bracket_recheck(
+    ctx: MeasureContext,
+    reference: Worker,
+    subject: Worker,
+    candidate_rounds: list[dict[str, Any]],
+    baselines: dict[str, Any],
+    plan: _SketchPlan | None = None,
+) -> dict[str, Any] | None:
+    """When every candidate round's bracket leaves more unexplained than any trusted batch did, time
+    :data:`RECHECK_BATCHES` trusted batches now (the candidate stopped; they sketch their calls as
+    every round did, so their gaps hold the same untimed work), so that
+    ``timing_disagreement`` also holds the rounds against what the machine costs an honest batch at
+    this moment: cached baselines were timed at another moment, perhaps on a quieter machine. The
+    candidate itself is not timed again (it could tell a re-check from a round by counting batches
+    and be honest only then); its rounds, whose outputs were checked, are what is judged."""
+    if not ctx.recheck_brackets:
+        return None
+    verdict = kbv_timing.bracket_verdict(candidate_rounds, trusted_batches(baselines), ctx.settings)
+    if not verdict["disagrees"]:
+        return None
+    with _others_paused(reference, subject):
+        spec = plan.spec(len(plan.round_seeds) - 1) if plan is not None else None
+        batches = [_timed_batch(reference, ctx, "fp32", sketch=spec) for _ in range(RECHECK_BATCHES)]
+    return {
+        "rounds": [{k: b[k] for k in _GAP_FIELDS} for b in batches],
+        "precision": "fp32",
+        "why": "every candidate round's bracket gap exceeded the trusted batches' before the re-check",
+    }
 
 
 @contextlib.contextmanager

@@ -13,6 +13,14 @@ import signal
 import sys
 from dataclasses import dataclass
 
+#: Environment variable every worker carries (``<owner pid>:<worker tag>``); children inherit it,
+#: and the parent's sweep finds them by it in ``/proc/<pid>/environ``.
+MARKER_ENV = "KBV_WORKER_TAG"
+#: The fork server's value of MARKER_ENV: room that a forked worker overwrites with its own marker
+#: in place, because ``/proc/<pid>/environ`` shows the block a process was exec'd with, not
+#: ``os.environ`` (``kbv.child.zygote``). Not a marker itself: it names no owner pid.
+MARKER_SLOT = "-" * 48
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

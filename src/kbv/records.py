@@ -136,6 +136,9 @@ class TimingSection(TypedDict, total=False):
     speedup_intervals: dict[str, dict[str, Any]]
     speedup_withdrawn: str
     timed_outputs: dict[str, Any]  # every timed call judged by its sketch (kbv.performance._SketchPlan)
+    # Trusted batches timed after the rounds when every candidate round's bracket disagreed
+    # (timing_disagreement holds the rounds against their gaps too): {rounds, precision, why}.
+    bracket_recheck: dict[str, Any]
 
 
 def protocol_section(protocol: Any) -> ProtocolSection:

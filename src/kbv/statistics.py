@@ -321,6 +321,47 @@ def trusted_per_call_ms(
     return min(estimates)
 
 
+def batch_gap_ms(measurement: dict[str, Any], settings: TimingSettings) -> float:
+    """The part of the parent's bracket of one timed batch that the worker's samples leave
+    unexplained: ``parent_bracket_s`` minus :func:`accounted_batch_ms`. A trusted batch's gap is
+    what an honest batch loses, at that moment, to untimed work (the channel, input rotation, kept
+    output copies) and to the machine (scheduling delays on a busy host)."""
+    return float(measurement["parent_bracket_s"]) * 1e3 - _accounted(measurement, settings)
+
+
+def _accounted(measurement: dict[str, Any], settings: TimingSettings) -> float:
+    wall = [float(x) for x in measurement.get("wall_ms") or []]
+    claimed_warmup = int(measurement.get("warmup_calls", 0) or 0)
+    return accounted_batch_ms(wall, claimed_warmup, settings, max(1, settings.input_sets))
+
+
+def bracket_verdict(
+    candidate_rounds: Sequence[dict[str, Any]],
+    trusted_rounds: Sequence[dict[str, Any]],
+    settings: TimingSettings,
+) -> dict[str, Any]:
+    """Every candidate batch against the parent's bracket (:func:`bracket_check`), the expected
+    overhead being the largest gap (:func:`batch_gap_ms`) of the trusted batches: baseline batches
+    of the same recipe, timed in workers that never imported candidate code. ``rounds`` holds each
+    candidate round's check with its ``trusted_per_call_ms``; ``disagrees`` only when every round
+    disagrees (a lying clock lies in every round, a noise spike hits one) and there was a trusted
+    batch to compare with (``overhead_ms`` is None without one)."""
+    gaps = [batch_gap_ms(r, settings) for r in trusted_rounds if "parent_bracket_s" in r]
+    if not gaps or not candidate_rounds:
+        return {"overhead_ms": None, "rounds": [], "disagrees": False}
+    overhead = max(0.0, max(gaps))
+    results = []
+    for r in candidate_rounds:
+        bracket_ms = float(r["parent_bracket_s"]) * 1e3
+        result = bracket_check(_accounted(r, settings), bracket_ms, overhead)
+        # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.
+        result["trusted_per_call_ms"] = trusted_per_call_ms(
+            bracket_ms, overhead, len(r.get("wall_ms") or []), settings
+        )
+        results.append(result)
+    return {"overhead_ms": overhead, "rounds": results, "disagrees": all(r["disagrees"] for r in results)}
+
+
 def invalid_samples(measurement: dict[str, Any], settings: TimingSettings) -> str | None:
     """Why a worker-reported measurement cannot have come from the recipe's clocks, or None.
 

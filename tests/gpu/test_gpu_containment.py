@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _device_limit() -> object:
     # 12 GiB: the honest ReLU's worker (4096 x 32768 inputs) measured 8426 MiB on the H200 on
-    # 2026-12-01 (its CUDA context, the timing phase's input sets, the secret round of outputs it
-    # keeps and the copies it hands over); the hog takes 24 GiB.
+    # 2026-12-01 (its CUDA context, the timing phase's input sets, and then a secret round of kept
+    # outputs, since replaced by per-call sketches of a few MB); the hog takes 24 GiB.
     return protocol_from_dict(
         {"name": "device-12gib", "base": "verified", "limits": {"device_memory_gb": 12.0}}
     )

@@ -443,7 +443,10 @@ def _warm_cpu_kernels() -> None:
     x.amax(dim=-1)
 
 
-if __name__ == "__main__":
+def run(fd: int, role: str, warm_probes: bool) -> None:
+    """Boot and serve: what ``python -m kbv.child.main FD ROLE [probes]`` does, and what a process
+    forked from kbv's fork server (``kbv.child.zygote``) does once it has become a worker."""
+    global _ROLE, _WARM_PROBES
     from kbv.child import guard as _guard
     from kbv.processes import harden_process
 
@@ -451,6 +454,9 @@ if __name__ == "__main__":
     harden_process()  # another worker (a candidate) must not read this one's memory or files
     _register_probes()
     _warm_cpu_kernels()
-    _ROLE = sys.argv[2] if len(sys.argv) > 2 else ""
-    _WARM_PROBES = sys.argv[3:4] == ["probes"]
-    main(int(sys.argv[1]))
+    _ROLE, _WARM_PROBES = role, warm_probes
+    main(fd)
+
+
+if __name__ == "__main__":
+    run(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "", sys.argv[3:4] == ["probes"])

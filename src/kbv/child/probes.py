@@ -61,6 +61,17 @@ def numeric_flags() -> dict[str, Any]:
 FLAGS_AT_START = numeric_flags()
 
 
+def _str_attr(obj: Any, name: str) -> str:
+    """``obj.<name>`` when it is a string, else "": a class may hold anything there (seen on the H200:
+    a descriptor object as a type's ``__module__`` made this probe raise on an honest kernel, and the
+    candidate was failed for kbv's own error)."""
+    try:
+        value = getattr(obj, name, "")
+    except Exception:  # a property of the candidate's that raises is not the harness's failure
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 def _harness_functions() -> dict[str, Any]:
     """Every function and class of the kbv modules loaded in this worker (and of its __main__)."""
     found: dict[str, Any] = {}
@@ -70,7 +81,7 @@ def _harness_functions() -> dict[str, Any]:
         if mod_name == "__main__" and "kbv" not in str(getattr(module, "__file__", "")):
             continue
         for name, obj in list(vars(module).items()):
-            if callable(obj) and getattr(obj, "__module__", "").startswith(("kbv", "__main__")):
+            if callable(obj) and _str_attr(obj, "__module__").startswith(("kbv", "__main__")):
                 found[f"{mod_name}.{name}"] = obj
     return found
 
@@ -455,7 +466,8 @@ def _uses_triton_since_boot() -> bool:
         if not _imported_since_boot(name) or name.startswith("triton"):
             continue
         for value in list(getattr(module, "__dict__", {}).values()):
-            owner = value.__name__ if isinstance(value, types.ModuleType) else type(value).__module__
+            owner = _str_attr(value, "__name__") if isinstance(value, types.ModuleType) else ""
+            owner = owner or _str_attr(type(value), "__module__")
             if owner == "triton" or owner.startswith("triton."):
                 return True
     return False

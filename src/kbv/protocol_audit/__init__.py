@@ -18,7 +18,10 @@ from typing import Any
 # (``kbv.cli`` registers this package's subcommand); ``_generate`` is imported where it is used.
 from kbv.protocol_audit._report import Row, fmt_rate, make_row, summarize, wilson
 
-__all__ = ["AuditResult", "Row", "audit_protocols", "fmt_rate", "summarize", "wilson"]
+__all__ = ["ROLES", "AuditResult", "Row", "audit_protocols", "fmt_rate", "summarize", "wilson"]
+
+#: What the audit generates: honest controls (each must pass) and mutants (each should be rejected).
+ROLES = ("control", "mutant")
 
 
 @dataclass
@@ -41,12 +44,14 @@ def audit_protocols(
     timeout_s: float | None = None,
     console: Any = None,
     evaluate: bool = True,
+    roles: Sequence[str] = ROLES,
 ) -> AuditResult:
     """Audit each protocol on the problems under ``problems``; candidates are written under
     ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
     so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
     honest candidates (named after their problems), counted as controls. ``evaluate=False``
-    summarises what the store already holds (an audit cut short) without evaluating anything."""
+    summarises what the store already holds (an audit cut short) without evaluating anything.
+    ``roles`` keeps only controls or only mutants (both by default): the other rate then reads 0 of 0."""
     from kbv.candidates import load_candidate, scan_candidates
     from kbv.evaluation import default_device
     from kbv.execute import make_executor
@@ -55,6 +60,9 @@ def audit_protocols(
     from kbv.protocol_audit._generate import Spec, problem_specs
     from kbv.store import Store, pair_key, record_key
 
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ValueError(f"roles must be among {ROLES}, not {unknown}")
     device = device or default_device()
     resolved = [load_protocol(p) for p in protocols]
     db = Path(db)
@@ -70,13 +78,14 @@ def audit_protocols(
                 (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             )
             continue
+        specs = [s for s in specs if s.role in roles]
         result.specs.extend(specs)
         for spec in specs:
             if spec.status == "evaluate":
                 candidate = load_candidate(spec.path, label=f"audit-{spec.role}")
                 pairs.append((problem, candidate))
                 owners[(problem.source_sha256, candidate.source_sha256)] = spec
-    if honest:
+    if honest and "control" in roles:
         for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
             spec = Spec(
                 problem.name,

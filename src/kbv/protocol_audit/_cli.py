@@ -55,6 +55,12 @@ def register(sub: Any) -> None:
         "--html", default=None, metavar="FILE", help="also write the HTML report with the audit section"
     )
     ap.add_argument(
+        "--only",
+        choices=("controls", "mutants"),
+        default=None,
+        help="evaluate only the honest controls (false-rejection rate) or only the mutants (kill rate)",
+    )
+    ap.add_argument(
         "--report-only",
         action="store_true",
         help="evaluate nothing: summarise what --db already holds (an audit cut short)",
@@ -105,6 +111,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         console=Console(stderr=True),
         evaluate=not args.report_only,
+        roles={"controls": ("control",), "mutants": ("mutant",)}.get(args.only, ("control", "mutant")),
     )
     if args.json:
         for summary in result.summaries:

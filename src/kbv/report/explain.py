@@ -75,7 +75,18 @@ def print_record(record: Record, console: Console | None = None) -> None:
 
 
 #: The pipeline's phases in the order they run (probes, ``probe:NAME``, are listed apart).
-PHASE_ORDER = ("compile", "load", "correctness", "spares", "baseline", "timing", "integrity")
+PHASE_ORDER = (
+    "boot",
+    "reference_load",
+    "compile",
+    "load",
+    "correctness",
+    "spares",
+    "baseline",
+    "timing",
+    "integrity",
+    "close",
+)
 
 
 def phases_line(phases: dict[str, float]) -> str:

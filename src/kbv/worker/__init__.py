@@ -28,7 +28,7 @@ from typing import Any
 from kbv import channel as _channel
 from kbv import telemetry
 from kbv.processes import harden_process as harden_process  # kbv.worker.harden_process, as documented
-from kbv.worker import _contain, _privileges
+from kbv.worker import _contain, _forkserver, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
 
 LOG_TAIL_BYTES = 16_000
@@ -112,7 +112,9 @@ class Worker:
         self.home = self.scratch / "home"
         self.home.mkdir()
         self.hello: dict[str, Any] = {}
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None = None
+        #: How the process started: forked from kbv's fork server, or a fresh interpreter (and why).
+        self.started_as = ""
         self._sock: socket.socket | None = None
         self._stdout = self.scratch / "stdout.log"
         self._stderr = self.scratch / "stderr.log"
@@ -180,21 +182,23 @@ class Worker:
             self.spec.role,
             *(["probes"] if self.spec.warm_probes else []),
         ]
-        argv, user = self._command(child, builds)
         with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
-            self._proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                pass_fds=(child_end.fileno(),),
-                start_new_session=True,  # its own process group, so a timeout kills every child
-                user=user,
-                group=user,
-                extra_groups=[] if user is not None else None,
-            )
+            self._proc = self._fork(env, builds, child_end.fileno(), out.fileno(), err.fileno())
+            if self._proc is None:
+                argv, user = self._command(child, builds)
+                self._proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.home,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=(child_end.fileno(),),
+                    start_new_session=True,  # its own process group, so a timeout kills every child
+                    user=user,
+                    group=user,
+                    extra_groups=[] if user is not None else None,
+                )
         child_end.close()
         self._sock = parent_end
         self._contain_started()
@@ -259,6 +263,16 @@ class Worker:
         name it cannot have prepared (no symlink planted there redirects the write), readable by
         the worker's own uid; returns the new path."""
         target = self.scratch / f"given-{uuid.uuid4().hex}.pt"
+        try:
+            # A hard link, not a copy, where both scratch directories share a filesystem (/dev/shm):
+            # a GEMM's parameters are 256 MB per distribution. link() makes a fresh name (it fails
+            # on one that exists) and does not follow a symlink; what the worker may later write
+            # into that file, no trusted process reads again.
+            os.link(path, target)
+            os.chmod(target, 0o644)
+            return str(target)
+        except OSError:
+            target.unlink(missing_ok=True)  # another filesystem, or links refused here: copy
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(source, out)
@@ -302,7 +316,10 @@ class Worker:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError, ChildProcessError):
             os.killpg(self._proc.pid, signal.SIGSTOP)
-            os.waitpid(self._proc.pid, os.WUNTRACED)  # returns once it has stopped (it stays unreaped)
+            if isinstance(self._proc, _forkserver.ForkedProcess):
+                self._proc.wait_stopped()
+            else:
+                os.waitpid(self._proc.pid, os.WUNTRACED)  # returns once it has stopped (it stays unreaped)
         try:
             yield
         finally:
@@ -359,6 +376,8 @@ class Worker:
             if self.uid is not None
             else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
         }
+        if self.started_as:
+            facts["start"] = self.started_as
         netns, no_netns = _contain.network_namespace()
         private_net = self._private_net
         facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
@@ -442,14 +461,55 @@ class Worker:
         """Candidate workers start in a private network namespace where the machine allows one."""
         return _contain.network_namespace()[0] if self.spec.role == "candidate" else ()
 
+    def _fork(
+        self, env: dict[str, str], builds: Path, channel: int, stdout: int, stderr: int
+    ) -> _forkserver.ForkedProcess | None:
+        """The worker forked from kbv's fork server (torch already imported there), contained as
+        :meth:`_command` would start it: its own session, network namespace and uid. None where the
+        fork server is off or failed: the caller starts a fresh interpreter."""
+        server = _forkserver.fork_server(_kbv_src())
+        if server is None:
+            self.started_as = f"fresh interpreter ({_forkserver.unavailable_reason()})"
+            return None
+        prefix, uid = self._containment(builds)
+        try:
+            process = server.spawn(
+                channel_fd=channel,
+                stdout_fd=stdout,
+                stderr_fd=stderr,
+                env=env,
+                cwd=str(self.home),
+                role=self.spec.role,
+                warm_probes=self.spec.warm_probes,
+                uid=uid,
+                private_network=bool(prefix),
+            )
+        except _forkserver.ForkServerError as exc:
+            self.started_as = f"fresh interpreter ({exc})"
+            return None
+        self.started_as = "forked from kbv's fork server"
+        return process
+
     def _command(self, command: list[str], builds: Path) -> tuple[list[str], int | None]:
         """The argv that starts a worker, and the uid ``Popen`` should switch to (None: keep ours).
 
         A candidate worker of a root parent drops to the uid of its source (``_privileges``), after
         its network namespace is made (that step needs root): ``unshare`` then ``setpriv``."""
+        prefix, uid = self._containment(builds)
+        if uid is None:
+            return [*prefix, *command], None
+        wrapped = _privileges.start_command(uid, prefix, command)
+        if wrapped is not None:
+            return wrapped, None
+        self._private_net = False  # without setpriv the uid wins over the namespace (isolation says so)
+        return command, uid
+
+    def _containment(self, builds: Path) -> tuple[tuple[str, ...], int | None]:
+        """The network-namespace prefix a candidate worker starts under (empty: none here) and the uid
+        it drops to (None: the parent's); hands the worker's directories to that uid."""
         prefix = self._namespace_prefix()
         if self.spec.role != "candidate":
-            return [*prefix, *command], None
+            return prefix, None
         if self.spec.device.startswith("cuda"):
             # Measured on the H200 (torch 2.11, driver 580): the parent cannot open the CUDA IPC
             # handles of a worker running under another uid (cudaErrorMapBufferObjectFailed), and
@@ -465,14 +525,10 @@ class Worker:
         self._no_drop = plan.reason
         self._private_net = bool(prefix)
         if plan.uid is None:
-            return [*prefix, *command], None
+            return prefix, None
         _privileges.hand_over(plan.uid, self.scratch, builds)
         self.uid = plan.uid
-        wrapped = _privileges.start_command(plan.uid, prefix, command)
-        if wrapped is not None:
-            return wrapped, None
-        self._private_net = False  # without setpriv the uid wins over the namespace (isolation says so)
-        return command, plan.uid
+        return prefix, plan.uid
 
     def _contain_started(self) -> None:
         """Right after the process started, before any candidate code runs (that waits for ``load``)."""

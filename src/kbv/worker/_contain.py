@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kbv.processes import MARKER_ENV as MARKER_ENV  # ``<owner pid>:<worker tag>``; children inherit it
 from kbv.processes import Proc, kill_pids, process_table
 from kbv.processes import descendants as descendants  # the parent's callers read them here too
 from kbv.processes import read_proc as read_proc
 
-#: Environment variable every worker carries (``<owner pid>:<worker tag>``); children inherit it.
-MARKER_ENV = "KBV_WORKER_TAG"
 _CGROUP_PREFIX = "kbv-"
 
 
