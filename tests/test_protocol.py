@@ -46,6 +46,10 @@ def test_toml_overrides_a_base(tmp_path: Path) -> None:
         ("version = 1\n", "needs a name"),
         ('name = "x"\n[integrity.severity]\nfoo = "loud"\n', "fail, warn, info or off"),
         ("name = [", "not valid TOML"),
+        (
+            'name = "x"\n[integrity.severity]\ntimed_output_check = "warn"\n',
+            "timed_output_check is now part of timed_call_outputs",
+        ),
     ],
 )
 def test_bad_protocol_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -58,3 +62,9 @@ def test_bad_protocol_files_say_what_is_wrong(tmp_path: Path, text: str, message
 def test_unknown_protocol_name() -> None:
     with pytest.raises(ProtocolError, match="unknown protocol 'fast'"):
         load_protocol("fast")
+
+
+def test_a_stored_protocol_naming_a_folded_check_reads_with_its_successor() -> None:
+    stored = {"name": "x", "integrity": {"severity": [["timed_output_check", "warn"]]}}
+    protocol = protocol_from_dict(stored)
+    assert protocol.integrity.severity_for("timed_call_outputs", "fail") == "warn"

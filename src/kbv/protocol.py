@@ -231,6 +231,11 @@ def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol
     return replace(base, **updates)
 
 
+#: Checks folded into another one: a protocol file that names the old one is told which (a stored
+#: record's protocol is read with the new name, so replays keep working).
+_RENAMED_CHECKS = {"timed_output_check": "timed_call_outputs"}
+
+
 def _merge_section(current: Any, overrides: Any, where: str) -> Any:
     if not isinstance(overrides, dict):
         raise ProtocolError(f"{where}: expected a table of settings")
@@ -241,7 +246,13 @@ def _merge_section(current: Any, overrides: Any, where: str) -> Any:
             raise ProtocolError(f"{where}: unknown setting {key!r}; known: {', '.join(known)}")
         if key == "severity":
             if isinstance(value, list):  # the stored form: [[check, severity], ...]
-                value = {str(k): str(v) for k, v in value}
+                value = {_RENAMED_CHECKS.get(str(k), str(k)): str(v) for k, v in value}
+            elif isinstance(value, dict) and (renamed := sorted(set(value) & set(_RENAMED_CHECKS))):
+                raise ProtocolError(
+                    f"{where}: "
+                    + "; ".join(f"{old} is now part of {_RENAMED_CHECKS[old]}" for old in renamed)
+                    + ": set the severity of that check instead"
+                )
             if not isinstance(value, dict):
                 raise ProtocolError(f'{where}: severity must be a table of check = "fail|warn|info|off"')
             bad = {k: v for k, v in value.items() if v not in ("fail", "warn", "info", "off")}
