@@ -260,3 +260,52 @@ def test_overlapped_draws_and_builds_judge_as_the_sequential_ones(
     build = ops.index(("candidate", "build"), ops.index(("reference", "redraw")))
     assert ops[build + 1] == ("candidate", "run"), "the first draw is not asked right after the build"
     assert ("reference", "run") in ops[build + 2 :]  # and the reference works while both are pending
+
+
+_SQRT_PROBLEM = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x)
+
+
+def get_inputs():
+    return [torch.rand(64, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["one_after_the_other", "overlapped"])
+def test_a_draw_the_reference_moves_to_a_domain_variant_is_run_by_the_candidate_on_that_variant(
+    requests_seen, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overlap: bool
+) -> None:
+    """sqrt is not finite on signed inputs: the reference falls back to the positive variant, and
+    the candidate's judged run of every draw is on the variant the reference used; one after the
+    other it runs each draw once, overlapped it runs the dropped variant too (it was already asked)."""
+    from kbv import evaluation
+
+    problem = tmp_path / "sqrt_problem.py"
+    problem.write_text(_SQRT_PROBLEM)
+    candidate = tmp_path / "sqrt_candidate.py"
+    candidate.write_text(_SQRT_PROBLEM.replace("class Model(", "class ModelNew("))
+    monkeypatch.setattr(evaluation, "draws_overlap", lambda device: overlap)
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+    assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
+    moved = [d for d in record.distributions if "domain-preserving variant" in (d.note or "")]
+    assert moved, "no distribution fell back: the test proves nothing"
+    runs = [
+        (f["seed"], f["distribution"])
+        for role, op, f, _ in requests_seen
+        if role == "candidate" and op == "run"
+    ]
+    last = dict(runs)  # per seed, the distribution of its last (judged) run
+    assert any(d.endswith("_positive") for d in last.values())
+    per_seed = {seed: sum(1 for s, _ in runs if s == seed) for seed in last}
+    if overlap:
+        assert max(per_seed.values()) == 2
+    else:
+        assert set(per_seed.values()) == {1}

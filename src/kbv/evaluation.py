@@ -545,18 +545,17 @@ def _check_distribution(
     variant = distribution
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
-        asked = variant
+        outputs = None
         if draws_overlap(ctx.device):
             # The candidate runs its draw while the reference computes the baseline and the truth of
             # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
             # passes between them; the parent judges once both have answered.
-            subject.send_request("run", **_run_fields(subject, asked, seed, "native"))
-            expected, variant = _usable_reference(ctx, reference, variant, seed)
+            subject.send_request("run", **_run_fields(subject, variant, seed, "native"))
+            expected, used = _usable_reference(ctx, reference, variant, seed)
             _finish_build(ctx, subject)  # its reply comes before the run's
             outputs = _received(subject, subject.receive_reply())
         else:
-            expected, variant = _usable_reference(ctx, reference, variant, seed)
-            outputs = _run(subject, variant, seed, "native")
+            expected, used = _usable_reference(ctx, reference, variant, seed)
         if expected is None:
             note = (
                 f"the reference is not finite under {distribution} nor any domain-preserving variant "
@@ -565,8 +564,9 @@ def _check_distribution(
             return DistributionResult(
                 distribution, applicable=False, passed=False, note=note, draws=len(draws)
             )
-        if variant != asked:  # the reference fell back to a domain-preserving variant: run that one
-            outputs = _run(subject, variant, seed, "native")
+        if outputs is None or used != variant:  # (again where the reference fell back to a variant)
+            outputs = _run(subject, used, seed, "native")
+        variant = used
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
             judged = _confirm_failure(
