@@ -76,7 +76,13 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
         pool.submit(lambda p: compile_candidate(load_candidate(p, label="prebuild"), arch_list=arch), path)
         for path in sources
     ]
-    request.addfinalizer(lambda: [f.result() for f in futures] and pool.shutdown(wait=True))
+
+    def wait_for_builds() -> None:
+        for future in futures:
+            future.result()
+        pool.shutdown(wait=True)
+
+    request.addfinalizer(wait_for_builds)
 
 
 def extensions_dir_of(path: Path) -> Path:

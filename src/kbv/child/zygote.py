@@ -181,7 +181,6 @@ def _own_descriptors(channel: int, stdout: int, stderr: int) -> int:
     keep = 3
     if channel != keep:
         os.dup2(channel, keep)
-    os.set_inheritable(keep, True)
     os.closerange(keep + 1, _max_fd())
     return keep
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -124,8 +125,6 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        import shutil
-
         shutil.rmtree(self.home, ignore_errors=True)
 
     def _write(self, message: dict[str, Any], fds: list[int]) -> None:
