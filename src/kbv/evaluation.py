@@ -699,16 +699,8 @@ def _error_model_expected(baseline: dict[str, Any], truth: dict[str, Any]) -> di
         base_err = correctness.baseline_error(baseline["outputs"], truth["outputs"])
     except ValueError as exc:  # the reference disagrees with itself across precisions: the problem's fault
         raise HarnessError(f"the reference's fp32 and float64 outputs differ in structure ({exc})") from exc
-    stand_ins = {**baseline, "outputs": [_meta_like(o) for o in baseline["outputs"]]}
+    stand_ins = {**baseline, "outputs": [correctness.stand_in(o) for o in baseline["outputs"]]}
     return {"reference": stand_ins, "baseline": stand_ins, "truth": truth, "baseline_err": base_err}
-
-
-def _meta_like(value: Any) -> Any:
-    return (
-        torch.empty(value.shape, dtype=value.dtype, device="meta")
-        if isinstance(value, torch.Tensor)
-        else value
-    )
 
 
 def _all_finite(outputs: list[Any]) -> bool:

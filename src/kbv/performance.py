@@ -196,7 +196,10 @@ class _SketchPlan:
             for seed in self.round_seeds
         ]
         self.references = [
-            {**{k: v for k, v in ref.items() if k != "targets"}, "like": [_meta(o) for o in ref["like"]]}
+            {
+                **{k: v for k, v in ref.items() if k != "targets"},
+                "like": [correctness.stand_in(o) for o in ref["like"]],
+            }
             for ref in references
         ]
         self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
@@ -273,15 +276,6 @@ WRONG_CALLS_LISTED = 10
 
 def _target_sketch(target: Any, seed: int, index: int, omega: float) -> dict[str, Any]:
     return kbv_sketch.sketch_tensor(target, seed, index, omega) if isinstance(target, torch.Tensor) else {}
-
-
-def _meta(value: Any) -> Any:
-    """A stand-in with the value's dtype and shape and no memory."""
-    return (
-        torch.empty(value.shape, dtype=value.dtype, device="meta")
-        if isinstance(value, torch.Tensor)
-        else value
-    )
 
 
 #: A cached baseline is used only while a fresh batch measured now has its median within this
