@@ -335,3 +335,28 @@ def test_a_module_whose_objects_have_no_string_module_does_not_break_the_custom_
 
     candidate.kernel = type("JITFunction", (), {"__module__": "triton.runtime.jit"})()
     assert "triton" in _probes._custom_code()
+
+
+class _FailingWorker:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def request(self, op: str, **fields):
+        from kbv.worker import WorkerFailed
+
+        raise WorkerFailed("runtime_error", self.message, {}, role="candidate")
+
+
+def test_a_probe_that_runs_out_of_memory_is_the_candidates_runtime_error_not_a_hack() -> None:
+    from kbv.worker import WorkerFailed
+
+    candidate = _FailingWorker("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has 73.62 MiB free")
+    ctx = _ctx(reference=object(), subject=candidate)
+    with pytest.raises(WorkerFailed) as raised:  # the evaluation records runtime_error
+        ctx.request(candidate, "probe_cache")
+    assert raised.value.kind == "runtime_error"
+    # any other failure inside a probe, after ordinary calls passed, stays the check's fail finding
+    other = _FailingWorker("ValueError: inputs seen before")
+    ctx = _ctx(reference=object(), subject=other)
+    with pytest.raises(dynamic._ProbeFailed):
+        ctx.request(other, "probe_cache")

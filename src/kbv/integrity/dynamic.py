@@ -50,6 +50,14 @@ LIE_FACTOR = 2.0
 _REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
 
 
+def _out_of_memory(failure: WorkerFailed) -> bool:
+    """A probe that ran out of memory shows no hack: it ends the evaluation as the candidate's
+    ``runtime_error``, as an ordinary call that runs out does, not as ``hack_detected``. (On an H200
+    shared with other evaluations, the reference itself was called a hack by ``caching_probe`` when
+    the device filled up under it.) Not passed either way: a candidate gains nothing by running out."""
+    return "out of memory" in failure.message.lower()
+
+
 class _ProbeFailed(Exception):
     """The candidate raised inside a probe (its worker is still alive)."""
 
@@ -102,7 +110,7 @@ class DynamicContext:
         except WorkerFailed as exc:
             if worker is self.session.reference:
                 raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
-            if exc.kind in _REFUSE:
+            if exc.kind in _REFUSE or _out_of_memory(exc):
                 raise
             raise _ProbeFailed(
                 f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}"
@@ -113,6 +121,8 @@ class DynamicContext:
         try:
             flat = worker.receive_outputs((reply.get("outputs") or {}).get("outputs"))
         except WorkerFailed as exc:
+            if _out_of_memory(exc):
+                raise
             raise _ProbeFailed(exc.message) from exc
         sizes = (reply.get("outputs") or {}).get("sizes")
         if (
