@@ -6,6 +6,11 @@ lengthens every batch's bracket, the candidate's and the baselines' alike.
 
     python benchmarks/sketch_cost.py                               # CPU, a few level-1/2 problems
     python benchmarks/sketch_cost.py --device cuda --all --json benchmarks/results/sketch-cost-cuda.json
+    python benchmarks/sketch_cost.py --device cuda --elements 1610612736 --chunk-log2 20 22 24 25
+
+``--elements`` times the sketch of one float32 tensor of that many elements (KernelBench's
+elementwise problems return 1.6e9) with ``kbv.sketch.CHUNK_ELEMENTS`` set to each ``--chunk-log2``,
+next to a ReLU over the same tensor (what one timed call of such a problem costs).
 """
 
 from __future__ import annotations
@@ -74,6 +79,23 @@ def measure(path: Path, device: torch.device, repeats: int) -> dict:
     }
 
 
+def measure_size(elements: int, chunk_log2: list[int], device: torch.device, repeats: int) -> list[dict]:
+    """The sketch of one float32 tensor of ``elements`` at several chunk sizes, and a ReLU over it."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(elements, device=device, generator=generator)
+    relu_ms = _median_s(lambda: torch.relu(x), device, repeats) * 1e3
+    rows, kept = [], sketch.CHUNK_ELEMENTS
+    try:
+        for log2 in chunk_log2:
+            sketch.CHUNK_ELEMENTS = 1 << log2
+            ms = _median_s(lambda: sketch.sketch_tensor(x, 1, 0, 1.0), device, repeats) * 1e3
+            rows.append({"elements": elements, "chunk_log2": log2, "sketch_ms": ms, "relu_ms": relu_ms})
+            print(f"elements {elements} chunk 2^{log2}: sketch {ms:.2f} ms, relu {relu_ms:.3f} ms", flush=True)
+    finally:
+        sketch.CHUNK_ELEMENTS = kept
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,10 +105,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--elements", type=int, default=None, help="time one tensor of this size instead")
+    parser.add_argument("--chunk-log2", type=int, nargs="+", default=[22])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.elements:
+        rows = measure_size(args.elements, args.chunk_log2, device, min(args.repeats, 10))
+        if args.json:
+            args.json.write_text(json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}))
+        return
     suite = bundled_suite_dir()
     paths = sorted(suite.glob("level*/*.py")) if args.all else [suite / p for p in DEFAULT]
     rows = [measure(p, device, args.repeats) for p in paths]
