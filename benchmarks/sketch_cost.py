@@ -9,7 +9,7 @@ lengthens every batch's bracket, the candidate's and the baselines' alike.
     python benchmarks/sketch_cost.py --device cuda --elements 1610612736 --chunk-log2 20 22 24 25
 
 ``--elements`` times the sketch of one float32 tensor of that many elements (KernelBench's
-elementwise problems return 1.6e9) with ``kbv.sketch.CHUNK_ELEMENTS`` set to each ``--chunk-log2``,
+elementwise problems return 1.6e9) with the chunk size (``kbv.sketch.CHUNK_ELEMENTS``, ``CUDA_CHUNK_ELEMENTS``) set to each ``--chunk-log2``,
 next to a ReLU over the same tensor (what one timed call of such a problem costs).
 """
 
@@ -84,15 +84,15 @@ def measure_size(elements: int, chunk_log2: list[int], device: torch.device, rep
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(elements, device=device, generator=generator)
     relu_ms = _median_s(lambda: torch.relu(x), device, repeats) * 1e3
-    rows, kept = [], sketch.CHUNK_ELEMENTS
+    rows, kept = [], (sketch.CHUNK_ELEMENTS, sketch.CUDA_CHUNK_ELEMENTS)
     try:
         for log2 in chunk_log2:
-            sketch.CHUNK_ELEMENTS = 1 << log2
+            sketch.CHUNK_ELEMENTS = sketch.CUDA_CHUNK_ELEMENTS = 1 << log2
             ms = _median_s(lambda: sketch.sketch_tensor(x, 1, 0, 1.0), device, repeats) * 1e3
             rows.append({"elements": elements, "chunk_log2": log2, "sketch_ms": ms, "relu_ms": relu_ms})
             print(f"elements {elements} chunk 2^{log2}: sketch {ms:.2f} ms, relu {relu_ms:.3f} ms", flush=True)
     finally:
-        sketch.CHUNK_ELEMENTS = kept
+        sketch.CHUNK_ELEMENTS, sketch.CUDA_CHUNK_ELEMENTS = kept
     return rows
 
 

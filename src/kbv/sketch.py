@@ -48,6 +48,10 @@ VECTORS = 8
 PROJECTIONS = VECTORS * VECTORS
 #: Elements mapped at once: the float64 temporaries of one sketch stay 2 x 32 MB whatever the size.
 CHUNK_ELEMENTS = 1 << 22
+#: On a GPU, 16x more (temporaries 2 x 128 MB): on the H200 a 1.6e9-element output's sketch took
+#: 35.7 ms in chunks of 2^22 elements and 23.1 ms in chunks of 2^24 (its launches, not its bytes,
+#: set the smaller chunks' pace); only the order of the float64 sums changes.
+CUDA_CHUNK_ELEMENTS = 1 << 24
 #: ``omega`` puts the reference's RMS at this many radians (:func:`omega_for`).
 PHASE_AT_RMS = 2.0
 #: What the map evaluated in float32 may err by per element, cosine and sine each (float32's sin and
@@ -135,7 +139,8 @@ def _project(
     rows = n // cols
     feature = torch.float64 if exact or omega is None else _feature_dtype(flat)
     acc = _zeros((2, VECTORS, VECTORS), dtype=torch.float64, device=flat.device)
-    step = max(1, CHUNK_ELEMENTS // cols)
+    chunk = CUDA_CHUNK_ELEMENTS if flat.device.type == "cuda" else CHUNK_ELEMENTS
+    step = max(1, chunk // cols)
     for r0 in range(0, rows + 1, step):
         start, stop = r0 * cols, min(n, (r0 + step) * cols)
         if stop <= start:
