@@ -223,6 +223,26 @@ def test_a_process_in_its_own_session_is_reported_and_killed(cgroup_mode: str) -
         assert worker.host_peak_bytes > 0
 
 
+def test_a_paused_candidate_stops_its_processes_in_other_sessions_too(cgroup_mode: str) -> None:
+    """While a baseline is timed the candidate is paused: a helper it started in a session of its
+    own (out of the reach of a process-group SIGSTOP) is stopped as well, and runs on afterwards."""
+    from kbv.worker import _forkserver
+
+    with _worker("pause-escaped") as worker:
+        _load(worker, CONTAIN / "escape_session.py")
+        _run(worker)
+        deadline = time.monotonic() + 3
+        helper: list[int] = []
+        while time.monotonic() < deadline and not helper:  # Popen returns before the exec
+            helper = [p for p in worker.members() if _contain.command_line(p) == "sleep 987"]
+            time.sleep(0.05)
+        assert helper and os.getpgid(helper[0]) != os.getpgid(worker.pid)
+        with worker.paused():
+            assert set(_forkserver._thread_states(helper[0])) <= set("Tt")
+        assert not set(_forkserver._thread_states(helper[0])) & set("Tt")
+        worker.finish()
+
+
 def test_an_orphan_without_the_marker_stays_in_the_tree(cgroup_mode: str) -> None:
     """Double fork, new session, empty environment: the subreaper (or the cgroup) still holds it."""
     with _worker("orphan") as worker:

@@ -310,7 +310,12 @@ class Worker:
         it go on (SIGCONT). Between requests a worker should be idle, but threads it started (a
         candidate's background work, an OpenMP pool still spinning) would take CPU time from the
         batch being timed: on two cores a baseline measured next to such a process ran 16 ms per
-        call instead of 0.006 ms. A stopped process takes none. Only call it between requests."""
+        call instead of 0.006 ms. A stopped process takes none. Only call it between requests.
+
+        A candidate's processes that left the group (their own session, a double fork) are found
+        as :meth:`members` finds them and stopped one by one: a helper in a session of its own
+        would otherwise burn CPU, or launch GPU work, while the baselines are timed and make the
+        candidate look faster. Kernels such a process queued before it stopped still run."""
         if not self.alive() or self._proc is None:
             yield
             return
@@ -320,11 +325,32 @@ class Worker:
                 self._proc.wait_stopped()
             else:
                 os.waitpid(self._proc.pid, os.WUNTRACED)  # returns once it has stopped (it stays unreaped)
+        escaped = self._stop_escaped() if self.spec.role == "candidate" else []
         try:
             yield
         finally:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGCONT)
+            for pid in escaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def _stop_escaped(self) -> list[int]:
+        """SIGSTOP every member of this worker outside its process group; returns their pids.
+        Rounds repeat because a member may fork between the scan and its stop."""
+        assert self._proc is not None
+        stopped: list[int] = []
+        for _ in range(ESCAPED_STOP_ROUNDS):
+            fresh = [p for p in self.members() if p not in stopped and not _in_group(p, self._proc.pid)]
+            if not fresh:
+                break
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            for pid in fresh:
+                _forkserver.wait_stopped(pid)
+        return stopped
 
     def kill(self) -> int | None:
         """Kill the worker and every process it started (see :meth:`_kill_tree`); returns its exit status."""
@@ -631,6 +657,17 @@ POLL_S = 0.1
 #: Seconds between two full ``/proc`` scans for a limited worker without a cgroup (new processes
 #: are found this late; the members already known are measured every POLL_S).
 FULL_SCAN_S = 0.5
+
+
+#: Scans for a paused candidate's processes outside its group (:meth:`Worker.paused`).
+ESCAPED_STOP_ROUNDS = 3
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return True  # gone: nothing to stop
 
 
 def _session_of(pid: int) -> int | None:

@@ -191,12 +191,17 @@ class ForkedProcess:
     def wait_stopped(self, timeout: float = 2.0) -> None:
         """Return once every thread of the worker is stopped (what ``waitpid(WUNTRACED)`` gives a
         parent; this process is not the worker's parent, so it reads ``/proc``)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = _thread_states(self.pid)
-            if not states or all(s in "TtZX" for s in states):
-                return
-            time.sleep(0.0005)
+        wait_stopped(self.pid, timeout)
+
+
+def wait_stopped(pid: int, timeout: float = 2.0) -> None:
+    """Return once every thread of ``pid`` is stopped (or it is gone), read from ``/proc``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = _thread_states(pid)
+        if not states or all(s in "TtZX" for s in states):
+            return
+        time.sleep(0.0005)
 
 
 def _state(pid: int) -> str | None:
