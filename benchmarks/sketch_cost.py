@@ -9,8 +9,10 @@ lengthens every batch's bracket, the candidate's and the baselines' alike.
     python benchmarks/sketch_cost.py --device cuda --elements 1610612736 --chunk-log2 20 22 24 25
 
 ``--elements`` times the sketch of one float32 tensor of that many elements (KernelBench's
-elementwise problems return 1.6e9) with the chunk size (``kbv.sketch.CHUNK_ELEMENTS``, ``CUDA_CHUNK_ELEMENTS``) set to each ``--chunk-log2``,
-next to a ReLU over the same tensor (what one timed call of such a problem costs).
+elementwise problems return 1.6e9) with the chunk size (``kbv.sketch.CHUNK_ELEMENTS``,
+``CUDA_CHUNK_ELEMENTS``) set to each ``--chunk-log2``,
+next to a ReLU over the same tensor (what one timed call of such a problem costs);
+``--fused-block-rows 4 8 16`` times the fused Triton kernel too (``kbv._sketch_kernel``).
 """
 
 from __future__ import annotations
@@ -90,9 +92,31 @@ def measure_size(elements: int, chunk_log2: list[int], device: torch.device, rep
             sketch.CHUNK_ELEMENTS = sketch.CUDA_CHUNK_ELEMENTS = 1 << log2
             ms = _median_s(lambda: sketch.sketch_tensor(x, 1, 0, 1.0), device, repeats) * 1e3
             rows.append({"elements": elements, "chunk_log2": log2, "sketch_ms": ms, "relu_ms": relu_ms})
-            print(f"elements {elements} chunk 2^{log2}: sketch {ms:.2f} ms, relu {relu_ms:.3f} ms", flush=True)
+            print(f"elements {elements} chunk 2^{log2}: sketch {ms:.2f} ms, relu {relu_ms:.3f} ms")
     finally:
         sketch.CHUNK_ELEMENTS, sketch.CUDA_CHUNK_ELEMENTS = kept
+    return rows
+
+
+def measure_fused(elements: int, block_rows: list[int], device: torch.device, repeats: int) -> list[dict]:
+    """The same sketch through the fused Triton kernel (``kbv._sketch_kernel``), at several numbers
+    of rows per program, with its largest difference from the torch path."""
+    from kbv import _sketch_kernel
+
+    x = torch.randn(elements, device=device, generator=torch.Generator(device=device).manual_seed(0))
+    plain = sketch.sketch_tensor(x, 1, 0, 1.0)
+    rows, kept = [], (sketch._FUSED, _sketch_kernel.BLOCK_ROWS)
+    try:
+        sketch._FUSED = _sketch_kernel
+        for count in block_rows:
+            _sketch_kernel.BLOCK_ROWS = count
+            fused = sketch.sketch_tensor(x, 1, 0, 1.0)
+            ms = _median_s(lambda: sketch.sketch_tensor(x, 1, 0, 1.0), device, repeats) * 1e3
+            gap = max(abs(a - b) for key in ("re", "im") for a, b in zip(fused[key], plain[key]))
+            rows.append({"elements": elements, "fused_block_rows": count, "sketch_ms": ms, "max_gap": gap})
+            print(f"elements {elements} fused, {count} rows a program: {ms:.2f} ms, gap {gap:.3g}")
+    finally:
+        sketch._FUSED, _sketch_kernel.BLOCK_ROWS = kept
     return rows
 
 
@@ -107,14 +131,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--elements", type=int, default=None, help="time one tensor of this size instead")
     parser.add_argument("--chunk-log2", type=int, nargs="+", default=[22])
+    parser.add_argument(
+        "--fused-block-rows", type=int, nargs="*", default=[], help="with --elements: the Triton kernel too"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.elements:
         rows = measure_size(args.elements, args.chunk_log2, device, min(args.repeats, 10))
+        if args.fused_block_rows:
+            rows += measure_fused(args.elements, args.fused_block_rows, device, min(args.repeats, 10))
         if args.json:
-            args.json.write_text(json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}))
+            info = {"device": str(device), "torch": torch.__version__}
+            args.json.write_text(json.dumps({**info, "rows": rows}))
         return
     suite = bundled_suite_dir()
     paths = sorted(suite.glob("level*/*.py")) if args.all else [suite / p for p in DEFAULT]

@@ -52,6 +52,11 @@ CHUNK_ELEMENTS = 1 << 22
 #: 35.7 ms in chunks of 2^22 elements and 23.1 ms in chunks of 2^24 (its launches, not its bytes,
 #: set the smaller chunks' pace); only the order of the float64 sums changes.
 CUDA_CHUNK_ELEMENTS = 1 << 24
+#: Whether a GPU maps and projects in one Triton kernel (``kbv._sketch_kernel``: 4 bytes of traffic
+#: an element instead of 48) where the output is float32, float16 or bfloat16. Off until it has
+#: been measured on a GPU (its tests run it under Triton's interpreter on the CPU); when on, Triton
+#: is imported with this module, before any candidate code runs.
+FUSED_ON_CUDA = False
 #: ``omega`` puts the reference's RMS at this many radians (:func:`omega_for`).
 PHASE_AT_RMS = 2.0
 #: What the map evaluated in float32 may err by per element, cosine and sine each (float32's sin and
@@ -70,6 +75,13 @@ _randn = torch.randn
 _zeros = torch.zeros
 _empty = torch.empty
 _Generator = torch.Generator
+
+_FUSED: Any = None
+if FUSED_ON_CUDA:
+    try:
+        from kbv import _sketch_kernel as _FUSED
+    except ImportError:  # no Triton here: the torch path
+        _FUSED = None
 
 _BASES: dict[tuple[int, int, int, str], tuple[torch.Tensor, torch.Tensor, int]] = {}
 _BASES_KEPT = 16
@@ -138,6 +150,9 @@ def _project(
     n = flat.numel()
     rows = n // cols
     feature = torch.float64 if exact or omega is None else _feature_dtype(flat)
+    fused = _FUSED is not None and omega is not None and feature == torch.float32 and flat.is_cuda
+    if fused and flat.dtype != torch.bool:
+        return _FUSED.project(flat, u, v, cols, omega)
     acc = _zeros((2, VECTORS, VECTORS), dtype=torch.float64, device=flat.device)
     chunk = CUDA_CHUNK_ELEMENTS if flat.device.type == "cuda" else CHUNK_ELEMENTS
     step = max(1, chunk // cols)

@@ -35,7 +35,9 @@ def test_tf32_inside_forward_passes_and_a_global_flip_is_caught() -> None:
     assert "global_flags" in {f.check for f in hack.findings if f.severity == "fail"}
 
 
-@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="needs the KernelBench tree: ../shared/kernelbench or KBV_KERNELBENCH")
+@pytest.mark.skipif(
+    not KERNELBENCH.is_dir(), reason="needs the KernelBench tree: ../shared/kernelbench or KBV_KERNELBENCH"
+)
 @pytest.mark.parametrize(
     "candidate", sorted((FIXTURES / "gpu_kernelbench").glob("*.py")), ids=lambda p: p.stem
 )
