@@ -1,13 +1,15 @@
-"""The first half of a sketch's projections in one Triton kernel: ``W = phi(X) V`` for the cosine
-and the sine part at once, reading each output element once (4 bytes for a float32 output) instead
-of the 48 bytes an element of :func:`kbv.sketch._project`'s torch path (a scaled copy, cosine and
-sine into float64 temporaries, a float64 matrix product). ``U^T W`` (rows x 16 numbers) stays in
-torch, in float64.
+"""A sketch's map and projections in one Triton kernel: ``U^T phi(X) V`` for the cosine and the
+sine part at once, reading each output element once (4 bytes for a float32 output) instead of the
+48 bytes an element of :func:`kbv.sketch._project`'s torch path (a scaled copy, cosine and sine
+into float64 temporaries, a float64 matrix product). Each program takes a block of columns over a
+range of rows and writes its 2 x 8 x 8 share; torch adds the shares, in float64.
 
 Numerics are the torch path's: ``omega * x`` in float32 (``omega`` is a power of two: exact),
-cosine and sine in float32 by libdevice (within 2 ulp: inside ``FEATURE_ROUNDING``), every product
-and sum in float64, never a tensor-core product (an fp32 matrix product errs by more than a
-tolerance and follows the candidate's TF32 flags). Only the order of the float64 sums differs.
+cosine and sine in float32 by libdevice (within 2 ulp: inside ``FEATURE_ROUNDING``), every
+product and sum in float64 (16 multiply-adds an element), never a tensor-core product (an fp32
+matrix product errs by more than a tolerance and follows the candidate's TF32 flags). Only the
+order of the float64 sums differs. Compiled here for sm_90a (``ptxas -v``): 72 registers, no spills
+at 128 columns and 4 warps a program.
 
 Not used until it has been measured on a GPU (:data:`kbv.sketch.FUSED_ON_CUDA`); the tests run it
 under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch path.
@@ -26,35 +28,41 @@ from triton.language.extra import libdevice
 # which runs the tests on the CPU, has no libdevice and evaluates tl.cos and tl.sin with numpy.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-#: Rows of the matrix view per program, and columns per step of a program's loop.
-BLOCK_ROWS = 4
-BLOCK_COLS = 64
+#: Columns of the matrix view per program, and rows per program (its loop).
+BLOCK_COLS = 128
+ROWS_PER_PROGRAM = 256
 
 
 @triton.jit
-def _phi_times_v(
+def _sketch_part(
     x_ptr,
+    u_ptr,
     v_ptr,
-    w_ptr,
+    part_ptr,
     n,
     rows_total,
     omega,
     COLS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    ROWS: tl.constexpr,
     VECTORS: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """``w[r] = (cos(omega x[r, :]) @ v, sin(omega x[r, :]) @ v)`` for a block of rows, in float64."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < rows_total
-    jj = tl.arange(0, VECTORS)
-    acc_cos = tl.zeros((BLOCK_R, VECTORS), dtype=tl.float64)
-    acc_sin = tl.zeros((BLOCK_R, VECTORS), dtype=tl.float64)
-    for c0 in range(0, COLS, BLOCK_C):
-        cc = c0 + tl.arange(0, BLOCK_C)
-        offs = rows[:, None].to(tl.int64) * COLS + cc[None, :]
-        mask = row_ok[:, None] & (cc[None, :] < COLS) & (offs < n)
+    """One program's share of ``U^T phi(X) V`` (cosine and sine parts, float64): the columns
+    ``[pid_c * BLOCK_C, ...)`` of the rows ``[pid_r * ROWS, ...)``. The loop only multiplies and adds
+    (``acc[c, i] += phi[r, c] * U[r, i]``, per column lane, no reduction across threads); the product
+    with ``V`` and the sum over the block's columns come once at the end, since
+    ``sum_r,c U[r, i] phi[r, c] V[c, j] = sum_c V[c, j] (sum_r U[r, i] phi[r, c])``."""
+    pid_c = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    cc = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    ii = tl.arange(0, VECTORS)
+    acc_cos = tl.zeros((BLOCK_C, VECTORS), dtype=tl.float64)
+    acc_sin = tl.zeros((BLOCK_C, VECTORS), dtype=tl.float64)
+    for k in range(0, ROWS):
+        r = pid_r * ROWS + k
+        offs = r.to(tl.int64) * COLS + cc
+        mask = (cc < COLS) & (offs < n) & (r < rows_total)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         angle = x * omega
         if INTERPRETED:
@@ -63,12 +71,15 @@ def _phi_times_v(
             cos, sin = libdevice.cos(angle), libdevice.sin(angle)
         mapped_cos = tl.where(mask, cos, 0.0).to(tl.float64)
         mapped_sin = tl.where(mask, sin, 0.0).to(tl.float64)
-        v = tl.load(v_ptr + cc[:, None] * VECTORS + jj[None, :], mask=cc[:, None] < COLS, other=0.0)
-        acc_cos += tl.sum(mapped_cos[:, :, None] * v[None, :, :], axis=1)
-        acc_sin += tl.sum(mapped_sin[:, :, None] * v[None, :, :], axis=1)
-    out = w_ptr + rows[:, None] * (2 * VECTORS) + jj[None, :]
-    tl.store(out, acc_cos, mask=row_ok[:, None])
-    tl.store(out + VECTORS, acc_sin, mask=row_ok[:, None])
+        u = tl.load(u_ptr + r * VECTORS + ii, mask=(ii < VECTORS) & (r < rows_total), other=0.0)
+        acc_cos += mapped_cos[:, None] * u[None, :]
+        acc_sin += mapped_sin[:, None] * u[None, :]
+    # part[i, j] = sum_c acc[c, i] * v[c, j], one j at a time (a (BLOCK_C, VECTORS) temporary)
+    base = part_ptr + (pid_r * tl.num_programs(0) + pid_c) * (2 * VECTORS * VECTORS)
+    for j in tl.static_range(VECTORS):
+        v_j = tl.load(v_ptr + cc * VECTORS + j, mask=cc < COLS, other=0.0)
+        tl.store(base + ii * VECTORS + j, tl.sum(acc_cos * v_j[:, None], axis=0))
+        tl.store(base + VECTORS * VECTORS + ii * VECTORS + j, tl.sum(acc_sin * v_j[:, None], axis=0))
 
 
 def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, omega: float) -> torch.Tensor:
@@ -78,20 +89,21 @@ def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, ome
     leftover elements)."""
     vectors = v.shape[1]
     rows_total = u.shape[0]
-    w = torch.empty((rows_total, 2 * vectors), dtype=torch.float64, device=flat.device)
-    grid = ((rows_total + BLOCK_ROWS - 1) // BLOCK_ROWS,)
-    _phi_times_v[grid](
+    block_cols = min(BLOCK_COLS, cols)
+    grid = (triton.cdiv(cols, block_cols), triton.cdiv(rows_total, ROWS_PER_PROGRAM))
+    parts = torch.empty((grid[1], grid[0], 2, vectors, vectors), dtype=torch.float64, device=flat.device)
+    _sketch_part[grid](
         flat,
+        u.contiguous(),
         v.contiguous(),
-        w,
+        parts,
         flat.numel(),
         rows_total,
         float(omega),
         COLS=cols,  # a power of two: one compilation per size class, kept in Triton's cache
-        BLOCK_R=BLOCK_ROWS,
-        BLOCK_C=BLOCK_COLS,
+        BLOCK_C=block_cols,
+        ROWS=ROWS_PER_PROGRAM,
         VECTORS=vectors,
         INTERPRETED=_INTERPRETED,
     )
-    both = torch.stack((u.T @ w[:, :vectors], u.T @ w[:, vectors:]))
-    return both.reshape(2, vectors * vectors)
+    return parts.sum(dim=(0, 1)).reshape(2, vectors * vectors)
