@@ -316,3 +316,30 @@ def test_cuda_fused_kernel_gives_the_torch_paths_projections(dtype: torch.dtype)
         fused = _sketch_kernel.project(x, u, v, cols, omega)
         allowance = sketch.FEATURE_ROUNDING * math.sqrt(2 * n)
         assert float((fused - exact).pow(2).mean().sqrt()) < 0.1 * allowance, (n, dtype)
+
+
+def test_the_fused_kernel_compiles_for_hopper_without_a_gpu() -> None:
+    """Triton compiles ahead of time for a target it is told (sm_90a here), so a kernel that would
+    not build on the H200 fails on the CPU first."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed (the GPU image has it)")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kbv import _sketch_kernel
+
+    signature = {
+        "x_ptr": "*fp32", "u_ptr": "*fp64", "v_ptr": "*fp64", "part_ptr": "*fp64",
+        "n": "i64", "rows_total": "i32", "omega": "fp32",
+        **dict.fromkeys(("COLS", "BLOCK_C", "ROWS", "VECTORS", "INTERPRETED"), "constexpr"),
+    }  # fmt: skip
+    constants = {
+        "COLS": 1 << 16,
+        "BLOCK_C": _sketch_kernel.BLOCK_COLS,
+        "ROWS": _sketch_kernel.ROWS_PER_PROGRAM,
+        "VECTORS": sketch.VECTORS,
+        "INTERPRETED": False,
+    }
+    source = ASTSource(fn=_sketch_kernel._sketch_part, signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    assert "fma.rn.f64" in ptx and "cos.approx" not in ptx  # float64 sums; libdevice, not approximations
