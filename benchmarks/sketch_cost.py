@@ -12,7 +12,8 @@ lengthens every batch's bracket, the candidate's and the baselines' alike.
 elementwise problems return 1.6e9) with the chunk size (``kbv.sketch.CHUNK_ELEMENTS``,
 ``CUDA_CHUNK_ELEMENTS``) set to each ``--chunk-log2``,
 next to a ReLU over the same tensor (what one timed call of such a problem costs);
-``--fused-block-rows 4 8 16`` times the fused Triton kernel too (``kbv._sketch_kernel``).
+``--fused-rows 64 256 1024`` times the fused Triton kernel too (``kbv._sketch_kernel``, at each
+number of rows a program takes).
 """
 
 from __future__ import annotations
@@ -98,25 +99,26 @@ def measure_size(elements: int, chunk_log2: list[int], device: torch.device, rep
     return rows
 
 
-def measure_fused(elements: int, block_rows: list[int], device: torch.device, repeats: int) -> list[dict]:
+def measure_fused(elements: int, rows_per_program: list[int], device: torch.device, repeats: int) -> list:
     """The same sketch through the fused Triton kernel (``kbv._sketch_kernel``), at several numbers
     of rows per program, with its largest difference from the torch path."""
     from kbv import _sketch_kernel
 
     x = torch.randn(elements, device=device, generator=torch.Generator(device=device).manual_seed(0))
     plain = sketch.sketch_tensor(x, 1, 0, 1.0)
-    rows, kept = [], (sketch._FUSED, _sketch_kernel.BLOCK_ROWS)
+    rows, kept = [], (sketch._FUSED, _sketch_kernel.ROWS_PER_PROGRAM)
     try:
         sketch._FUSED = _sketch_kernel
-        for count in block_rows:
-            _sketch_kernel.BLOCK_ROWS = count
+        for count in rows_per_program:
+            _sketch_kernel.ROWS_PER_PROGRAM = count
             fused = sketch.sketch_tensor(x, 1, 0, 1.0)
             ms = _median_s(lambda: sketch.sketch_tensor(x, 1, 0, 1.0), device, repeats) * 1e3
             gap = max(abs(a - b) for key in ("re", "im") for a, b in zip(fused[key], plain[key]))
-            rows.append({"elements": elements, "fused_block_rows": count, "sketch_ms": ms, "max_gap": gap})
+            row = {"elements": elements, "fused_rows_per_program": count, "sketch_ms": ms, "max_gap": gap}
+            rows.append(row)
             print(f"elements {elements} fused, {count} rows a program: {ms:.2f} ms, gap {gap:.3g}")
     finally:
-        sketch._FUSED, _sketch_kernel.BLOCK_ROWS = kept
+        sketch._FUSED, _sketch_kernel.ROWS_PER_PROGRAM = kept
     return rows
 
 
@@ -132,7 +134,7 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=None, help="time one tensor of this size instead")
     parser.add_argument("--chunk-log2", type=int, nargs="+", default=[22])
     parser.add_argument(
-        "--fused-block-rows", type=int, nargs="*", default=[], help="with --elements: the Triton kernel too"
+        "--fused-rows", type=int, nargs="*", default=[], help="with --elements: the Triton kernel too"
     )
     args = parser.parse_args()
     if args.threads:
@@ -140,8 +142,8 @@ def main() -> None:
     device = torch.device(args.device)
     if args.elements:
         rows = measure_size(args.elements, args.chunk_log2, device, min(args.repeats, 10))
-        if args.fused_block_rows:
-            rows += measure_fused(args.elements, args.fused_block_rows, device, min(args.repeats, 10))
+        if args.fused_rows:
+            rows += measure_fused(args.elements, args.fused_rows, device, min(args.repeats, 10))
         if args.json:
             info = {"device": str(device), "torch": torch.__version__}
             args.json.write_text(json.dumps({**info, "rows": rows}))
