@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.processes",
             "kbv.samples",
             "kbv.sketch",
+            "kbv._sketch_kernel",
             "kbv.inputs",
             "kbv.telemetry",
             "kbv.problems",
