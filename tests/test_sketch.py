@@ -329,11 +329,10 @@ def test_the_fused_kernel_compiles_for_hopper_without_a_gpu() -> None:
 
     signature = {
         "x_ptr": "*fp32", "u_ptr": "*fp64", "v_ptr": "*fp64", "part_ptr": "*fp64",
-        "n": "i64", "rows_total": "i32", "omega": "fp32",
-        **dict.fromkeys(("COLS", "BLOCK_C", "ROWS", "VECTORS", "INTERPRETED"), "constexpr"),
+        "n": "i64", "cols": "i32", "rows_total": "i32", "omega": "fp32",
+        **dict.fromkeys(("BLOCK_C", "ROWS", "VECTORS", "INTERPRETED"), "constexpr"),
     }  # fmt: skip
     constants = {
-        "COLS": 1 << 16,
         "BLOCK_C": _sketch_kernel.BLOCK_COLS,
         "ROWS": _sketch_kernel.ROWS_PER_PROGRAM,
         "VECTORS": sketch.VECTORS,
@@ -343,3 +342,51 @@ def test_the_fused_kernel_compiles_for_hopper_without_a_gpu() -> None:
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     assert "fma.rn.f64" in ptx and "cos.approx" not in ptx  # float64 sums; libdevice, not approximations
+
+
+def test_a_fused_kernel_that_disagrees_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switched on, the fused kernel is first held against the torch path on a check tensor, once
+    per device: one that gives other projections (or raises) is never used; the torch path is."""
+    from types import SimpleNamespace
+
+    calls: list[int] = []
+
+    def wrong(flat, u, v, cols, omega):
+        calls.append(flat.numel())
+        return torch.zeros((2, sketch.PROJECTIONS), dtype=torch.float64)
+
+    monkeypatch.setattr(sketch, "_FUSED", SimpleNamespace(project=wrong))
+    monkeypatch.setattr(sketch, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setattr(sketch, "_FUSED_AGREES", {})
+    t = torch.randn(300, 70)
+    got = sketch.sketch_tensor(t, SEED, 0, 0.5)
+    monkeypatch.setattr(sketch, "_FUSED", None)
+    assert got == sketch.sketch_tensor(t, SEED, 0, 0.5)  # the torch path's, exactly
+    assert calls == [sketch.FUSED_CHECK_ELEMENTS]  # the check ran once; the output never went through
+
+
+_FUSED_IN_USE = r"""
+import torch
+from kbv import sketch, _sketch_kernel
+t = torch.randn(300, 70)
+plain = sketch.sketch_tensor(t, 5, 0, 0.5)
+sketch._FUSED, sketch.FUSED_DEVICES = _sketch_kernel, ("cpu",)
+fused = sketch.sketch_tensor(t, 5, 0, 0.5)
+assert sketch._FUSED_AGREES == {"cpu": True}, sketch._FUSED_AGREES
+print(max(abs(a - b) for key in ("re", "im") for a, b in zip(fused[key], plain[key])))
+"""
+
+
+def test_a_fused_kernel_that_agrees_sketches_outputs_under_the_interpreter() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed (the GPU image has it)")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FUSED_IN_USE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    n = 300 * 70
+    assert 0 < float(done.stdout.strip().splitlines()[-1]) < 0.1 * sketch.FEATURE_ROUNDING * math.sqrt(2 * n)

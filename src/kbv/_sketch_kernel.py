@@ -40,9 +40,9 @@ def _sketch_part(
     v_ptr,
     part_ptr,
     n,
+    cols,
     rows_total,
     omega,
-    COLS: tl.constexpr,
     BLOCK_C: tl.constexpr,
     ROWS: tl.constexpr,
     VECTORS: tl.constexpr,
@@ -61,8 +61,8 @@ def _sketch_part(
     acc_sin = tl.zeros((BLOCK_C, VECTORS), dtype=tl.float64)
     for k in range(0, ROWS):
         r = pid_r * ROWS + k
-        offs = r.to(tl.int64) * COLS + cc
-        mask = (cc < COLS) & (offs < n) & (r < rows_total)
+        offs = r.to(tl.int64) * cols + cc
+        mask = (cc < cols) & (offs < n) & (r < rows_total)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         angle = x * omega
         if INTERPRETED:
@@ -77,7 +77,7 @@ def _sketch_part(
     # part[i, j] = sum_c acc[c, i] * v[c, j], one j at a time (a (BLOCK_C, VECTORS) temporary)
     base = part_ptr + (pid_r * tl.num_programs(0) + pid_c) * (2 * VECTORS * VECTORS)
     for j in tl.static_range(VECTORS):
-        v_j = tl.load(v_ptr + cc * VECTORS + j, mask=cc < COLS, other=0.0)
+        v_j = tl.load(v_ptr + cc * VECTORS + j, mask=cc < cols, other=0.0)
         tl.store(base + ii * VECTORS + j, tl.sum(acc_cos * v_j[:, None], axis=0))
         tl.store(base + VECTORS * VECTORS + ii * VECTORS + j, tl.sum(acc_sin * v_j[:, None], axis=0))
 
@@ -89,8 +89,7 @@ def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, ome
     leftover elements)."""
     vectors = v.shape[1]
     rows_total = u.shape[0]
-    block_cols = min(BLOCK_COLS, cols)
-    grid = (triton.cdiv(cols, block_cols), triton.cdiv(rows_total, ROWS_PER_PROGRAM))
+    grid = (triton.cdiv(cols, BLOCK_COLS), triton.cdiv(rows_total, ROWS_PER_PROGRAM))
     parts = torch.empty((grid[1], grid[0], 2, vectors, vectors), dtype=torch.float64, device=flat.device)
     _sketch_part[grid](
         flat,
@@ -98,10 +97,10 @@ def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, ome
         v.contiguous(),
         parts,
         flat.numel(),
+        cols,
         rows_total,
         float(omega),
-        COLS=cols,  # a power of two: one compilation per size class, kept in Triton's cache
-        BLOCK_C=block_cols,
+        BLOCK_C=BLOCK_COLS,  # sizes are arguments: one compilation per output dtype
         ROWS=ROWS_PER_PROGRAM,
         VECTORS=vectors,
         INTERPRETED=_INTERPRETED,

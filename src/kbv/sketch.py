@@ -55,7 +55,9 @@ CUDA_CHUNK_ELEMENTS = 1 << 24
 #: Whether a GPU maps and projects in one Triton kernel (``kbv._sketch_kernel``: 4 bytes of traffic
 #: an element instead of 48) where the output is float32, float16 or bfloat16. Off until it has
 #: been measured on a GPU (its tests run it under Triton's interpreter on the CPU); when on, Triton
-#: is imported with this module, before any candidate code runs.
+#: is imported with this module, before any candidate code runs, a worker compiles the kernel
+#: while it boots (:func:`warm`), and each process uses it only after it gave the torch path's
+#: projections of a check tensor on that device (:func:`_fused_ready`).
 FUSED_ON_CUDA = False
 #: ``omega`` puts the reference's RMS at this many radians (:func:`omega_for`).
 PHASE_AT_RMS = 2.0
@@ -123,6 +125,49 @@ def _basis(seed: int, index: int, n: int, device: torch.device) -> tuple[torch.T
     return u, v, cols
 
 
+#: Devices the fused kernel runs on (tests add "cpu", under Triton's interpreter).
+FUSED_DEVICES = ("cuda",)
+#: Per device: whether the fused kernel agreed with the torch path on a check tensor.
+_FUSED_AGREES: dict[str, bool] = {}
+#: The check: this many elements (a leftover row included), and the largest disagreement allowed,
+#: as a share of the rounding the judge allows for a float32 map.
+FUSED_CHECK_ELEMENTS = (1 << 16) + 77
+FUSED_CHECK_SHARE = 0.1
+
+
+def _fused_ready(device: torch.device) -> bool:
+    """Whether sketches on ``device`` go through the fused kernel: it is loaded, runs on this kind
+    of device, and on this device gave the torch path's projections of a check tensor (once per
+    process and device). A kernel that disagrees, or fails, is not used again: the torch path is."""
+    if _FUSED is None or device.type not in FUSED_DEVICES:
+        return False
+    key = str(device)
+    if key not in _FUSED_AGREES:
+        _FUSED_AGREES[key] = _fused_agrees(device)
+    return _FUSED_AGREES[key]
+
+
+def warm(device: torch.device) -> None:
+    """Compile and check the fused kernel now (a worker calls it while it boots), not inside the
+    first timed batch's bracket. Nothing to do when it is off."""
+    _fused_ready(device)
+
+
+def _fused_agrees(device: torch.device) -> bool:
+    n = FUSED_CHECK_ELEMENTS
+    generator = _Generator(device="cpu")
+    generator.manual_seed(n)
+    x = _to(_randn((n,), generator=generator, dtype=torch.float32), device)
+    u, v, cols = _basis(0, 0, n, device)
+    allowed = FUSED_CHECK_SHARE * FEATURE_ROUNDING * math.sqrt(2 * n)
+    try:
+        fused = _FUSED.project(x, u, v, cols, 1.0)
+    except Exception:  # noqa: BLE001 - a kernel that cannot run here leaves the torch path
+        return False
+    exact = _project_torch(x, u, v, cols, 1.0, exact=True)
+    return bool(float((fused - exact).pow(2).mean().sqrt()) <= allowed)
+
+
 def _real_flat(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's values as one flat real tensor (a complex one as its real and imaginary parts)."""
     if tensor.is_complex():
@@ -146,13 +191,23 @@ def _project(
 ) -> torch.Tensor:
     """(2, PROJECTIONS) float64: the projections of ``exp(i omega flat)`` (cosine row, sine row), or
     with ``omega=None`` of ``flat`` itself (first row; the second is 0). The projections themselves
-    are float64 products and sums; ``exact`` evaluates the map in float64 whatever the dtype."""
+    are float64 products and sums; ``exact`` evaluates the map in float64 whatever the dtype. A
+    float32 map goes through the fused kernel where it is on and agrees (:func:`_fused_ready`)."""
+    feature = torch.float64 if exact or omega is None else _feature_dtype(flat)
+    fused = omega is not None and feature == torch.float32 and flat.dtype != torch.bool
+    if fused and _fused_ready(flat.device):
+        assert omega is not None
+        return _FUSED.project(flat, u, v, cols, omega)
+    return _project_torch(flat, u, v, cols, omega, exact)
+
+
+def _project_torch(
+    flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, omega: float | None, exact: bool = False
+) -> torch.Tensor:
+    """:func:`_project` in torch operations, chunk by chunk."""
     n = flat.numel()
     rows = n // cols
     feature = torch.float64 if exact or omega is None else _feature_dtype(flat)
-    fused = _FUSED is not None and omega is not None and feature == torch.float32 and flat.is_cuda
-    if fused and flat.dtype != torch.bool:
-        return _FUSED.project(flat, u, v, cols, omega)
     acc = _zeros((2, VECTORS, VECTORS), dtype=torch.float64, device=flat.device)
     chunk = CUDA_CHUNK_ELEMENTS if flat.device.type == "cuda" else CHUNK_ELEMENTS
     step = max(1, chunk // cols)

@@ -115,6 +115,7 @@ def _environment_facts() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")  # the CUDA context is made now, while the worker boots
+        _sketch.warm(torch.device("cuda"))  # the fused sketch kernel, where it is on, compiled now
         if _WARM_PROBES:
             _warm_profiler()
             if _ROLE == "reference":  # only the trusted reference worker counts FLOPs (on CUDA)
