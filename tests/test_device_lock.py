@@ -78,3 +78,40 @@ def test_the_cpu_takes_no_lock() -> None:
         pass
     assert lock.waited_s == 0.0
     assert not list(Path(tempfile.gettempdir()).glob("kbv-device-locks/*"))
+
+
+def test_a_nested_exclusive_block_keeps_the_gpu_alone_until_the_outer_one_ends() -> None:
+    """A large evaluation holds the GPU alone throughout; its timing phase's own exclusive block,
+    nested inside, must not hand the GPU back when it ends."""
+    holder = DeviceLock("cuda:5").__enter__()
+    newcomer_in = threading.Event()
+
+    def newcomer() -> None:
+        late = DeviceLock("cuda:5").__enter__()
+        newcomer_in.set()
+        late.close()
+
+    with holder.exclusive():
+        with holder.exclusive():  # the timing phase
+            pass
+        joining = _start(newcomer)
+        time.sleep(0.2)
+        assert not newcomer_in.is_set()  # still alone after the nested block
+    joining.join(5)
+    assert newcomer_in.is_set()  # the outer block's end lets it in
+    holder.close()
+
+
+def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_of_it() -> None:
+    from types import SimpleNamespace
+
+    from kbv import evaluation
+    from kbv.problems.structure import InputStructure
+
+    def hold(device: str, numels: list[int]) -> str:
+        ctx = SimpleNamespace(device=device, structure=InputStructure(invariants=[], numels=numels))
+        return evaluation._gpu_hold(ctx, {"device": {"total_memory_bytes": 140 * 10**9}})  # type: ignore[arg-type]
+
+    assert hold("cuda", [4096 * 393216]).startswith("alone")  # KernelBench's 1.6e9-element ReLU
+    assert hold("cuda:1", [4096 * 4096, 4096 * 4096]).startswith("shared")  # a 4096 x 4096 matmul
+    assert hold("cpu", [4096 * 393216]) == ""

@@ -5,7 +5,10 @@ pytest-xdist) used to overlap freely, so one's correctness kernels ran inside an
 batches: on the H200 an honest candidate's wall clock then read 1.9 ms against 0.38 ms of device
 time and ``side_stream_timing`` called it a hack. Every evaluation on a GPU now holds a shared
 lock on that GPU's lock file, and converts it to an exclusive one for its timing phase (baselines
-and candidate), so nothing else runs on the GPU while it times.
+and candidate), so nothing else runs on the GPU while it times. An evaluation whose copies of its
+inputs and outputs would fill a large share of the GPU's memory holds it alone from its first
+draw to its end (``kbv.evaluation._holds_gpu_alone``): on the H200, six evaluations of
+KernelBench's 1.6e9-element problems sharing one GPU ran one another out of memory.
 
 The locks are ``flock`` locks on files in a directory every process on the host sees (the
 system's temporary directory), keyed by the physical GPU, so they hold across users of
@@ -50,6 +53,7 @@ class DeviceLock:
     def __init__(self, device: str) -> None:
         self.device = device
         self.waited_s = 0.0
+        self._exclusive_depth = 0
         self._main: int | None = None
         self._gate: int | None = None
         if device.startswith("cuda"):
@@ -77,9 +81,15 @@ class DeviceLock:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """The GPU alone for the block; shared again after it."""
-        if self._main is None or self._gate is None:
-            yield
+        """The GPU alone for the block; shared again after it. Inside a block that holds it alone
+        already (a large evaluation's, :func:`kbv.evaluation._holds_gpu_alone`), a nested block
+        changes nothing."""
+        if self._main is None or self._gate is None or self._exclusive_depth:
+            self._exclusive_depth += 1
+            try:
+                yield
+            finally:
+                self._exclusive_depth -= 1
             return
         started = time.monotonic()
         # Our shared hold goes first: a second timer waiting at the gate while still sharing would
@@ -91,9 +101,11 @@ class DeviceLock:
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.waited_s += time.monotonic() - started
+        self._exclusive_depth = 1
         try:
             yield
         finally:
+            self._exclusive_depth = 0
             fcntl.flock(self._main, fcntl.LOCK_SH)
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ them per-call seeds, and judges what comes back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import platform
 import time
@@ -148,6 +149,8 @@ class _Context:
     expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
     # The input distribution each protocol distribution really ran (a domain fallback, or itself).
     variants: dict[str, str] = field(default_factory=dict)
+    # How the evaluation held its GPU (_gpu_hold); "" on the CPU.
+    gpu_held: str = ""
     # Filled at the end of the evaluation by _end_containment.
     isolation: dict[str, Any] = field(default_factory=dict)
     host_memory: dict[str, Any] = field(default_factory=dict)
@@ -200,7 +203,7 @@ def _release_device_memory(ctx: _Context) -> None:
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
-    with DeviceLock(device) as gpu, reference, subject:
+    with DeviceLock(device) as gpu, reference, subject, contextlib.ExitStack() as alone:
         reference.launch()
         subject.launch()
         # the next evaluation's workers boot while this one loads and checks correctness
@@ -209,6 +212,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             ref_hello = _start_reference(ctx, reference)
         except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
             return _problem_error_record(ctx, reference.hello, failure)
+        ctx.gpu_held = _gpu_hold(ctx, ref_hello)
+        if ctx.gpu_held.startswith("alone"):
+            alone.enter_context(gpu.exclusive())  # released first: the workers close after it
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
@@ -283,7 +289,7 @@ def _end_containment(ctx: _Context, reference: Worker, subject: Worker) -> None:
     ctx.findings.extend(
         integrity.apply_severity(left_behind_findings(subject.finish()), ctx.protocol.integrity)
     )
-    ctx.isolation = subject.isolation
+    ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
     ctx.host_memory = {
         "candidate_host_peak_bytes": subject.host_peak_bytes or None,
         "reference_host_peak_bytes": reference.host_peak_bytes or None,
@@ -420,6 +426,29 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
     reply = _phase(ctx, "reference_load", lambda: reference.request("load", **_load_fields(ctx, "reference")))
     hello["parameters"] = reply["parameters"]
     return hello
+
+
+#: An evaluation keeps about this many copies of its inputs' bytes on the GPU at once (inputs and
+#: outputs in both workers, the float64 inputs and truth, the TF32 baseline's output, the parent's
+#: copy of the candidate's output); when that exceeds this share of the GPU's memory it holds the
+#: GPU alone from its first draw to its end, not only while it times (kbv.device_lock).
+GPU_ALONE_COPIES = 12
+GPU_ALONE_SHARE = 0.25
+
+
+def _gpu_hold(ctx: _Context, hello: dict[str, Any]) -> str:
+    """How this evaluation holds its GPU, for the record's ``isolation.gpu`` ("" on the CPU)."""
+    if not ctx.device.startswith("cuda"):
+        return ""
+    total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    inputs = 4 * sum(_structure(ctx).numels)  # float32 inputs, as the structure draws counted them
+    if total and GPU_ALONE_COPIES * inputs > GPU_ALONE_SHARE * total:
+        return (
+            f"alone for the whole evaluation: {inputs / 1e9:.1f} GB of inputs, about "
+            f"{GPU_ALONE_COPIES}x that on the GPU with the evaluation's copies, more than "
+            f"{GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
+        )
+    return "shared with other evaluations outside the timing phase"
 
 
 def _problem_failed(failure: WorkerFailed) -> bool:
