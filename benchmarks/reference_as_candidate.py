@@ -106,6 +106,8 @@ def main() -> int:
                     ],
                     "structure": record.seeds.get("structure"),
                     "error": (record.error or {}).get("message", "")[:300],
+                    "phases_s": {k: round(v, 3) for k, v in record.phases_s.items()},
+                    "gpu": record.isolation.get("gpu"),
                 }
             except Exception as exc:  # the harness or the problem failed: recorded, the run goes on
                 row = {
