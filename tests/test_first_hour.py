@@ -550,3 +550,17 @@ def test_the_readme_test_command_runs_in_parallel_and_ci_runs_it_verbatim() -> N
     assert "-n 2" in command
     assert command in (ROOT / ".ci" / "run").read_text()
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
+
+
+def test_explain_says_when_an_evaluation_held_its_gpu_alone() -> None:
+    from rich.console import Console
+
+    from kbv.report.explain import print_record
+
+    alone, shared = _record("passed", "verified", "m"), _record("passed", "verified", "m")
+    alone.isolation = {"gpu": "alone for the whole evaluation: 6.4 GB of inputs, about 12x that"}
+    shared.isolation = {"gpu": "shared with other evaluations outside the timing phase"}
+    for record, shown in ((alone, True), (shared, False)):
+        console = Console(width=100, record=True)
+        print_record(record, console)
+        assert ("GPU held alone" in console.export_text()) is shown

@@ -65,6 +65,9 @@ def print_record(record: Record, console: Console | None = None) -> None:
         console.print(f"host memory peak: candidate {host_peak / 2**20:.1f} MiB")
     for gap in (record.isolation or {}).get("not_enforced") or []:
         console.print(f"[yellow]not enforced on this machine[/yellow]: {gap}")
+    held = str((record.isolation or {}).get("gpu") or "")
+    if held.startswith("alone"):  # why it waited for, or kept out, other evaluations on its GPU
+        console.print(f"GPU held {held}", highlight=False)
     phases = phases_line(record.phases_s)
     if phases:
         console.print(phases, highlight=False, soft_wrap=True)
