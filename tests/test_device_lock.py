@@ -100,6 +100,18 @@ def test_a_nested_exclusive_block_keeps_the_gpu_alone_until_the_outer_one_ends()
     joining.join(5)
     assert newcomer_in.is_set()  # the outer block's end lets it in
     holder.close()
+    # hold_alone: alone until close, whatever is nested
+    holder = DeviceLock("cuda:5").__enter__()
+    newcomer_in.clear()
+    holder.hold_alone()
+    with holder.exclusive():
+        pass
+    joining = _start(newcomer)
+    time.sleep(0.2)
+    assert not newcomer_in.is_set()
+    holder.close()
+    joining.join(5)
+    assert newcomer_in.is_set()
 
 
 def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_of_it() -> None:

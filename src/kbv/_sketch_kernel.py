@@ -12,7 +12,13 @@ order of the float64 sums differs. Compiled here for sm_90a (``ptxas -v``): 72 r
 at 128 columns and 4 warps a program.
 
 Not used until it has been measured on a GPU (:data:`kbv.sketch.FUSED_ON_CUDA`); the tests run it
-under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch path.
+under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch path. Before it
+is switched on, its compiled code must come from where the candidate cannot have written: on a GPU
+the candidate keeps the parent's uid, so Triton's on-disk cache (the worker's ``TRITON_CACHE_DIR``)
+could hold a binary an earlier evaluation planted, one that passes the check tensor and lies
+elsewhere. Compile it before any candidate runs, into a fresh directory or ahead of time for the
+device's architecture in the fork server (Triton compiles without a GPU:
+``tests/test_sketch.py::test_the_fused_kernel_compiles_for_hopper_without_a_gpu``).
 """
 
 from __future__ import annotations
@@ -28,12 +34,20 @@ from triton.language.extra import libdevice
 # which runs the tests on the CPU, has no libdevice and evaluates tl.cos and tl.sin with numpy.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
+# Bound at import, as kbv.sketch binds its own (before any candidate code runs in a worker).
+_empty = torch.empty
+_sum = torch.Tensor.sum
+_reshape = torch.Tensor.reshape
+_contiguous = torch.Tensor.contiguous
+
 #: Columns of the matrix view per program, and rows per program (its loop).
 BLOCK_COLS = 128
 ROWS_PER_PROGRAM = 256
 
 
-@triton.jit
+# Sizes and the output's address are not specialised on (divisibility by 16, alignment): one
+# compilation per output dtype, made while the worker boots (kbv.sketch.warm), not inside a bracket.
+@triton.jit(do_not_specialize=["n", "cols", "rows_total", "omega"], do_not_specialize_on_alignment=["x_ptr"])
 def _sketch_part(
     x_ptr,
     u_ptr,
@@ -90,11 +104,11 @@ def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, ome
     vectors = v.shape[1]
     rows_total = u.shape[0]
     grid = (triton.cdiv(cols, BLOCK_COLS), triton.cdiv(rows_total, ROWS_PER_PROGRAM))
-    parts = torch.empty((grid[1], grid[0], 2, vectors, vectors), dtype=torch.float64, device=flat.device)
+    parts = _empty((grid[1], grid[0], 2, vectors, vectors), dtype=torch.float64, device=flat.device)
     _sketch_part[grid](
         flat,
-        u.contiguous(),
-        v.contiguous(),
+        _contiguous(u),
+        _contiguous(v),
         parts,
         flat.numel(),
         cols,
@@ -105,4 +119,4 @@ def project(flat: torch.Tensor, u: torch.Tensor, v: torch.Tensor, cols: int, ome
         VECTORS=vectors,
         INTERPRETED=_INTERPRETED,
     )
-    return parts.sum(dim=(0, 1)).reshape(2, vectors * vectors)
+    return _reshape(_sum(parts, dim=(0, 1)), (2, vectors * vectors))

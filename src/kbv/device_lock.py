@@ -7,7 +7,7 @@ time and ``side_stream_timing`` called it a hack. Every evaluation on a GPU now 
 lock on that GPU's lock file, and converts it to an exclusive one for its timing phase (baselines
 and candidate), so nothing else runs on the GPU while it times. An evaluation whose copies of its
 inputs and outputs would fill a large share of the GPU's memory holds it alone from its first
-draw to its end (``kbv.evaluation._holds_gpu_alone``): on the H200, six evaluations of
+draw to its end (``DeviceLock.hold_alone``, ``kbv.evaluation._gpu_hold``): on the H200, six evaluations of
 KernelBench's 1.6e9-element problems sharing one GPU ran one another out of memory.
 
 The locks are ``flock`` locks on files in a directory every process on the host sees (the
@@ -81,9 +81,8 @@ class DeviceLock:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """The GPU alone for the block; shared again after it. Inside a block that holds it alone
-        already (a large evaluation's, :func:`kbv.evaluation._holds_gpu_alone`), a nested block
-        changes nothing."""
+        """The GPU alone for the block; shared again after it. Inside a block, or after
+        :meth:`hold_alone`, that holds it alone already, a nested block changes nothing."""
         if self._main is None or self._gate is None or self._exclusive_depth:
             self._exclusive_depth += 1
             try:
@@ -107,6 +106,26 @@ class DeviceLock:
         finally:
             self._exclusive_depth = 0
             fcntl.flock(self._main, fcntl.LOCK_SH)
+
+    def hold_alone(self) -> None:
+        """The GPU alone from now until :meth:`close`: a large evaluation's hold, never handed back to
+        sharing (a downgrade is not atomic: a waiting timer could take the GPU in between and this
+        evaluation would wait for it with its memory still allocated). Nested :meth:`exclusive`
+        blocks change nothing."""
+        if self._exclusive_depth:
+            return
+        if self._main is None or self._gate is None:
+            self._exclusive_depth = 1
+            return
+        started = time.monotonic()
+        fcntl.flock(self._main, fcntl.LOCK_UN)
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._main, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        self.waited_s += time.monotonic() - started
+        self._exclusive_depth = 1
 
     def close(self) -> None:
         for fd in (self._main, self._gate):

@@ -203,7 +203,9 @@ def _release_device_memory(ctx: _Context) -> None:
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
-    with DeviceLock(device) as gpu, reference, subject, contextlib.ExitStack() as alone:
+    with DeviceLock(device) as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
+        # The parent's copies are freed after the workers have closed and before the GPU is handed on.
+        before_unlock.callback(_release_device_memory, ctx)
         reference.launch()
         subject.launch()
         # the next evaluation's workers boot while this one loads and checks correctness
@@ -214,7 +216,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
         if ctx.gpu_held.startswith("alone"):
-            alone.enter_context(gpu.exclusive())  # released first: the workers close after it
+            gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))

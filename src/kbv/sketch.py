@@ -125,8 +125,10 @@ def _basis(seed: int, index: int, n: int, device: torch.device) -> tuple[torch.T
     return u, v, cols
 
 
-#: Devices the fused kernel runs on (tests add "cpu", under Triton's interpreter).
+#: Devices the fused kernel runs on (tests add "cpu", under Triton's interpreter), and the output
+#: dtypes it reads (each compiled while a worker boots).
 FUSED_DEVICES = ("cuda",)
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Per device: whether the fused kernel agreed with the torch path on a check tensor.
 _FUSED_AGREES: dict[str, bool] = {}
 #: The check: this many elements (a leftover row included), and the largest disagreement allowed,
@@ -141,31 +143,41 @@ def _fused_ready(device: torch.device) -> bool:
     process and device). A kernel that disagrees, or fails, is not used again: the torch path is."""
     if _FUSED is None or device.type not in FUSED_DEVICES:
         return False
-    key = str(device)
+    key = _device_key(device)
     if key not in _FUSED_AGREES:
         _FUSED_AGREES[key] = _fused_agrees(device)
     return _FUSED_AGREES[key]
 
 
+def _device_key(device: torch.device) -> str:
+    return f"{device.type}:{device.index or 0}"  # "cuda" and "cuda:0" alike (one GPU per worker)
+
+
 def warm(device: torch.device) -> None:
-    """Compile and check the fused kernel now (a worker calls it while it boots), not inside the
-    first timed batch's bracket. Nothing to do when it is off."""
+    """Compile and check the fused kernel now, for every dtype it reads (a worker calls it while it
+    boots, before any candidate code), not inside the first timed batch's bracket. Nothing to do
+    when it is off."""
     _fused_ready(device)
 
 
 def _fused_agrees(device: torch.device) -> bool:
+    """Every dtype the kernel reads, against the float64 map of the same values."""
     n = FUSED_CHECK_ELEMENTS
     generator = _Generator(device="cpu")
     generator.manual_seed(n)
-    x = _to(_randn((n,), generator=generator, dtype=torch.float32), device)
+    values = _randn((n,), generator=generator, dtype=torch.float32)
     u, v, cols = _basis(0, 0, n, device)
     allowed = FUSED_CHECK_SHARE * FEATURE_ROUNDING * math.sqrt(2 * n)
-    try:
-        fused = _FUSED.project(x, u, v, cols, 1.0)
-    except Exception:  # noqa: BLE001 - a kernel that cannot run here leaves the torch path
-        return False
-    exact = _project_torch(x, u, v, cols, 1.0, exact=True)
-    return bool(float((fused - exact).pow(2).mean().sqrt()) <= allowed)
+    for dtype in FUSED_DTYPES:
+        x = _to(_to(values, dtype), device)
+        try:
+            fused = _FUSED.project(x, u, v, cols, 1.0)
+        except Exception:  # noqa: BLE001 - a kernel that cannot run here leaves the torch path
+            return False
+        exact = _project_torch(x, u, v, cols, 1.0, exact=True)
+        if not float((fused - exact).pow(2).mean().sqrt()) <= allowed:
+            return False
+    return True
 
 
 def _real_flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -194,10 +206,13 @@ def _project(
     are float64 products and sums; ``exact`` evaluates the map in float64 whatever the dtype. A
     float32 map goes through the fused kernel where it is on and agrees (:func:`_fused_ready`)."""
     feature = torch.float64 if exact or omega is None else _feature_dtype(flat)
-    fused = omega is not None and feature == torch.float32 and flat.dtype != torch.bool
-    if fused and _fused_ready(flat.device):
+    fused = omega is not None and feature == torch.float32 and flat.dtype in FUSED_DTYPES
+    if fused and flat.is_contiguous() and _fused_ready(flat.device):
         assert omega is not None
-        return _FUSED.project(flat, u, v, cols, omega)
+        try:
+            return _FUSED.project(flat, u, v, cols, omega)
+        except Exception:  # noqa: BLE001 - kbv's kernel failed, not the candidate: the torch path
+            _FUSED_AGREES[_device_key(flat.device)] = False
     return _project_torch(flat, u, v, cols, omega, exact)
 
 

@@ -325,8 +325,10 @@ class Worker:
                 self._proc.wait_stopped()
             else:
                 os.waitpid(self._proc.pid, os.WUNTRACED)  # returns once it has stopped (it stays unreaped)
-        escaped = self._stop_escaped() if self.spec.role == "candidate" else []
+        escaped: list[int] = []  # filled as they stop, so an interruption still lets them go on
         try:
+            if self.spec.role == "candidate":
+                self._stop_escaped(escaped)
             yield
         finally:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -335,11 +337,12 @@ class Worker:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGCONT)
 
-    def _stop_escaped(self) -> list[int]:
-        """SIGSTOP every member of this worker outside its process group; returns their pids.
-        Rounds repeat because a member may fork between the scan and its stop."""
+    def _stop_escaped(self, stopped: list[int]) -> None:
+        """SIGSTOP every member of this worker outside its process group, adding each to
+        ``stopped``. Rounds repeat because a member may fork between the scan and its stop; the
+        wait for them to stop shares one deadline (a process that cannot stop costs it once)."""
         assert self._proc is not None
-        stopped: list[int] = []
+        deadline = time.monotonic() + ESCAPED_STOP_WAIT_S
         for _ in range(ESCAPED_STOP_ROUNDS):
             fresh = [p for p in self.members() if p not in stopped and not _in_group(p, self._proc.pid)]
             if not fresh:
@@ -349,8 +352,7 @@ class Worker:
                     os.kill(pid, signal.SIGSTOP)
                     stopped.append(pid)
             for pid in fresh:
-                _forkserver.wait_stopped(pid)
-        return stopped
+                _forkserver.wait_stopped(pid, max(0.0, deadline - time.monotonic()))
 
     def kill(self) -> int | None:
         """Kill the worker and every process it started (see :meth:`_kill_tree`); returns its exit status."""
@@ -661,6 +663,8 @@ FULL_SCAN_S = 0.5
 
 #: Scans for a paused candidate's processes outside its group (:meth:`Worker.paused`).
 ESCAPED_STOP_ROUNDS = 3
+#: Seconds a pause waits, in all, for those processes to show as stopped.
+ESCAPED_STOP_WAIT_S = 1.0
 
 
 def _in_group(pid: int, group: int) -> bool:
