@@ -127,3 +127,52 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
     assert hold("cuda", [4096 * 393216]).startswith("alone")  # KernelBench's 1.6e9-element ReLU
     assert hold("cuda:1", [4096 * 4096, 4096 * 4096]).startswith("shared")  # a 4096 x 4096 matmul
     assert hold("cpu", [4096 * 393216]) == ""
+
+
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(path: Path, seconds: float):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_candidate_process_holding_the_gpu_lock_is_killed_and_named() -> None:
+    """A candidate that takes kbv's gate lock would block every evaluation on its GPU for ever;
+    the waiting evaluation kills it (it is one of the candidate's processes) and names it."""
+    DeviceLock("cuda:6").close()  # makes the lock files
+    gate = Path(tempfile.gettempdir()) / "kbv-device-locks" / "cuda-6.gate"
+    squatter = _holder(gate, 600)
+    started = time.monotonic()
+    with DeviceLock("cuda:6", suspects=lambda: [squatter.pid]) as lock:
+        assert time.monotonic() - started < 5
+        killed = lock.take_tampering()
+    assert squatter.wait(5) != 0
+    assert [k["pid"] for k in killed] == [squatter.pid] and killed[0]["files"] == ["gate"]
+    from kbv.integrity.dynamic import lock_tampering_findings
+
+    (finding,) = lock_tampering_findings(killed)
+    assert finding.check == "device_lock_tampering" and finding.severity == "fail"
+
+
+def test_another_evaluations_hold_is_waited_for_not_killed() -> None:
+    DeviceLock("cuda:8").close()
+    gate = Path(tempfile.gettempdir()) / "kbv-device-locks" / "cuda-8.gate"
+    other = _holder(gate, 1.0)  # not one of this evaluation's candidate processes
+    started = time.monotonic()
+    with DeviceLock("cuda:8", suspects=lambda: []) as lock:
+        assert time.monotonic() - started >= 0.8  # it waited for the other hold to end
+        assert lock.take_tampering() == []
+    assert other.wait(5) == 0

@@ -24,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kbv import telemetry
 
@@ -47,12 +49,58 @@ def _open(path: Path) -> int:
     return fd
 
 
-class DeviceLock:
-    """The shared-or-exclusive hold of one evaluation on one GPU (no-op for the CPU)."""
+#: While a lock is not granted, how often the candidate's processes are searched for a hold on
+#: kbv's lock files, and the longest sleep between two tries.
+SUSPECT_CHECK_S = 0.5
+RETRY_MAX_S = 0.02
 
-    def __init__(self, device: str) -> None:
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
+def _files_open(pid: int, files: dict[tuple[int, int], str]) -> set[str]:
+    """Which of ``files`` (by device and inode) process ``pid`` holds open."""
+    held: set[str] = set()
+    try:
+        entries = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return held
+    for entry in entries:
+        try:
+            info = os.stat(f"/proc/{pid}/fd/{entry}")
+        except OSError:
+            continue
+        name = files.get((info.st_dev, info.st_ino))
+        if name is not None:
+            held.add(name)
+    return held
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+class DeviceLock:
+    """The shared-or-exclusive hold of one evaluation on one GPU (no-op for the CPU).
+
+    The lock files are open to every process on the host, the candidate's too (on a GPU it keeps
+    the parent's uid): a candidate process that opened one and took a lock would block this
+    evaluation, and every other on that GPU, for ever, in an untimed wait. ``suspects`` (the
+    candidate worker's processes: ``Worker.members``) are therefore searched while a lock is not
+    granted; any that holds one of the files open is killed and named (:meth:`take_tampering`,
+    the finding ``device_lock_tampering``). Other evaluations' holds are waited for as always."""
+
+    def __init__(self, device: str, suspects: Callable[[], Iterable[int]] | None = None) -> None:
         self.device = device
         self.waited_s = 0.0
+        self._suspects = suspects
+        self._tampering: list[dict[str, Any]] = []
         self._exclusive_depth = 0
         self._main: int | None = None
         self._gate: int | None = None
@@ -72,9 +120,9 @@ class DeviceLock:
         if self._main is None or self._gate is None:
             return
         started = time.monotonic()
-        fcntl.flock(self._gate, fcntl.LOCK_EX)  # behind any timer that is waiting
+        self._take(self._gate, fcntl.LOCK_EX)  # behind any timer that is waiting
         try:
-            fcntl.flock(self._main, fcntl.LOCK_SH)
+            self._take(self._main, fcntl.LOCK_SH)
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.waited_s += time.monotonic() - started
@@ -94,9 +142,9 @@ class DeviceLock:
         # Our shared hold goes first: a second timer waiting at the gate while still sharing would
         # keep this one waiting for ever.
         fcntl.flock(self._main, fcntl.LOCK_UN)
-        fcntl.flock(self._gate, fcntl.LOCK_EX)  # newcomers queue behind this timer
+        self._take(self._gate, fcntl.LOCK_EX)  # newcomers queue behind this timer
         try:
-            fcntl.flock(self._main, fcntl.LOCK_EX)  # waits until no one else shares the GPU
+            self._take(self._main, fcntl.LOCK_EX)  # waits until no one else shares the GPU
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.waited_s += time.monotonic() - started
@@ -105,7 +153,7 @@ class DeviceLock:
             yield
         finally:
             self._exclusive_depth = 0
-            fcntl.flock(self._main, fcntl.LOCK_SH)
+            self._take(self._main, fcntl.LOCK_SH)
 
     def hold_alone(self) -> None:
         """The GPU alone from now until :meth:`close`: a large evaluation's hold, never handed back to
@@ -119,13 +167,55 @@ class DeviceLock:
             return
         started = time.monotonic()
         fcntl.flock(self._main, fcntl.LOCK_UN)
-        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        self._take(self._gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(self._main, fcntl.LOCK_EX)
+            self._take(self._main, fcntl.LOCK_EX)
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.waited_s += time.monotonic() - started
         self._exclusive_depth = 1
+
+    def take_tampering(self) -> list[dict[str, Any]]:
+        """The candidate processes killed for holding kbv's lock files since the last call."""
+        found, self._tampering = self._tampering, []
+        return found
+
+    def _take(self, fd: int, mode: int) -> None:
+        """``flock(fd, mode)``, waiting as long as it takes, but never for a candidate's hold."""
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        delay, next_search = 0.001, time.monotonic() + SUSPECT_CHECK_S / 10
+        while True:
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            if self._suspects is not None and time.monotonic() >= next_search:
+                self._evict_suspects()
+                next_search = time.monotonic() + SUSPECT_CHECK_S
+
+    def _evict_suspects(self) -> None:
+        files = {
+            _identity(fd): name for fd, name in ((self._main, "lock"), (self._gate, "gate")) if fd is not None
+        }
+        try:
+            suspects = list(self._suspects() if self._suspects is not None else [])
+        except Exception:  # noqa: BLE001 - a worker gone meanwhile has no processes to search
+            return
+        for pid in suspects:
+            held = _files_open(pid, files)
+            if not held:
+                continue
+            command = _command(pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                self._tampering.append({"pid": pid, "command": command, "files": sorted(held)})
 
     def close(self) -> None:
         for fd in (self._main, self._gate):

@@ -203,7 +203,9 @@ def _release_device_memory(ctx: _Context) -> None:
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
-    with DeviceLock(device) as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
+    # The candidate's processes are searched (and killed) if they hold kbv's lock files open.
+    lock = DeviceLock(device, suspects=subject.members)
+    with lock as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
         # The parent's copies are freed after the workers have closed and before the GPU is handed on.
         before_unlock.callback(_release_device_memory, ctx)
         reference.launch()
@@ -235,17 +237,17 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 _phase(
                     ctx,
                     "integrity",
-                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup),
+                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup, gpu),
                 )
             else:
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
             ctx.phases["total"] = time.monotonic() - started
-            _end_containment(ctx, reference, subject)
+            _end_containment(ctx, reference, subject, gpu)
             if _problem_failed(failure):
                 return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
-        _end_containment(ctx, reference, subject)
+        _end_containment(ctx, reference, subject, gpu)
         closing = time.monotonic()
     ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
@@ -282,15 +284,15 @@ def worker_specs(
     )
 
 
-def _end_containment(ctx: _Context, reference: Worker, subject: Worker) -> None:
-    """Processes the candidate left running (killed now, reported), host memory peaks, isolation."""
+def _end_containment(ctx: _Context, reference: Worker, subject: Worker, gpu: DeviceLock) -> None:
+    """Processes the candidate left running (killed now, reported), candidate processes killed for
+    holding kbv's GPU lock files, host memory peaks, isolation."""
     from kbv import integrity
-    from kbv.integrity.dynamic import left_behind_findings
+    from kbv.integrity.dynamic import left_behind_findings, lock_tampering_findings
 
     reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
-    ctx.findings.extend(
-        integrity.apply_severity(left_behind_findings(subject.finish()), ctx.protocol.integrity)
-    )
+    found = left_behind_findings(subject.finish()) + lock_tampering_findings(gpu.take_tampering())
+    ctx.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
     ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
     ctx.host_memory = {
         "candidate_host_peak_bytes": subject.host_peak_bytes or None,
@@ -343,6 +345,7 @@ class Session:
     rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
+    device_lock: Any = None  # the evaluation's DeviceLock: candidate processes killed for holding it
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
@@ -362,6 +365,7 @@ def _dynamic_findings(
     correct: bool,
     timing: dict[str, Any],
     speedup: dict[str, Any],
+    gpu: DeviceLock | None = None,
 ) -> None:
     from kbv import integrity
     from kbv.integrity import dynamic
@@ -399,6 +403,7 @@ def _dynamic_findings(
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.transients,
+        device_lock=gpu,
     )
     try:
         result = dynamic.run_dynamic_checks(session)

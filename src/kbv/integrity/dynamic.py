@@ -1109,6 +1109,7 @@ ORDER = (
     "ghost_kernel",
     "plausibility",
     "processes_left",
+    "device_lock_tampering",
 )
 
 
@@ -1197,6 +1198,38 @@ def _dynamic_checks() -> list[Any]:
 )
 def check_processes_left(ctx: DynamicContext) -> list[Finding]:
     return left_behind_findings(ctx.session.subject.finish())
+
+
+@register_check(
+    name="device_lock_tampering",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""A process of the candidate held one of kbv's GPU lock files open (kbv.device_lock): with
+    a lock taken on it, every evaluation on that GPU would wait for ever, this one included, before
+    anything could time out. While a lock is not granted, kbv searches the candidate worker's
+    processes for the files and kills any that holds one; each is named here (pid, command line,
+    which file). Other evaluations' holds are waited for as always. Reported under every
+    protocol.""",
+)
+def check_device_lock_tampering(ctx: DynamicContext) -> list[Finding]:
+    lock = getattr(ctx.session, "device_lock", None)
+    return lock_tampering_findings(lock.take_tampering()) if lock is not None else []
+
+
+def lock_tampering_findings(killed: list[dict[str, Any]]) -> list[Finding]:
+    """The ``device_lock_tampering`` finding for the candidate processes a DeviceLock killed."""
+    if not killed:
+        return []
+    shown = "; ".join(
+        f"pid {p['pid']} held kbv's {'/'.join(p['files'])} file: {p['command'][:120]}" for p in killed[:5]
+    )
+    return [
+        _finding(
+            "device_lock_tampering",
+            f"{len(killed)} candidate process(es) held kbv's GPU lock files open and were killed: {shown}",
+            "fail",
+        )
+    ]
 
 
 def left_behind_findings(left: list[dict[str, Any]]) -> list[Finding]:
