@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# One device call, several measured steps, each under its own time limit, everything under $OUT.
+#
+#   bash benchmarks/gpu_steps.sh env tests:330 fused:90 relu:80 cost1:180
+#
+# STEP[:SECONDS] runs one step (the default limit is the step's own); steps run in the order given.
+# Each step writes $OUT/<step>.log (lines prefixed with the seconds since the step began) and
+# appends "<step> rc <code> <seconds> s" to $OUT/times.txt; a step cut by its limit leaves what it
+# wrote. At most 8 files come back from a call, so at the end every file but times.txt and env.txt
+# is packed into $OUT/steps.tar.gz (logs, JSON rows, databases) and removed.
+#
+# Inputs that do not travel by themselves are read from the git-ignored .kb/ (carry it):
+#   .kb/kb250            the 250 KernelBench problems (a copy of ../shared/kernelbench)
+#   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
+#   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl
+#                        rows of earlier calls, copied in so finished work is not redone
+# Steps: env tests structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
+#        fidelity demo
+set -u
+: "${OUT:?set OUT to the folder whose files come back}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src KBV_CACHE_DIR=${KBV_CACHE_DIR:-/tmp/kbvc} PYTHONUNBUFFERED=1
+KB=.kb/kb250
+
+stamp() { local s; s=$(date +%s); while IFS= read -r line; do echo "$(( $(date +%s) - s )) $line"; done; }
+
+seed_from_kb() {  # copy an earlier call's rows into $OUT, so the step resumes from them
+    [ -f ".kb/$1" ] && [ ! -f "$OUT/$1" ] && cp ".kb/$1" "$OUT/$1"
+    return 0
+}
+
+step_env() {
+    date -u
+    git log -1 --format='%h %s' 2>/dev/null
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    env | grep -E '^(TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' || true
+}
+
+step_tests() {
+    python -m pytest -m gpu tests -p no:cacheprovider --timeout 150 -v -rA --durations=30
+}
+
+step_structure() {
+    KBV_KERNELBENCH=$PWD/$KB python -m pytest -m gpu tests/gpu/test_gpu_structure.py \
+        -p no:cacheprovider --timeout 150 -v -rA
+}
+
+step_fused() {
+    python benchmarks/sketch_cost.py --device cuda --elements 1610612736 --chunk-log2 24 \
+        --fused-rows 64 256 1024 --json "$OUT/fused.json"
+    python -m pytest -m gpu tests/test_sketch.py -p no:cacheprovider --timeout 120 -v -rA
+}
+
+step_relu() {  # KernelBench's 19_ReLU, the reference as the candidate, under verified
+    mkdir -p .kb/one
+    cp "$KB/level1/19_ReLU.py" .kb/one/19_ReLU.py
+    python - <<'EOF'
+import sys
+sys.path.insert(0, "benchmarks")
+from reference_as_candidate import candidate_source
+source = open(".kb/one/19_ReLU.py").read()
+open(".kb/one/19_ReLU_candidate.py", "w").write(candidate_source(source, False))
+EOF
+    python -m kbv.cli eval .kb/one/19_ReLU.py .kb/one/19_ReLU_candidate.py --protocol verified \
+        --device cuda --out "$OUT/relu.jsonl"
+}
+
+step_cost() {  # $1: the part, 1 to 3
+    seed_from_kb kb_rows.jsonl
+    python benchmarks/verified_cost.py --kernelbench "$KB" --results "$OUT/kb_rows.jsonl" \
+        --part "$1/3" --timeout 100
+    python benchmarks/verified_cost.py --results "$OUT/kb_rows.jsonl" --report "$OUT/kb_report.json"
+}
+
+step_ref() {  # $1: plain or tf32; $2: seconds of budget for new evaluations
+    local flag=""
+    [ "$1" = tf32 ] && flag="--tf32"
+    seed_from_kb "ref_$1.jsonl"
+    # shellcheck disable=SC2086
+    python benchmarks/reference_as_candidate.py "$KB/level1" --device cuda $flag \
+        --budget-s "$2" --timeout 120 --out "$OUT/ref_$1.jsonl"
+}
+
+step_stability() {
+    python benchmarks/honest_stability.py --device cuda --runs 3 --kernelbench "$KB/level1" \
+        --out "$OUT/stability.jsonl"
+}
+
+step_compare() {
+    seed_from_kb compare.sqlite
+    python -m kbv.cli compare --problems .kb/cuda-l1-streams/problems \
+        --candidates .kb/cuda-l1-streams/candidates --device cuda --db "$OUT/compare.sqlite"
+}
+
+step_fidelity() {
+    python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu
+}
+
+step_demo() {
+    python -m kbv.cli demo --db "$OUT/demo.sqlite" --html "$OUT/demo.html"
+}
+
+run_step() {  # $1: name, $2: seconds
+    local name=$1 limit=$2 started rc
+    started=$(date +%s)
+    case "$name" in
+        env) step_env > "$OUT/env.txt" 2>&1; rc=$? ;;
+        cost1|cost2|cost3)
+            export -f step_cost seed_from_kb
+            KB=$KB timeout "$limit" bash -c "step_cost ${name#cost}" 2>&1 | stamp > "$OUT/$name.log"
+            rc=${PIPESTATUS[0]} ;;
+        ref-plain|ref-tf32)
+            export -f step_ref seed_from_kb
+            KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
+                | stamp > "$OUT/$name.log"
+            rc=${PIPESTATUS[0]} ;;
+        tests|structure|fused|relu|stability|compare|fidelity|demo)
+            export -f "step_$name"
+            KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
+            rc=${PIPESTATUS[0]} ;;
+        *) echo "unknown step: $name (see the list at the top of $0)" >&2; return 2 ;;
+    esac
+    echo "$name rc $rc $(( $(date +%s) - started )) s" >> "$OUT/times.txt"
+}
+
+default_limit() {
+    case "$1" in
+        env) echo 30 ;; tests) echo 330 ;; structure) echo 150 ;; fused) echo 120 ;;
+        relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
+        stability) echo 540 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
+        *) echo 60 ;;
+    esac
+}
+
+pack() {  # everything but times.txt and env.txt into one archive: at most 8 files come back
+    local files
+    files=$(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name times.txt ! -name env.txt ! -name steps.tar.gz)
+    [ -z "$files" ] && return 0
+    # shellcheck disable=SC2086
+    (cd "$OUT" && tar czf steps.tar.gz $files && rm -rf $files)
+}
+
+for spec in "$@"; do
+    name=${spec%%:*}
+    limit=${spec#*:}
+    [ "$limit" = "$spec" ] && limit=$(default_limit "$name")
+    run_step "$name" "$limit"
+done
+pack
+cat "$OUT/times.txt" 2>/dev/null
