@@ -564,3 +564,17 @@ def test_explain_says_when_an_evaluation_held_its_gpu_alone() -> None:
         console = Console(width=100, record=True)
         print_record(record, console)
         assert ("GPU held alone" in console.export_text()) is shown
+
+
+@_NO_CUDA
+def test_evaluating_on_a_gpu_this_machine_lacks_is_the_callers_error_not_the_problems() -> None:
+    """Through the library (a benchmark, an RL loop), not only the command line: a DeviceError
+    before any worker starts, where every pair used to come back ``problem_error``."""
+    from kbv.candidates import load_candidate
+    from kbv.devices import DeviceError
+    from kbv.evaluation import evaluate
+    from kbv.problems import load_problem
+    from kbv.protocol import STANDARD
+
+    with pytest.raises(DeviceError, match="use --device cpu"):
+        evaluate(load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py"), STANDARD, "cuda")

@@ -21,7 +21,7 @@ from kbv import correctness, inputs, performance
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
-from kbv.devices import cpu_name, release_device_memory
+from kbv.devices import check_device, cpu_name, release_device_memory
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -170,7 +170,8 @@ def evaluate(
     spares: Spares | None = None,
     structure: list[Any] | None = None,
 ) -> Record:
-    """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise.
+    """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise,
+    and so does a device this machine does not have (:class:`kbv.devices.DeviceError`).
 
     ``structure`` replays a record's input invariants (``record.seeds["structure"]``) instead of
     inferring them again.
@@ -178,6 +179,9 @@ def evaluate(
     while this one checks correctness (never while it times)."""
     started = time.monotonic()
     device = device or default_device()
+    # A GPU this machine lacks is the caller's error (DeviceError), never each problem's: without
+    # it every pair came back problem_error ("CudaTimer needs a CUDA device").
+    check_device(device)
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
     seeds = _Seeds(
