@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv import telemetry
+from kbv.worker._contain import command_line
 
 LOCK_DIR_NAME = "kbv-device-locks"
 
@@ -76,14 +77,6 @@ def _files_open(pid: int, files: dict[tuple[int, int], str]) -> set[str]:
         if name is not None:
             held.add(name)
     return held
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-    except OSError:
-        return ""
 
 
 class DeviceLock:
@@ -212,7 +205,7 @@ class DeviceLock:
             held = _files_open(pid, files)
             if not held:
                 continue
-            command = _command(pid)
+            command = command_line(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 self._tampering.append({"pid": pid, "command": command, "files": sorted(held)})
