@@ -131,17 +131,7 @@ class DeviceLock:
             finally:
                 self._exclusive_depth -= 1
             return
-        started = time.monotonic()
-        # Our shared hold goes first: a second timer waiting at the gate while still sharing would
-        # keep this one waiting for ever.
-        fcntl.flock(self._main, fcntl.LOCK_UN)
-        self._take(self._gate, fcntl.LOCK_EX)  # newcomers queue behind this timer
-        try:
-            self._take(self._main, fcntl.LOCK_EX)  # waits until no one else shares the GPU
-        finally:
-            fcntl.flock(self._gate, fcntl.LOCK_UN)
-        self.waited_s += time.monotonic() - started
-        self._exclusive_depth = 1
+        self._go_exclusive()
         try:
             yield
         finally:
@@ -158,11 +148,18 @@ class DeviceLock:
         if self._main is None or self._gate is None:
             self._exclusive_depth = 1
             return
+        self._go_exclusive()
+
+    def _go_exclusive(self) -> None:
+        """From a shared hold to an exclusive one (the files are open)."""
+        assert self._main is not None and self._gate is not None
         started = time.monotonic()
+        # Our shared hold goes first: a second timer waiting at the gate while still sharing would
+        # keep this one waiting for ever.
         fcntl.flock(self._main, fcntl.LOCK_UN)
-        self._take(self._gate, fcntl.LOCK_EX)
+        self._take(self._gate, fcntl.LOCK_EX)  # newcomers queue behind this timer
         try:
-            self._take(self._main, fcntl.LOCK_EX)
+            self._take(self._main, fcntl.LOCK_EX)  # waits until no one else shares the GPU
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.waited_s += time.monotonic() - started

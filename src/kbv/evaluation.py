@@ -208,8 +208,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
     # The candidate's processes are searched (and killed) if they hold kbv's lock files open.
-    lock = DeviceLock(device, suspects=subject.members)
-    with lock as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
+    gpu_lock = DeviceLock(device, suspects=subject.members)
+    with gpu_lock as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
         # The parent's copies are freed after the workers have closed and before the GPU is handed on.
         before_unlock.callback(_release_device_memory, ctx)
         reference.launch()
