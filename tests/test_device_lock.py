@@ -129,6 +129,34 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
     assert hold("cpu", [4096 * 393216]) == ""
 
 
+def test_a_candidate_alone_on_its_gpu_may_use_most_of_it_but_not_more() -> None:
+    """The device-memory limit protects the evaluations that share a GPU; one that holds the GPU
+    alone lets its candidate use 75% of it (the reference itself used 72 GB on a 7.5 GB-input
+    KernelBench problem), never less than the protocol's figure, and says so."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from kbv import evaluation
+    from kbv.protocol import LimitSettings
+    from kbv.worker import WorkerSpec
+
+    def widened(limits: LimitSettings | None, total: int) -> tuple[str, object]:
+        subject = SimpleNamespace(spec=WorkerSpec(build_key="x", device="cuda", limits=limits))
+        said = evaluation._widen_device_limit(subject, {"device": {"total_memory_bytes": total}})  # type: ignore[arg-type]
+        return said, subject.spec.limits
+
+    h200 = 143771 * (1 << 20)
+    said, limits = widened(LimitSettings(), h200)
+    assert limits.device_memory_gb == round(0.75 * h200 / (1 << 30), 1) > 72e9 / (1 << 30)  # type: ignore[attr-defined]
+    assert limits.host_memory_gb == LimitSettings().host_memory_gb  # type: ignore[attr-defined]
+    assert "raised from 64 GiB" in said
+    small_gpu = 40 * (1 << 30)  # 75% of it is below the protocol's 64 GiB: the protocol's figure stays
+    assert widened(LimitSettings(), small_gpu) == ("", LimitSettings())
+    off = replace(LimitSettings(), device_memory_gb=0.0)  # a limit turned off stays off
+    assert widened(off, h200) == ("", off)
+    assert widened(None, h200) == ("", None)  # a trusted worker has no limits
+
+
 _HOLD = """
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR)

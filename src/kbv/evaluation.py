@@ -12,7 +12,7 @@ import datetime as _dt
 import platform
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -223,6 +223,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
         if ctx.gpu_held.startswith("alone"):
             gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
+            ctx.gpu_held += _widen_device_limit(subject, ref_hello)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
@@ -460,6 +461,31 @@ def _gpu_hold(ctx: _Context, hello: dict[str, Any]) -> str:
             f"{GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
         )
     return "shared with other evaluations outside the timing phase"
+
+
+#: An evaluation that holds its GPU alone lets its candidate use this share of the GPU's memory when
+#: that is more than the protocol's ``device_memory_gb``; the rest is the trusted side's. The limit
+#: is there so that one candidate cannot starve the evaluations that share its GPU; alone, there are
+#: none. On the H200 the reference itself, submitted as the candidate, used 72 GB on KernelBench's
+#: 34_InstanceNorm (7.5 GB of input) and six such level-1 problems ended ``resource_limit`` at 64 GiB.
+ALONE_DEVICE_SHARE = 0.75
+
+
+def _widen_device_limit(subject: Worker, hello: dict[str, Any]) -> str:
+    """Raise the candidate worker's device-memory limit for an evaluation that holds its GPU alone;
+    what was done, for the record's ``isolation.gpu`` ("" when nothing changed)."""
+    limits = subject.spec.limits
+    total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    if limits is None or not limits.device_memory_gb or not total:
+        return ""
+    widened = ALONE_DEVICE_SHARE * total / (1 << 30)
+    if widened <= limits.device_memory_gb:
+        return ""
+    subject.spec = replace(subject.spec, limits=replace(limits, device_memory_gb=round(widened, 1)))
+    return (
+        f"; the candidate's device-memory limit raised from {limits.device_memory_gb:g} GiB to "
+        f"{widened:.1f} GiB ({ALONE_DEVICE_SHARE:.0%} of the GPU: no other evaluation shares it)"
+    )
 
 
 def _problem_failed(failure: WorkerFailed) -> bool:
