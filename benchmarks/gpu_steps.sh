@@ -14,7 +14,7 @@
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
+# Steps: env tests containment structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
 #        fidelity demo
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -39,6 +39,11 @@ step_env() {
 
 step_tests() {
     python -m pytest -m gpu tests -p no:cacheprovider --timeout 150 -v -rA --durations=30
+}
+
+step_containment() {  # the lock squatter and the containment tests: code newer than the last full run
+    python -m pytest -m gpu tests/gpu/test_gpu_containment.py "tests/gpu/test_gpu_hacks.py::test_gpu_hack_is_caught[gpu_lock_squatter]" \
+        -p no:cacheprovider --timeout 150 -v -rA --durations=10
 }
 
 step_structure() {
@@ -115,7 +120,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|structure|fused|relu|stability|compare|fidelity|demo)
+        tests|containment|structure|fused|relu|stability|compare|fidelity|demo)
             export -f "step_$name"
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -126,7 +131,7 @@ run_step() {  # $1: name, $2: seconds
 
 default_limit() {
     case "$1" in
-        env) echo 30 ;; tests) echo 330 ;; structure) echo 150 ;; fused) echo 120 ;;
+        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         *) echo 60 ;;

@@ -5,7 +5,9 @@ every level-1 KernelBench problem, and so does the reference with TF32 switched 
 ``forward`` (and back off before it returns). For each problem file this writes a candidate whose
 ``ModelNew`` is the problem's ``Model`` under another name (``--tf32``: with the TF32 wrapper),
 evaluates the pair, and appends one JSON line per evaluation to ``--out``; problems already in
-``--out`` are skipped, so a run cut short by a time limit resumes where it stopped.
+``--out`` with a passing latest row are skipped, so a run cut short by a time limit resumes where
+it stopped. The next problem's workers boot while one is evaluated (``kbv.worker.Spares``, as a
+batch does), so an evaluation does not start its workers cold.
 
     python benchmarks/reference_as_candidate.py ../shared/kernelbench/level1 --device cuda \\
         --out $OUT/reference.jsonl [--tf32] [--shard 0/2] [--budget-s 540]
@@ -23,8 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbv.api import evaluate_paths
-from kbv.problems import discover
+from kbv.candidates import load_candidate
+from kbv.evaluation import evaluate, worker_specs
+from kbv.problems import check_importable, discover, load_problem
+from kbv.protocol import load_protocol
+from kbv.worker import SPARE_DEPTH, Spares
 
 _TF32_WRAPPER = """
 
@@ -54,9 +59,35 @@ def candidate_source(problem_source: str, tf32: bool) -> str:
 
 
 def _done(out: Path) -> set[str]:
+    """Problems whose latest row passed. Rows are appended, so the file keeps every earlier run; a
+    problem that did not pass is evaluated again (after a fix, or to tell a flaky verdict)."""
     if not out.is_file():
         return set()
-    return {json.loads(line)["problem"] for line in out.read_text().splitlines() if line.strip()}
+    latest = {}
+    for line in out.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            latest[row["problem"]] = row["outcome"]
+    return {problem for problem, outcome in latest.items() if outcome == "passed"}
+
+
+def _row(name: str, tf32: bool, record) -> dict:
+    return {
+        "problem": name,
+        "tf32": tf32,
+        "outcome": record.outcome,
+        "seed": record.seeds["master"],
+        "failed": [
+            (d.name, d.rel_err, (d.note or "")[:200])
+            for d in record.distributions
+            if d.applicable and not d.passed
+        ],
+        "fail_findings": [(f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"],
+        "structure": record.seeds.get("structure"),
+        "error": (record.error or {}).get("message", "")[:300],
+        "phases_s": {k: round(v, 3) for k, v in record.phases_s.items()},
+        "gpu": record.isolation.get("gpu"),
+    }
 
 
 def main() -> int:
@@ -72,46 +103,43 @@ def main() -> int:
     index, count = (int(x) for x in args.shard.split("/"))
     files = [f for k, f in enumerate(discover(args.problems)) if k % count == index]
     done = _done(args.out)
+    todo = [f for f in files if f.stem not in done]
+    protocol = load_protocol("verified").with_timeout(args.timeout)
     started = time.monotonic()
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp, args.out.open("a") as out:
-        for problem in files:
-            if problem.stem in done:
-                continue
+    with (
+        tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp,
+        args.out.open("a") as out,
+        Spares(SPARE_DEPTH["cuda" if args.device.startswith("cuda") else "cpu"]) as spares,
+    ):
+
+        def pair(problem_path: Path):  # the problem and its reference-as-candidate, loaded
+            candidate = Path(tmp) / f"{problem_path.stem}.py"
+            if not candidate.exists():
+                candidate.write_text(candidate_source(problem_path.read_text(), args.tf32))
+            problem = load_problem(problem_path)
+            check_importable(problem)
+            return problem, load_candidate(candidate)
+
+        for position, problem_path in enumerate(todo):
             if time.monotonic() - started > args.budget_s:
-                print(
-                    f"budget reached; {len([f for f in files if f.stem not in done])} problems left "
-                    "(run again to resume)"
-                )
+                print(f"budget reached; {len(todo) - position} problems left (run again to resume)")
                 break
-            candidate = Path(tmp) / f"{problem.stem}.py"
-            candidate.write_text(candidate_source(problem.read_text(), args.tf32))
             t0 = time.monotonic()
             try:
-                record = evaluate_paths(
-                    problem, candidate, protocol="verified", device=args.device, timeout_s=args.timeout
-                )
-                row = {
-                    "problem": problem.stem,
-                    "tf32": args.tf32,
-                    "outcome": record.outcome,
-                    "seed": record.seeds["master"],
-                    "failed": [
-                        (d.name, d.rel_err, (d.note or "")[:200])
-                        for d in record.distributions
-                        if d.applicable and not d.passed
-                    ],
-                    "fail_findings": [
-                        (f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"
-                    ],
-                    "structure": record.seeds.get("structure"),
-                    "error": (record.error or {}).get("message", "")[:300],
-                    "phases_s": {k: round(v, 3) for k, v in record.phases_s.items()},
-                    "gpu": record.isolation.get("gpu"),
-                }
+                problem, candidate = pair(problem_path)
+                upcoming = []
+                for following in todo[position + 1 : position + 1 + spares.depth]:
+                    try:
+                        upcoming.append(list(worker_specs(*pair(following), protocol, args.device)))
+                    except Exception:  # noqa: BLE001 - that problem's own turn records why
+                        break
+                spares.expect(upcoming)
+                record = evaluate(problem, candidate, protocol, args.device, spares=spares)
+                row = _row(problem_path.stem, args.tf32, record)
             except Exception as exc:  # the harness or the problem failed: recorded, the run goes on
                 row = {
-                    "problem": problem.stem,
+                    "problem": problem_path.stem,
                     "tf32": args.tf32,
                     "outcome": "harness_error",
                     "error": f"{type(exc).__name__}: {exc}"[:500],
@@ -121,7 +149,7 @@ def main() -> int:
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(
-                f"{problem.stem}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} "
+                f"{problem_path.stem}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} "
                 f"{row.get('fail_findings') or ''}",
                 flush=True,
             )
