@@ -14,7 +14,7 @@
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
+# Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
 #        fidelity demo
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -44,6 +44,12 @@ step_tests() {
 step_containment() {  # the lock squatter and the containment tests: code newer than the last full run
     python -m pytest -m gpu tests/gpu/test_gpu_containment.py "tests/gpu/test_gpu_hacks.py::test_gpu_hack_is_caught[gpu_lock_squatter]" \
         -p no:cacheprovider --timeout 150 -v -rA --durations=10
+}
+
+step_memtrace() {  # where the device memory of the largest level-1 evaluations goes, by phase
+    for name in 34_InstanceNorm 63_conv_standard_2D__square_input__square_kernel; do
+        timeout 120 python benchmarks/device_memory_trace.py "$KB/level1/$name.py" --out "$OUT/mem_$name.jsonl"
+    done
 }
 
 step_structure() {
@@ -120,7 +126,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|structure|fused|relu|stability|compare|fidelity|demo)
+        tests|containment|memtrace|structure|fused|relu|stability|compare|fidelity|demo)
             export -f "step_$name"
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -131,7 +137,7 @@ run_step() {  # $1: name, $2: seconds
 
 default_limit() {
     case "$1" in
-        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
+        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         *) echo 60 ;;

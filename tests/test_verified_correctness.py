@@ -249,3 +249,38 @@ def test_blockwise_alone_catches_the_head_and_tail_samplers() -> None:
         )
         assert record.outcome != "passed" and not record.correct, candidate
         assert [d.name for d in record.distributions if not d.passed] == ["blockwise"], candidate
+
+
+def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parent holds one draw's truth, baseline and candidate outputs at a time: held across the
+    next draw, they doubled its share of the GPU (51 GB on the H200 for a 7.5 GB-input problem,
+    which then ran out of memory)."""
+    import weakref
+
+    import torch
+
+    from kbv import evaluation
+
+    monkeypatch.setitem(evaluation.EXPECTED_CACHE_BYTES, "cpu", 0)  # nothing kept for reuse
+    earlier: list[weakref.ref] = []
+    alive_at_next_draw: list[int] = []
+    compute = evaluation._usable_reference
+
+    def watched(ctx, reference, variant, seed):  # type: ignore[no-untyped-def]
+        alive_at_next_draw.append(sum(ref() is not None for ref in earlier))
+        expected, used = compute(ctx, reference, variant, seed)
+        if expected is not None:
+            for part in expected.values():
+                for t in (part.get("outputs") or []) if isinstance(part, dict) else []:
+                    if isinstance(t, torch.Tensor):
+                        earlier.append(weakref.ref(t))
+        return expected, used
+
+    monkeypatch.setattr(evaluation, "_usable_reference", watched)
+    honest = ROOT / "src" / "kbv" / "suite" / "candidates" / "honest_cpu" / "1_ReLU.py"
+    record = evaluate_paths(L1 / "1_ReLU.py", honest, protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    assert len(alive_at_next_draw) > 6 and earlier  # every distribution's draws went through it
+    assert alive_at_next_draw == [0] * len(alive_at_next_draw)

@@ -21,7 +21,7 @@ from kbv import correctness, inputs, performance
 from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
-from kbv.devices import check_device, cpu_name, release_device_memory
+from kbv.devices import check_device, cpu_name, release_cached_blocks, release_device_memory
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -230,6 +230,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
             _phase(ctx, "spares", spares.settle)  # no process boots while a batch is timed
+            release_cached_blocks(ctx.device)  # the draws' blocks, for the workers' timing inputs
             if correct:
                 with gpu.exclusive():  # nothing else runs on this GPU while it times (kbv.device_lock)
                     timing, speedup, memory = _phase(
@@ -609,9 +610,13 @@ def _check_distribution(
     settings = ctx.protocol.correctness
     draws: list[dict[str, Any]] = []
     variant = distribution
+    expected: dict[str, Any] | None = None
     for k in range(settings.draws_per_distribution):
         seed = ctx.seeds.draw(distribution, k)
-        outputs = None
+        # The last draw's tensors go before this draw's arrive: held across the next draw, its
+        # float64 truth, baseline and candidate outputs doubled the parent's share of the GPU (on
+        # the H200 51 GB of a 7.5 GB-input problem, which then ran out of memory).
+        expected = outputs = None
         if draws_overlap(ctx.device):
             # The candidate runs its draw while the reference computes the baseline and the truth of
             # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
