@@ -169,39 +169,45 @@ class _SketchPlan:
     """Every timed call's outputs, judged by their sketches (``kbv.sketch``, ``timed_call_outputs``).
 
     Each round has a sketch seed of its own; the parent sends it, with the map's frequency per output
-    (``kbv.sketch.omega_for`` of the reference's RMS over the timing input sets), in every ``time``
+    (``kbv.sketch.omega_for`` of the reference's RMS on the first timing input set), in every ``time``
     request of the round, the candidate's and the baselines' alike. The worker sketches every timed
     call's outputs right after the call returned, outside the timed region, and the sketches come
     back with the samples; the parent judges each against the reference's sketch for the same
     input set (``kbv.correctness.judge_sketch``). Nothing in a request says which calls matter: every
     call does, so a candidate that reads its own request learns nothing it could exploit. The
-    reference's sketches for every round are computed before the first batch and its outputs are
-    not kept; the baselines' sketches are judged the same way, as a calibration of the judge."""
+    reference's sketches for every round are computed before the first batch, one input set at a
+    time, and its outputs are not kept; the baselines' sketches are judged the same way, as a calibration of the judge."""
 
     def __init__(self, ctx: MeasureContext) -> None:
         assert ctx.timed_reference is not None and ctx.sketch_seed is not None
         picker = random.Random(ctx.sketch_seed)
         self.round_seeds = [picker.getrandbits(63) for _ in range(max(1, ctx.settings.rounds))]
-        references = [ctx.timed_reference(seed) for seed in ctx.seeds]
-        count = len(references[0]["targets"])
-        self.omegas = [
-            kbv_sketch.omega_for(max(float(ref["rms"][i]) for ref in references)) for i in range(count)
-        ]
-        # Per round, per input set, per output: the reference's sketch (its tensors are not kept).
-        self.targets = [
-            [
-                [_target_sketch(t, seed, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
-                for ref in references
-            ]
-            for seed in self.round_seeds
-        ]
-        self.references = [
-            {
-                **{k: v for k, v in ref.items() if k != "targets"},
-                "like": [correctness.stand_in(o) for o in ref["like"]],
-            }
-            for ref in references
-        ]
+        # One input set's reference at a time: its sketches for every round are taken and its
+        # tensors dropped before the next set's are computed (all sets' float64 truths at once held
+        # 56 GB in the parent on the H200 for an 8.5 GB output). The map's frequency per output
+        # comes from the first set's RMS (the sets are draws of one distribution).
+        self.omegas: list[float] = []
+        by_set: list[list[list[dict[str, Any]]]] = []  # per input set, per round, per output
+        self.references = []
+        for seed in ctx.seeds:
+            ref = ctx.timed_reference(seed)
+            if not self.omegas:
+                self.omegas = [kbv_sketch.omega_for(float(rms)) for rms in ref["rms"]]
+            by_set.append(
+                [
+                    [_target_sketch(t, round_seed, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
+                    for round_seed in self.round_seeds
+                ]
+            )
+            self.references.append(
+                {
+                    **{k: v for k, v in ref.items() if k != "targets"},
+                    "like": [correctness.stand_in(o) for o in ref["like"]],
+                }
+            )
+            del ref
+        # Per round, per input set, per output: the reference's sketch.
+        self.targets = [[sketches[r] for sketches in by_set] for r in range(len(self.round_seeds))]
         self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
         self.wrong: list[dict[str, Any]] = []
         self.baselines: dict[str, dict[str, Any]] = {}
