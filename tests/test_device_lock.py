@@ -129,6 +129,43 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
     assert hold("cpu", [4096 * 393216]) == ""
 
 
+def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_first_draw() -> None:
+    """KernelBench's 63_conv_standard_2D has a small input and an 8.5 GB output: its inputs alone
+    left it sharing the GPU, where it ran out of memory beside another evaluation. The first draw's
+    outputs decide again; a small output leaves it shared."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kbv import evaluation
+    from kbv.problems.structure import InputStructure
+    from kbv.protocol import LimitSettings
+    from kbv.worker import WorkerSpec
+
+    class Lock:
+        alone = 0
+
+        def hold_alone(self) -> None:
+            self.alone += 1
+
+    hello = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
+    conv_input, conv_output = 16 * 3 * 1024 * 1024, 16 * 128 * 1022 * 1022
+
+    def after_first_draw(output_numel: int) -> tuple[str, int, float]:
+        ctx = SimpleNamespace(device="cuda", structure=InputStructure(invariants=[], numels=[conv_input]))
+        ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        assert ctx.gpu_held.startswith("shared")
+        lock, subject = Lock(), SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings()))
+        hook = evaluation._hold_alone_for_outputs(ctx, lock, subject, hello)  # type: ignore[arg-type]
+        hook({"reference": {"outputs": [torch.empty(output_numel, device="meta")]}})
+        return ctx.gpu_held, lock.alone, subject.spec.limits.device_memory_gb
+
+    held, alone, limit = after_first_draw(conv_output)
+    assert held.startswith("alone for the first correctness draw on") and "GB of outputs" in held
+    assert alone == 1 and limit > 64 and "limit raised" in held
+    assert after_first_draw(conv_input) == ("shared with other evaluations outside the timing phase", 0, 64.0)
+
+
 def test_a_candidate_alone_on_its_gpu_may_use_most_of_it_but_not_more() -> None:
     """The device-memory limit protects the evaluations that share a GPU; one that holds the GPU
     alone lets its candidate use 75% of it (the reference itself used 72 GB on a 7.5 GB-input

@@ -12,6 +12,7 @@ import datetime as _dt
 import platform
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -151,6 +152,8 @@ class _Context:
     variants: dict[str, str] = field(default_factory=dict)
     # How the evaluation held its GPU (_gpu_hold); "" on the CPU.
     gpu_held: str = ""
+    # Called once with the first correctness draw's expected outputs (_hold_alone_for_outputs).
+    on_first_outputs: Callable[[dict[str, Any]], None] | None = None
     # Filled at the end of the evaluation by _end_containment.
     isolation: dict[str, Any] = field(default_factory=dict)
     host_memory: dict[str, Any] = field(default_factory=dict)
@@ -222,8 +225,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
         if ctx.gpu_held.startswith("alone"):
-            gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
-            ctx.gpu_held += _widen_device_limit(subject, ref_hello)
+            _hold_alone(ctx, gpu, subject, ref_hello)
+        elif ctx.gpu_held:
+            ctx.on_first_outputs = _hold_alone_for_outputs(ctx, gpu, subject, ref_hello)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
@@ -449,19 +453,47 @@ GPU_ALONE_COPIES = 12
 GPU_ALONE_SHARE = 0.25
 
 
-def _gpu_hold(ctx: _Context, hello: dict[str, Any]) -> str:
-    """How this evaluation holds its GPU, for the record's ``isolation.gpu`` ("" on the CPU)."""
+def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | None = None) -> str:
+    """How this evaluation holds its GPU, for the record's ``isolation.gpu`` ("" on the CPU): from
+    its inputs before the first draw, and again with its outputs once the first draw knows them
+    (``output_numels``; a convolution's output can be 100x its input)."""
     if not ctx.device.startswith("cuda"):
         return ""
     total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
     inputs = 4 * sum(_structure(ctx).numels)  # float32 inputs, as the structure draws counted them
-    if total and GPU_ALONE_COPIES * inputs > GPU_ALONE_SHARE * total:
+    outputs = 4 * sum(output_numels or [])
+    if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
+        since = "the whole evaluation" if output_numels is None else "the first correctness draw on"
+        sizes = f"{inputs / 1e9:.1f} GB of inputs"
+        if outputs:
+            sizes += f" and {outputs / 1e9:.1f} GB of outputs"
         return (
-            f"alone for the whole evaluation: {inputs / 1e9:.1f} GB of inputs, about "
-            f"{GPU_ALONE_COPIES}x that on the GPU with the evaluation's copies, more than "
-            f"{GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
+            f"alone for {since}: {sizes}, about {GPU_ALONE_COPIES}x that on the GPU with the "
+            f"evaluation's copies, more than {GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
         )
     return "shared with other evaluations outside the timing phase"
+
+
+def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
+    gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
+    ctx.gpu_held += _widen_device_limit(subject, hello)
+
+
+def _hold_alone_for_outputs(
+    ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]
+) -> Callable[[dict[str, Any]], None]:
+    """What the first correctness draw calls with its expected outputs: hold the GPU alone from
+    then on if the outputs make the evaluation large (the inputs alone did not)."""
+
+    def with_outputs(expected: dict[str, Any]) -> None:
+        outputs = (expected.get("reference") or {}).get("outputs") or []
+        numels = [int(o.numel()) for o in outputs if isinstance(o, torch.Tensor)]
+        held = _gpu_hold(ctx, hello, numels)
+        if held.startswith("alone"):
+            ctx.gpu_held = held
+            _hold_alone(ctx, gpu, subject, hello)
+
+    return with_outputs
 
 
 #: An evaluation that holds its GPU alone lets its candidate use this share of the GPU's memory when
@@ -638,6 +670,9 @@ def _check_distribution(
         if outputs is None or used != variant:  # (again where the reference fell back to a variant)
             outputs = _run(subject, used, seed, "native")
         variant = used
+        if ctx.on_first_outputs is not None:
+            hook, ctx.on_first_outputs = ctx.on_first_outputs, None
+            hook(expected)
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
             judged = _confirm_failure(

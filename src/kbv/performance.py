@@ -176,7 +176,8 @@ class _SketchPlan:
     input set (``kbv.correctness.judge_sketch``). Nothing in a request says which calls matter: every
     call does, so a candidate that reads its own request learns nothing it could exploit. The
     reference's sketches for every round are computed before the first batch, one input set at a
-    time, and its outputs are not kept; the baselines' sketches are judged the same way, as a calibration of the judge."""
+    time, and its outputs are not kept; the baselines' sketches are judged the same way, as a
+    calibration of the judge."""
 
     def __init__(self, ctx: MeasureContext) -> None:
         assert ctx.timed_reference is not None and ctx.sketch_seed is not None
