@@ -230,6 +230,26 @@ def test_concurrent_compiles_of_one_source_build_once(
     assert counter.read_text() == "x"
 
 
+def test_a_build_from_another_torch_installation_is_not_taken_for_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same torch version in another environment has other header paths, and torch's own check
+    then rebuilds inside the evaluation, under its timeout; the compile stage must build it first."""
+    import torch
+
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    counter = tmp_path / "imports.txt"
+    path = tmp_path / "1_ReLU.py"
+    marked = "from torch.utils import cpp_extension  # noqa: F401 (needs_build reads this)\n"
+    path.write_text(marked + COUNTING_SOURCE.format(counter=str(counter)))
+    candidate = load_candidate(path)
+    assert compile_candidate(candidate).status == "built"
+    assert compile_candidate(candidate).status == "cached"
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    assert compile_candidate(candidate).status == "built"
+    assert counter.read_text() == "xx"
+
+
 CPP_SOURCE = """\
 import torch
 import torch.nn as nn

@@ -83,6 +83,10 @@ def toolchain(arch_list: str | None) -> dict[str, str]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        # torch's headers are where it is installed: the same version in another environment gives
+        # other include paths, and torch's own build check then rebuilds inside the evaluation (a
+        # demo in a second virtualenv timed out its three C++ candidates there, "cached" here).
+        "torch_dir": os.path.dirname(torch.__file__),
         "cuda": str(torch.version.cuda),
         "arch_list": arch_list or "",
         "cuda_home": os.environ.get("CUDA_HOME", ""),
