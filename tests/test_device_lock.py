@@ -192,6 +192,8 @@ def test_a_candidate_alone_on_its_gpu_may_use_most_of_it_but_not_more() -> None:
     off = replace(LimitSettings(), device_memory_gb=0.0)  # a limit turned off stays off
     assert widened(off, h200) == ("", off)
     assert widened(None, h200) == ("", None)  # a trusted worker has no limits
+    kept = replace(LimitSettings(), device_memory_alone_share=0.0)  # a protocol that keeps its figure
+    assert widened(kept, h200) == ("", kept)
 
 
 _HOLD = """

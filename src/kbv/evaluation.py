@@ -496,14 +496,6 @@ def _hold_alone_for_outputs(
     return with_outputs
 
 
-#: An evaluation that holds its GPU alone lets its candidate use this share of the GPU's memory when
-#: that is more than the protocol's ``device_memory_gb``; the rest is the trusted side's. The limit
-#: is there so that one candidate cannot starve the evaluations that share its GPU; alone, there are
-#: none. On the H200 the reference itself, submitted as the candidate, used 72 GB on KernelBench's
-#: 34_InstanceNorm (7.5 GB of input) and six such level-1 problems ended ``resource_limit`` at 64 GiB.
-ALONE_DEVICE_SHARE = 0.75
-
-
 def _widen_device_limit(subject: Worker, hello: dict[str, Any]) -> str:
     """Raise the candidate worker's device-memory limit for an evaluation that holds its GPU alone;
     what was done, for the record's ``isolation.gpu`` ("" when nothing changed)."""
@@ -511,13 +503,15 @@ def _widen_device_limit(subject: Worker, hello: dict[str, Any]) -> str:
     total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
     if limits is None or not limits.device_memory_gb or not total:
         return ""
-    widened = ALONE_DEVICE_SHARE * total / (1 << 30)
+    share = float(limits.device_memory_alone_share)  # the protocol's [limits]
+    widened = share * total / (1 << 30)
     if widened <= limits.device_memory_gb:
         return ""
     subject.spec = replace(subject.spec, limits=replace(limits, device_memory_gb=round(widened, 1)))
     return (
         f"; the candidate's device-memory limit raised from {limits.device_memory_gb:g} GiB to "
-        f"{widened:.1f} GiB ({ALONE_DEVICE_SHARE:.0%} of the GPU: no other evaluation shares it)"
+        f"{widened:.1f} GiB ({share:.0%} of the GPU, [limits] device_memory_alone_share: no other "
+        "evaluation shares it)"
     )
 
 

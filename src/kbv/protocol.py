@@ -116,6 +116,11 @@ class LimitSettings:
     device_memory_gb: float = 64.0
     processes: int = 64
     open_files: int = 4096
+    # An evaluation that holds its GPU alone (large inputs or outputs: kbv.evaluation._gpu_hold)
+    # raises device_memory_gb to this share of the GPU's memory where that is more; 0 keeps
+    # device_memory_gb. The limit keeps one candidate from starving the evaluations sharing its
+    # GPU; alone there are none, and the honest reference needed 72 GB on a 7.5 GB-input problem.
+    device_memory_alone_share: float = 0.75
 
 
 @dataclass(frozen=True)
