@@ -6,8 +6,8 @@ every level-1 KernelBench problem, and so does the reference with TF32 switched 
 ``ModelNew`` is the problem's ``Model`` under another name (``--tf32``: with the TF32 wrapper),
 evaluates the pair, and appends one JSON line per evaluation to ``--out``; problems already in
 ``--out`` with a passing latest row are skipped, so a run cut short by a time limit resumes where
-it stopped. The next problem's workers boot while one is evaluated (``kbv.worker.Spares``, as a
-batch does), so an evaluation does not start its workers cold.
+it stopped. The pairs run on kbv's sequential executor, as ``kbv run``'s do: the next problem's
+workers boot while one is evaluated, so an evaluation does not start its workers cold.
 
     python benchmarks/reference_as_candidate.py ../shared/kernelbench/level1 --device cuda \\
         --out $OUT/reference.jsonl [--tf32] [--shard 0/2] [--budget-s 540]
@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 from kbv.candidates import load_candidate
-from kbv.evaluation import evaluate, worker_specs
+from kbv.execute import make_executor
 from kbv.problems import check_importable, discover, load_problem
 from kbv.protocol import load_protocol
-from kbv.worker import SPARE_DEPTH, Spares
 
 _TF32_WRAPPER = """
 
@@ -71,6 +70,17 @@ def _done(out: Path) -> set[str]:
     return {problem for problem, outcome in latest.items() if outcome == "passed"}
 
 
+def _write(out, counts: dict, row: dict) -> None:
+    counts["failures"] += row["outcome"] != "passed"
+    out.write(json.dumps(row) + "\n")
+    out.flush()
+    print(
+        f"{row['problem']}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} "
+        f"{row.get('fail_findings') or ''}",
+        flush=True,
+    )
+
+
 def _row(name: str, tf32: bool, record) -> dict:
     return {
         "problem": name,
@@ -104,55 +114,61 @@ def main() -> int:
     files = [f for k, f in enumerate(discover(args.problems)) if k % count == index]
     done = _done(args.out)
     todo = [f for f in files if f.stem not in done]
-    protocol = load_protocol("verified").with_timeout(args.timeout)
+    protocol = load_protocol("verified")
     started = time.monotonic()
-    failures = 0
-    with (
-        tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp,
-        args.out.open("a") as out,
-        Spares(SPARE_DEPTH["cuda" if args.device.startswith("cuda") else "cpu"]) as spares,
-    ):
-
-        def pair(problem_path: Path):  # the problem and its reference-as-candidate, loaded
+    counts = {"failures": 0, "left": 0}
+    with tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp, args.out.open("a") as out:
+        pairs = []
+        for problem_path in todo:
             candidate = Path(tmp) / f"{problem_path.stem}.py"
-            if not candidate.exists():
-                candidate.write_text(candidate_source(problem_path.read_text(), args.tf32))
-            problem = load_problem(problem_path)
-            check_importable(problem)
-            return problem, load_candidate(candidate)
-
-        for position, problem_path in enumerate(todo):
-            if time.monotonic() - started > args.budget_s:
-                print(f"budget reached; {len(todo) - position} problems left (run again to resume)")
-                break
-            t0 = time.monotonic()
+            candidate.write_text(candidate_source(problem_path.read_text(), args.tf32))
             try:
-                problem, candidate = pair(problem_path)
-                upcoming = []
-                for following in todo[position + 1 : position + 1 + spares.depth]:
-                    try:
-                        upcoming.append(list(worker_specs(*pair(following), protocol, args.device)))
-                    except Exception:  # noqa: BLE001 - that problem's own turn records why
-                        break
-                spares.expect(upcoming)
-                record = evaluate(problem, candidate, protocol, args.device, spares=spares)
-                row = _row(problem_path.stem, args.tf32, record)
-            except Exception as exc:  # the harness or the problem failed: recorded, the run goes on
-                row = {
-                    "problem": problem_path.stem,
+                problem = load_problem(problem_path)
+                check_importable(problem)
+            except Exception as exc:  # the problem's own failure: recorded, the run goes on
+                _write(
+                    out,
+                    counts,
+                    {
+                        "problem": problem_path.stem,
+                        "tf32": args.tf32,
+                        "seconds": 0.0,
+                        "outcome": "harness_error",
+                        "error": f"{type(exc).__name__}: {exc}"[:500],
+                    },
+                )
+                continue
+            pairs.append((problem, load_candidate(candidate)))
+        begun: dict[str, float] = {}
+
+        def over_budget(problem, candidate) -> bool:  # asked at each pair's turn
+            if time.monotonic() - started > args.budget_s:
+                counts["left"] += 1
+                return True
+            begun[problem.name] = time.monotonic()
+            return False
+
+        def on_record(problem, candidate, record, exc) -> None:
+            row = (
+                _row(problem.path.stem, args.tf32, record)
+                if record is not None
+                else {
+                    "problem": problem.path.stem,
                     "tf32": args.tf32,
                     "outcome": "harness_error",
                     "error": f"{type(exc).__name__}: {exc}"[:500],
                 }
-            row["seconds"] = round(time.monotonic() - t0, 1)
-            failures += row["outcome"] != "passed"
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            print(
-                f"{problem_path.stem}: {row['outcome']} ({row['seconds']} s) {row.get('failed') or ''} "
-                f"{row.get('fail_findings') or ''}",
-                flush=True,
             )
+            row["seconds"] = round(time.monotonic() - begun[problem.name], 1)
+            _write(out, counts, row)
+
+        # The sequential executor boots the next pairs' workers while one is evaluated (Spares).
+        make_executor("sequential", device=args.device).map(
+            pairs, protocol, timeout_s=args.timeout, on_record=on_record, should_skip=over_budget
+        )
+    if counts["left"]:
+        print(f"budget reached; {counts['left']} problems left (run again to resume)")
+    failures = counts["failures"]
     print(f"not passed in this call: {failures}")
     return 0
 

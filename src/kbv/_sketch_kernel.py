@@ -11,7 +11,7 @@ matrix product errs by more than a tolerance and follows the candidate's TF32 fl
 order of the float64 sums differs. Compiled here for sm_90a (``ptxas -v``): 72 registers, no spills
 at 128 columns and 4 warps a program.
 
-Not used until it has been measured on a GPU (:data:`kbv.sketch.FUSED_ON_CUDA`); the tests run it
+Off (:data:`kbv.sketch.FUSED_ON_CUDA`, which gives its H200 figures and why); the tests run it
 under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch path. Before it
 is switched on, its compiled code must come from where the candidate cannot have written: on a GPU
 the candidate keeps the parent's uid, so Triton's on-disk cache (the worker's ``TRITON_CACHE_DIR``)

@@ -53,11 +53,11 @@ CHUNK_ELEMENTS = 1 << 22
 #: set the smaller chunks' pace); only the order of the float64 sums changes.
 CUDA_CHUNK_ELEMENTS = 1 << 24
 #: Whether a GPU maps and projects in one Triton kernel (``kbv._sketch_kernel``: 4 bytes of traffic
-#: an element instead of 48) where the output is float32, float16 or bfloat16. Off until it has
-#: been measured on a GPU (its tests run it under Triton's interpreter on the CPU); when on, Triton
-#: is imported with this module, before any candidate code runs, a worker compiles the kernel
-#: while it boots (:func:`warm`), and each process uses it only after it gave the torch path's
-#: projections of a check tensor on that device (:func:`_fused_ready`). Measured on the H200
+#: an element instead of 48) where the output is float32, float16 or bfloat16 (its tests run it
+#: under Triton's interpreter on the CPU). When on, Triton is imported with this module, before any
+#: candidate code runs, a worker compiles the kernel while it boots (:func:`warm`), and each process
+#: uses it only after it gave the torch path's projections of a check tensor on that device
+#: (:func:`_fused_ready`). Measured on the H200
 #: (2026-12-01): 12.5 ms against the torch path's 23.3 ms for 1.6e9 float32 elements (1.85x, not the
 #: several times hoped for: its float64 multiply-adds, not its bytes, set its pace), its projections
 #: within 1.8e-10 of the torch path's; the float32 and float16 tests passed, the bfloat16 one did not
