@@ -98,6 +98,8 @@ def _row(name: str, tf32: bool, record) -> dict:
         "error": (record.error or {}).get("message", "")[:300],
         "phases_s": {k: round(v, 3) for k, v in record.phases_s.items()},
         "gpu": record.isolation.get("gpu"),
+        "baselines": sorted((record.timing or {}).get("baselines") or {}),
+        "baselines_not_measured": (record.timing or {}).get("baselines_not_measured"),
     }
 
 

@@ -160,6 +160,9 @@ class _Context:
     # Input invariants: a replayed record's own, else inferred once (see _structure).
     replay_structure: list[Any] | None = None
     structure: InputStructure | None = None
+    # The TF32-sensitive operators the reference's realistic baseline ran (kbv.child.tf32_ops),
+    # recorded on its first correctness draw on the GPU; None until then.
+    tf32_operators: dict[str, Any] | None = None
 
 
 def evaluate(
@@ -777,17 +780,29 @@ def _reference_outputs(
         # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
         expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
     else:
+        on_cuda = ctx.device.startswith("cuda")
         baseline = _run(
             reference,
             distribution,
             seed,
-            "tf32" if ctx.device.startswith("cuda") else "fp32",
+            "tf32" if on_cuda else "fp32",
             mix_seed=mix_seed,
+            record_operators=on_cuda and ctx.tf32_operators is None and _dispatcher_sees_all(ctx.problem),
         )
+        ctx.tf32_operators = ctx.tf32_operators or baseline.get("tf32_operators")
         truth = _run(reference, distribution, seed, "fp64", mix_seed=mix_seed)
         expected = _error_model_expected(baseline, truth)
     ctx.expected.put(key, expected)
     return expected
+
+
+#: What a problem's source uses to run compiled code that the dispatcher (and so the recorder of
+#: TF32-sensitive operators) may not see: such a problem times both baselines.
+_OUTSIDE_DISPATCHER = ("cpp_extension", "load_inline", "ctypes", "cupy", "triton", "numba", "cuda.bindings")
+
+
+def _dispatcher_sees_all(problem: Problem) -> bool:
+    return not any(marker in problem.source for marker in _OUTSIDE_DISPATCHER)
 
 
 def _error_model_expected(baseline: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
@@ -817,10 +832,14 @@ def _run(
     precision: str,
     measure_memory: bool = False,
     mix_seed: int | None = None,
+    record_operators: bool = False,
 ) -> dict[str, Any]:
     """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
-    GPU through CUDA IPC, on the CPU through a file read once and deleted)."""
+    GPU through CUDA IPC, on the CPU through a file read once and deleted). ``record_operators``
+    (a trusted reference only) also reports the TF32-sensitive operators the forward ran."""
     fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
+    if record_operators:
+        fields["record_operators"] = True
     return _received(worker, worker.request("run", **fields))
 
 
@@ -844,11 +863,14 @@ def _run_fields(
 
 def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:
     """A ``run`` reply as the parent's own outputs, types and memory figures."""
-    return {
+    received = {
         "outputs": worker.receive_outputs(reply.get("outputs")),
         "types": reply["types"],
         "memory": reply.get("memory"),
     }
+    if "tf32_operators" in reply:
+        received["tf32_operators"] = reply["tf32_operators"]
+    return received
 
 
 def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
@@ -932,6 +954,7 @@ def _measure(
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
         build=lambda: _build_for_timing(ctx, reference, subject),
         recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
+        tf32_operators=ctx.tf32_operators,
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing["input_sets"] = len(mctx.seeds)

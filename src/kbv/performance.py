@@ -64,13 +64,16 @@ class MeasureContext:
         timed_reference: Callable[[int], dict[str, Any]] | None = None,
         build: Callable[[], None] | None = None,
         recheck_brackets: bool = False,
+        tf32_operators: dict[str, Any] | None = None,
     ) -> None:
         """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
         ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
         needs (``kbv.correctness.timed_reference`` of the pipeline's expected outputs); without both
         the timed outputs are not checked. ``build`` builds both models with the timing parameters;
         ``recheck_brackets`` times :data:`RECHECK_BATCHES` trusted batches after the rounds when the
-        parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them)."""
+        parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them).
+        ``tf32_operators`` is the trusted reference worker's account of its forward
+        (:func:`kbv.child.tf32_ops.summary`); None when it was not recorded."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -83,6 +86,7 @@ class MeasureContext:
         self.timed_reference = timed_reference
         self.build = build
         self.recheck_brackets = recheck_brackets
+        self.tf32_operators = tf32_operators
 
     @property
     def checks_timed_outputs(self) -> bool:
@@ -97,7 +101,7 @@ def measure_pair(
     if ctx.build is None:
         raise ValueError("measure_pair needs MeasureContext.build (both models with the timing parameters)")
     ctx.build()
-    names, skipped = measured_baselines(tuple(settings.baselines), ctx.device)
+    names, skipped = measured_baselines(tuple(settings.baselines), ctx.device, ctx.tf32_operators)
     plan = _SketchPlan(ctx) if ctx.checks_timed_outputs else None
     cached = {name: _cache_read(ctx, name) for name in names}
     cache_checks = _check_cached(ctx, reference, cached, subject, plan)
@@ -319,19 +323,38 @@ def cacheable(rounds: list[dict[str, Any]]) -> bool:
     return bool(medians) and min(medians) > 0 and max(medians) / min(medians) <= CACHE_CHECK_FACTOR
 
 
-def measured_baselines(names: tuple[str, ...], device: str) -> tuple[list[str], dict[str, str]]:
-    """The protocol's baselines this device times, and those it leaves out with why. On the CPU
-    ``eager_tf32`` runs exactly ``eager_fp32``'s code (the TF32 flags touch only CUDA matmuls and
-    cuDNN), so timing it again would only add a noisy duplicate row; the protocol (and its hash)
-    stays the same, the record says what was left out."""
+def measured_baselines(
+    names: tuple[str, ...], device: str, tf32_operators: dict[str, Any] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The protocol's baselines this device times, and those it leaves out with why.
+
+    ``eager_tf32`` runs exactly ``eager_fp32``'s code where the TF32 flags change nothing: on the
+    CPU (they touch only CUDA matmuls and cuDNN), and on the GPU when the trusted reference's forward
+    ran no TF32-sensitive operator (``tf32_operators``, see :mod:`kbv.child.tf32_ops`). Timing it
+    there would only add a noisy duplicate row (and ``best``, the smaller of two draws of one
+    speedup, would lean low); the protocol (and its hash) stays the same, the record says what was
+    left out and why."""
     measured = [name for name in names if name in BASELINE_PRECISION]
     skipped: dict[str, str] = {}
-    if not device.startswith("cuda") and "eager_tf32" in measured and "eager_fp32" in measured:
-        measured.remove("eager_tf32")
-        skipped["eager_tf32"] = (
-            "same code as eager_fp32 on the CPU (the TF32 flags touch only CUDA and cuDNN)"
-        )
+    if "eager_tf32" in measured and "eager_fp32" in measured:
+        reason = _same_code_as_fp32(device, tf32_operators)
+        if reason:
+            measured.remove("eager_tf32")
+            skipped["eager_tf32"] = reason
     return measured, skipped
+
+
+def _same_code_as_fp32(device: str, tf32_operators: dict[str, Any] | None) -> str:
+    """Why ``eager_tf32`` would time ``eager_fp32``'s code, or "" when it might not."""
+    if not device.startswith("cuda"):
+        return "same code as eager_fp32 on the CPU (the TF32 flags touch only CUDA and cuDNN)"
+    if tf32_operators is None or tf32_operators.get("sensitive") != [] or not tf32_operators.get("operators"):
+        return ""
+    return (
+        "same code as eager_fp32: the reference's forward ran "
+        f"{tf32_operators.get('operators', 0)} operators, none of which the TF32 flags change "
+        "(no GEMM, cuDNN convolution or RNN; recorded in the reference worker)"
+    )
 
 
 def _check_cached(

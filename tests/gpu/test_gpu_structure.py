@@ -35,6 +35,29 @@ def test_tf32_inside_forward_passes_and_a_global_flip_is_caught() -> None:
     assert "global_flags" in {f.check for f in hack.findings if f.severity == "fail"}
 
 
+def test_eager_tf32_is_timed_only_where_tf32_changes_the_reference() -> None:
+    # tiny_matmul's forward runs a GEMM: both baselines are timed. ReLU's runs none: eager_tf32
+    # would be eager_fp32's code, so it is left out, with the reason in the record.
+    matmul = evaluate_paths(
+        ROOT / "tests" / "fixtures" / "problems" / "tiny_matmul.py",
+        FIXTURES / "honest" / "tf32_scoped.py",
+        protocol="verified",
+        device="cuda",
+        timeout_s=600,
+    )
+    assert sorted(matmul.timing["baselines"]) == ["eager_fp32", "eager_tf32"]
+    relu = evaluate_paths(
+        ROOT / "src" / "kbv" / "suite" / "problems" / "level1" / "1_ReLU.py",
+        FIXTURES / "foundation" / "relu_plain.py",
+        protocol="verified",
+        device="cuda",
+        timeout_s=600,
+    )
+    assert relu.outcome == "passed", [(f.check, f.detail) for f in relu.findings]
+    assert sorted(relu.timing["baselines"]) == ["eager_fp32"]
+    assert "none of which the TF32 flags change" in relu.timing["baselines_not_measured"]["eager_tf32"]
+
+
 @pytest.mark.skipif(
     not KERNELBENCH.is_dir(), reason="needs the KernelBench tree: ../shared/kernelbench or KBV_KERNELBENCH"
 )

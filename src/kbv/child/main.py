@@ -32,6 +32,7 @@ from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
 from kbv import telemetry
+from kbv.child import tf32_ops as _tf32_ops
 from kbv.child import timing as kbv_timing
 from kbv.problems._loader import load_module
 from kbv.protocol import timing_settings_from_dict
@@ -267,7 +268,10 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     )
     model = _model_for(state, precision)
     memory = _memory_before(state) if request.get("measure_memory") else None
-    with torch.no_grad():
+    # Only a trusted worker's account of its own operators is asked for (and believed).
+    recording = request.get("record_operators") and state.role == "reference"
+    operators = _tf32_ops.recorder() if recording else None
+    with torch.no_grad(), operators if operators is not None else contextlib.nullcontext():
         outputs = _as_outputs(model(*args))
     if state.device.type == "cuda":
         torch.cuda.synchronize()
@@ -277,11 +281,14 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     # A trusted reference's outputs are handed over as they are; a candidate's are copied first.
     copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
     del args, outputs
-    return {
+    reply = {
         "types": types,
         "memory": memory,
         "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed),
     }
+    if operators is not None:
+        reply["tf32_operators"] = _tf32_ops.summary(operators.names)
+    return reply
 
 
 def _memory_before(state: _State) -> dict[str, Any]:

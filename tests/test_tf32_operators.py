@@ -1,0 +1,126 @@
+"""``eager_tf32`` is left out only where the trusted reference ran no operator the TF32 flags change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RELU, SUITE
+
+from kbv import performance
+from kbv.child import tf32_ops
+from kbv.worker import Worker, WorkerSpec
+
+MATMUL = SUITE / "level1" / "25_Matmul_Square.py"
+BOTH = ("eager_fp32", "eager_tf32")
+FOUNDATION = Path(__file__).parent / "fixtures" / "candidates" / "foundation"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "aten::mm",
+        "aten::addmm",
+        "aten::baddbmm",
+        "aten::_scaled_mm",
+        "aten::convolution",
+        "aten::cudnn_convolution_transpose",
+        "aten::_cudnn_rnn",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_cdist_forward",
+        "aten::_trilinear",
+        "aten::linalg_solve_ex",
+        "aten::mv",
+        "aten::dot",
+        "aten::_linalg_svd",
+        "mylib::fused_gemm",  # a custom op: what it runs is unknown
+        "torchvision::deform_conv2d",
+    ],
+)
+def test_operators_that_may_reach_cublas_or_cudnn_are_sensitive(name: str) -> None:
+    assert tf32_ops.tf32_sensitive(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "aten::relu",
+        "aten::gelu",
+        "aten::elu",
+        "aten::sum",
+        "aten::cumsum",
+        "aten::_softmax",
+        "aten::native_layer_norm",
+        "aten::native_batch_norm",
+        "aten::cudnn_batch_norm",
+        "aten::linalg_vector_norm",
+        "aten::mse_loss",
+        "aten::nll_loss_forward",
+        "aten::hardtanh",
+        "prims::convert_element_type",
+    ],
+)
+def test_elementwise_and_reduction_operators_are_not(name: str) -> None:
+    assert not tf32_ops.tf32_sensitive(name)
+
+
+def _recorded(fn, *args) -> dict:
+    recorder = tf32_ops.recorder()
+    with torch.no_grad(), recorder:
+        fn(*args)
+    return tf32_ops.summary(recorder.names)
+
+
+def test_the_recorder_sees_the_gemm_under_a_linear_layer_and_none_under_relu() -> None:
+    x = torch.randn(4, 8)
+    assert _recorded(torch.nn.Linear(8, 3), x)["sensitive"] == ["aten::addmm"]
+    attention = torch.nn.functional.scaled_dot_product_attention
+    assert _recorded(lambda t: attention(t, t, t), x[None])["sensitive"]
+    assert _recorded(torch.nn.Conv1d(1, 2, 3), x[:, None])["sensitive"] == ["aten::convolution"]
+    assert _recorded(torch.relu, x) == {"sensitive": [], "operators": 1}
+    assert _recorded(torch.nn.BatchNorm1d(8).eval(), x)["sensitive"] == []
+
+
+def test_eager_tf32_is_skipped_on_the_gpu_only_when_no_sensitive_operator_ran() -> None:
+    none_ran = {"sensitive": [], "operators": 3}
+    names, skipped = performance.measured_baselines(BOTH, "cuda:0", none_ran)
+    assert names == ["eager_fp32"] and "3 operators" in skipped["eager_tf32"]
+    # A GEMM ran, nothing was recorded, or the dispatcher saw nothing at all: both are timed.
+    for account in ({"sensitive": ["aten::mm"], "operators": 2}, None, {"sensitive": [], "operators": 0}):
+        assert performance.measured_baselines(BOTH, "cuda:0", account) == (list(BOTH), {})
+    # Alone, eager_tf32 is the protocol's baseline and stays.
+    assert performance.measured_baselines(("eager_tf32",), "cuda:0", none_ran) == (["eager_tf32"], {})
+
+
+def _run_recording(role: str, problem, sizes: dict) -> dict:
+    spec = WorkerSpec(build_key=f"test-tf32-ops-{role}", device="cpu", role=role, budget_s=60)
+    with Worker(spec) as worker:
+        worker.start()
+        load = {"role": role, "device": "cpu", "problem_path": str(problem), "sizes": sizes, "init_seed": 1}
+        if role == "candidate":
+            load["candidate_path"] = str(FOUNDATION / "relu_plain.py")
+        worker.request("load", **load)
+        reply = worker.request(
+            "run",
+            distribution="original",
+            seed=3,
+            precision="fp32",
+            out_path=worker.new_path("out"),
+            record_operators=True,
+        )
+        worker.receive_outputs(reply["outputs"])
+        return reply
+
+
+def test_a_reference_worker_reports_its_operators_when_asked() -> None:
+    relu = _run_recording("reference", RELU, {"batch_size": 2, "dim": 8})["tf32_operators"]
+    assert relu["sensitive"] == [] and relu["operators"] >= 1
+    matmul = _run_recording("reference", MATMUL, {"N": 16})["tf32_operators"]
+    assert matmul["sensitive"] == ["aten::mm"]
+
+
+def test_a_candidate_worker_is_never_asked_and_does_not_answer() -> None:
+    # Only the trusted reference's account decides which baselines are timed.
+    reply = _run_recording("candidate", RELU, {"batch_size": 2, "dim": 8})
+    assert "tf32_operators" not in reply and reply["types"] == ["torch.Tensor"]
