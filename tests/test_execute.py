@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SUITE
+from conftest import FOUNDATION, SUITE
 
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
@@ -356,3 +356,51 @@ def test_a_batch_with_a_timeout_resumes_without_redoing_pairs(
         }
     assert outcomes[("7_Tanh.py", 30.0)] == "crashed" and outcomes[("7_Tanh.py", 60.0)] == "passed"
     assert len(outcomes) == 6
+
+
+def test_the_sequential_executor_hands_each_next_evaluation_its_spares_when_a_timeout_is_given() -> None:
+    """A worker's budget is the protocol's timeout, so spares must be made for the protocol with the
+    timeout the evaluations run under; made without it, no candidate spare was ever taken (each
+    candidate worker booted cold) and the untaken ones stayed alive until the batch ended."""
+    from kbv.evaluation import worker_specs
+    from kbv.protocol import STANDARD
+    from kbv.worker import Spares
+
+    problem = load_problem(SUITE / "level1" / "1_ReLU.py")
+    pairs = [
+        (problem, load_candidate(FOUNDATION / name))
+        for name in ("relu_plain.py", "identity.py", "relu_plain.py")
+    ]
+    launched_ahead: list[tuple[bool, bool]] = []
+    idle_after: list[int] = []
+
+    def fake_evaluate(problem, candidate, protocol, device, *, timeout_s=None, spares: Spares) -> None:
+        protocol = protocol.with_timeout(timeout_s)  # as kbv.evaluation.evaluate does
+        workers = [spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device)]
+        launched_ahead.append(tuple(w.pid is not None for w in workers))
+        spares.launch_expected()
+        idle_after.append(sum(len(w) for w in spares._launched.values()))
+        for worker in workers:
+            worker.close()
+
+    fake_evaluate.uses_spares = True  # type: ignore[attr-defined]
+    executor = make_executor("sequential", device="cpu", evaluate_fn=fake_evaluate)
+    executor.map(pairs, STANDARD, timeout_s=37.0, on_record=lambda *a: None, should_skip=lambda p, c: False)
+    # The first pair boots its own; each later pair finds both its workers launched ahead.
+    assert launched_ahead == [(False, False), (True, True), (True, True)]
+    assert idle_after == [2, 2, 0]  # only the next pair's workers wait; none is left over
+
+
+def test_spares_that_no_coming_evaluation_wants_are_closed() -> None:
+    from kbv.worker import Spares, WorkerSpec
+
+    kept = WorkerSpec(build_key="test-kept", device="cpu", role="reference", budget_s=60)
+    dropped = WorkerSpec(build_key="test-dropped", device="cpu", role="reference", budget_s=60)
+    with Spares(depth=2) as spares:
+        spares.expect([[kept], [dropped]])
+        spares.launch_expected()
+        orphan = spares._launched[next(k for k in spares._launched if k[0] == "test-dropped")][0]
+        spares.expect([[kept]])  # the pair that wanted ``dropped`` was skipped
+        spares.launch_expected()
+        assert orphan.pid is not None and not orphan.alive()
+        assert [k[0] for k, w in spares._launched.items() if w] == ["test-kept"]

@@ -56,6 +56,11 @@ class SequentialExecutor(Executor):
         from kbv.worker import SPARE_DEPTH, Spares
 
         pairs = list(pairs)
+        # The workers the evaluations will ask for are those of the protocol they run, with its
+        # timeout (a worker's budget is part of what a spare must match): spares made for the
+        # protocol without it were never taken, and every candidate worker booted cold (~4 s an
+        # evaluation on the H200) beside a growing heap of idle ones.
+        protocol = protocol.with_timeout(timeout_s)
         todo = [not should_skip(problem, candidate) for problem, candidate in pairs]
         spares = (
             Spares(SPARE_DEPTH["cuda" if self.device.startswith("cuda") else "cpu"])

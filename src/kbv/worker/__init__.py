@@ -728,7 +728,10 @@ class Spares:
         return ready.pop(0) if ready else Worker(spec)
 
     def launch_expected(self) -> None:
-        """Launch a wave when the next evaluation's workers are not launched yet (else nothing)."""
+        """Launch a wave when the next evaluation's workers are not launched yet (else nothing).
+        Spares that none of the next evaluations wants (their pair was skipped) are closed first:
+        an idle worker holds a CUDA context and host memory until the batch ends."""
+        self._close_unwanted()
         if not self._next or self._covered(self._next[0]):
             self._next = []
             return
@@ -742,6 +745,15 @@ class Spares:
                     worker.launch()
                     self._launched.setdefault(key, []).append(worker)
         self._next = []
+
+    def _close_unwanted(self) -> None:
+        wanted: dict[tuple[Any, ...], int] = {}
+        for specs in self._next:
+            for spec in specs:
+                wanted[_spec_key(spec)] = wanted.get(_spec_key(spec), 0) + 1
+        for key, workers in self._launched.items():
+            while len(workers) > wanted.get(key, 0):
+                workers.pop().close()
 
     def _covered(self, specs: list[WorkerSpec]) -> bool:
         need: dict[tuple[Any, ...], int] = {}
