@@ -49,7 +49,7 @@ _GPU_BUILDS = (
 
 @pytest.fixture(scope="session", autouse=True)
 def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
-    """On a GPU run, build every CUDA source the GPU tests use once, side by side, while the tests
+    """On a GPU run, build every CUDA source the collected GPU tests use once, side by side, while the tests
     run: built one after another inside the tests, eight builds of 40-70 s each took the whole
     5-minute budget on the H200, and waiting for all of them first took 150 s. The build cache is
     the one evaluation workers read (``kbv.worker.builds``), and an evaluation that needs a source
@@ -67,7 +67,15 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
     from kbv.candidates import load_candidate
     from kbv.worker.builds import arch_list_for, compile_candidate, needs_build
 
-    sources = [p for d in _GPU_BUILDS for p in sorted(d.glob("*.py")) if needs_build(p.read_text())]
+    # Only what a collected test names (its parameter id is the source's stem, or folder/stem): one
+    # GPU test run alone spent 36 s of its teardown waiting for six builds no test of it used.
+    ids = {item.callspec.id for item in request.session.items if hasattr(item, "callspec")}
+    sources = [
+        p
+        for d in _GPU_BUILDS
+        for p in sorted(d.glob("*.py"))
+        if (p.stem in ids or f"{p.parent.name}/{p.stem}" in ids) and needs_build(p.read_text())
+    ]
     arch = arch_list_for(telemetry.compute_capability("cuda:0"))
     # Six at a time (two compiler processes each) leave cores to the tests that time kernels
     # meanwhile; an evaluation that needs a source waits on its build lock while it builds.
