@@ -102,6 +102,9 @@ step_compare() {
     seed_from_kb compare.sqlite
     python -m kbv.cli compare --problems .kb/cuda-l1-streams/problems \
         --candidates .kb/cuda-l1-streams/candidates --device cuda --db "$OUT/compare.sqlite"
+    # the per-kernel table against the hand-read labels, and the counts (issue 16)
+    python benchmarks/corpus_compare.py --manifest .kb/cuda-l1-streams/manifest.json \
+        --db "$OUT/compare.sqlite" --markdown "$OUT/compare_table.md" --json "$OUT/compare_table.json"
 }
 
 step_fidelity() {
