@@ -124,3 +124,31 @@ def test_a_candidate_worker_is_never_asked_and_does_not_answer() -> None:
     # Only the trusted reference's account decides which baselines are timed.
     reply = _run_recording("candidate", RELU, {"batch_size": 2, "dim": 8})
     assert "tf32_operators" not in reply and reply["types"] == ["torch.Tensor"]
+
+
+MODE_SHY = """
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        if _get_current_dispatch_mode() is not None:  # as a compiled region may refuse a Python mode
+            raise RuntimeError("no Python dispatch mode here")
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_forward_that_refuses_the_recorder_still_runs_and_gives_no_account(tmp_path: Path) -> None:
+    problem = tmp_path / "mode_shy.py"
+    problem.write_text(MODE_SHY)
+    reply = _run_recording("reference", problem, {})
+    assert reply["types"] == ["torch.Tensor"] and "tf32_operators" not in reply

@@ -270,9 +270,9 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     memory = _memory_before(state) if request.get("measure_memory") else None
     # Only a trusted worker's account of its own operators is asked for (and believed).
     recording = request.get("record_operators") and state.role == "reference"
-    operators = _tf32_ops.recorder() if recording else None
-    with torch.no_grad(), operators if operators is not None else contextlib.nullcontext():
-        outputs = _as_outputs(model(*args))
+    with torch.no_grad():
+        outputs, operators = _forward_recording(model, args) if recording else (model(*args), None)
+    outputs = _as_outputs(outputs)
     if state.device.type == "cuda":
         torch.cuda.synchronize()
     if memory is not None:
@@ -287,8 +287,24 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed),
     }
     if operators is not None:
-        reply["tf32_operators"] = _tf32_ops.summary(operators.names)
+        reply["tf32_operators"] = operators
     return reply
+
+
+def _forward_recording(model: Any, args: list[Any]) -> tuple[Any, dict[str, Any] | None]:
+    """One forward under the operator recorder (``kbv.child.tf32_ops``), and its account. The
+    recorder must never fail a trusted forward (a compiled region may refuse a Python dispatch
+    mode): a forward that raises under it runs again without it, and no account is given, so both
+    baselines are timed. A CUDA error is the forward's own and is raised."""
+    recorder = _tf32_ops.recorder()
+    try:
+        with recorder:
+            outputs = model(*args)
+    except Exception as exc:
+        if any(marker in str(exc) for marker in _CUDA_ERROR_MARKERS):
+            raise
+        return model(*args), None
+    return outputs, _tf32_ops.summary(recorder.names)
 
 
 def _memory_before(state: _State) -> dict[str, Any]:
