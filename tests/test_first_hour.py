@@ -566,6 +566,25 @@ def test_explain_says_when_an_evaluation_held_its_gpu_alone() -> None:
         assert ("GPU held alone" in console.export_text()) is shown
 
 
+def test_explain_says_which_baseline_was_not_timed_and_why() -> None:
+    from rich.console import Console
+
+    from kbv.report.explain import print_record
+
+    record = _record("passed", "verified", "m", speedup=1.4)
+    summary = {"median": 0.5, "ci95_low": 0.49, "ci95_high": 0.51}
+    record.timing = {  # type: ignore[assignment]
+        "recipe": "flush-rotate-events-median",
+        "candidate": {"summary": summary},
+        "baselines": {"eager_fp32": {"summary": {**summary, "median": 0.7}}},
+        "baselines_not_measured": {"eager_tf32": "same code as eager_fp32: no TF32-sensitive operator"},
+    }
+    console = Console(width=200, record=True)
+    print_record(record, console)
+    text = console.export_text()
+    assert "eager_tf32" in text and "not timed: same code as eager_fp32" in text
+
+
 @_NO_CUDA
 def test_evaluating_on_a_gpu_this_machine_lacks_is_the_callers_error_not_the_problems() -> None:
     """Through the library (a benchmark, an RL loop), not only the command line: a DeviceError

@@ -163,6 +163,8 @@ def _timing_table(record: Record) -> Table:
             _fmt(record.speedup.get(name), ".3f"),
             ", ".join(s.get("warnings", [])),
         )
+    for name, why in (record.timing.get("baselines_not_measured") or {}).items():
+        table.add_row(name, "-", "", "", f"not timed: {why}")
     table.add_row(
         "[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]", ""
     )
