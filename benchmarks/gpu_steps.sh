@@ -12,10 +12,10 @@
 # Inputs that do not travel by themselves are read from the git-ignored .kb/ (carry it):
 #   .kb/kb250            the 250 KernelBench problems (a copy of ../shared/kernelbench)
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
-#   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl
+#   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite
 #                        rows of earlier calls, copied in so finished work is not redone
 # Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
-#        fidelity demo
+#        fidelity demo audit audit_report
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -107,6 +107,20 @@ step_compare() {
         --db "$OUT/compare.sqlite" --markdown "$OUT/compare_table.md" --json "$OUT/compare_table.json"
 }
 
+step_audit() {  # issue 17's GPU sample, part after part: stored pairs are not evaluated again
+    seed_from_kb audit.sqlite
+    for k in $(seq 1 20); do
+        python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
+            --part "$k/20"
+    done
+}
+
+step_audit_report() {  # the whole sample's figures from what the store holds (evaluates nothing)
+    seed_from_kb audit.sqlite
+    python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
+        --report --json "$OUT/audit_report.jsonl"
+}
+
 step_fidelity() {
     python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu
 }
@@ -129,7 +143,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|memtrace|structure|fused|relu|stability|compare|fidelity|demo)
+        tests|containment|memtrace|structure|fused|relu|stability|compare|fidelity|demo|audit|audit_report)
             export -f "step_$name"
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -143,6 +157,7 @@ default_limit() {
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
+        audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;
     esac
 }
