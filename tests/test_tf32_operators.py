@@ -152,3 +152,48 @@ def test_a_forward_that_refuses_the_recorder_still_runs_and_gives_no_account(tmp
     problem.write_text(MODE_SHY)
     reply = _run_recording("reference", problem, {})
     assert reply["types"] == ["torch.Tensor"] and "tf32_operators" not in reply
+
+
+class _FakeReference:
+    """A reference worker's side of ``run`` requests, recorded: what the parent asked for."""
+
+    def __init__(self, account: dict | None) -> None:
+        self.account = account
+        self.asked: list[tuple[str, bool]] = []
+
+    def new_path(self, what: str) -> str:
+        return f"/nonexistent/{what}"
+
+    def request(self, op: str, **fields) -> dict:
+        self.asked.append((fields["precision"], bool(fields.get("record_operators"))))
+        reply = {"types": ["torch.Tensor"], "outputs": fields["precision"]}
+        if fields.get("record_operators") and self.account is not None:
+            reply["tf32_operators"] = self.account
+        return reply
+
+    def receive_outputs(self, precision: str) -> list:
+        dtype = torch.float64 if precision == "fp64" else torch.float32
+        return [torch.ones(4, dtype=dtype)]
+
+
+@pytest.mark.parametrize("account", [{"sensitive": [], "operators": 1}, None])
+def test_the_parent_asks_for_the_account_once_per_evaluation_on_the_gpu(account: dict | None) -> None:
+    # None: the forward refused the recorder; asking again would run every baseline forward twice.
+    from types import SimpleNamespace
+
+    from kbv import evaluation
+    from kbv.protocol import VERIFIED
+
+    ctx = evaluation._Context(
+        problem=SimpleNamespace(source="import torch\n"),  # type: ignore[arg-type]
+        candidate=None,  # type: ignore[arg-type]
+        protocol=VERIFIED,
+        device="cuda:0",
+        seeds=None,  # type: ignore[arg-type]
+        expected=evaluation.ExpectedCache(1 << 20),
+    )
+    reference = _FakeReference(account)
+    for seed in (1, 2, 3):
+        evaluation._reference_outputs(ctx, reference, "original", seed)  # type: ignore[arg-type]
+    assert reference.asked == [("tf32", True), ("fp64", False)] + [("tf32", False), ("fp64", False)] * 2
+    assert ctx.tf32_operators == account and ctx.tf32_operators_asked

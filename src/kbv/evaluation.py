@@ -161,8 +161,9 @@ class _Context:
     replay_structure: list[Any] | None = None
     structure: InputStructure | None = None
     # The TF32-sensitive operators the reference's realistic baseline ran (kbv.child.tf32_ops),
-    # recorded on its first correctness draw on the GPU; None until then.
+    # asked for once, on its first correctness draw on the GPU; None when not (or not yet) given.
     tf32_operators: dict[str, Any] | None = None
+    tf32_operators_asked: bool = False
 
 
 def evaluate(
@@ -781,15 +782,12 @@ def _reference_outputs(
         expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
     else:
         on_cuda = ctx.device.startswith("cuda")
-        baseline = _run(
-            reference,
-            distribution,
-            seed,
-            "tf32" if on_cuda else "fp32",
-            mix_seed=mix_seed,
-            record_operators=on_cuda and ctx.tf32_operators is None and _dispatcher_sees_all(ctx.problem),
-        )
-        ctx.tf32_operators = ctx.tf32_operators or baseline.get("tf32_operators")
+        # Asked once: a forward that refuses the recorder runs twice each time it is asked.
+        record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
+        precision = "tf32" if on_cuda else "fp32"
+        baseline = _run(reference, distribution, seed, precision, mix_seed=mix_seed, record_operators=record)
+        if record:
+            ctx.tf32_operators_asked, ctx.tf32_operators = True, baseline.get("tf32_operators")
         truth = _run(reference, distribution, seed, "fp64", mix_seed=mix_seed)
         expected = _error_model_expected(baseline, truth)
     ctx.expected.put(key, expected)
