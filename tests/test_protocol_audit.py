@@ -87,10 +87,17 @@ def test_reordered_sums_agree_with_torch_and_sequential_is_short_only(tmp_path: 
     exec(src.REDUCE_HELPER, namespace)  # noqa: S102 - kbv's own helper, no candidate code
     reduce = namespace["_kbv_reduce"]
     x = torch.randn(3, 300, 5)
-    for order in ("blocked", "reversed", "sequential"):
+    for order in ("blocked", "reversed"):
         got = reduce(x, 1, True, op="mean", order=order)  # type: ignore[operator]
         torch.testing.assert_close(got, x.mean(1, keepdim=True), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(reduce(x, op="sum", order=order), x.sum(), rtol=1e-4, atol=1e-4)  # type: ignore[operator]
+    short = x[:, :200]
+    got = reduce(short, 1, True, op="mean", order="sequential")  # type: ignore[operator]
+    torch.testing.assert_close(got, short.mean(1, keepdim=True), rtol=1e-5, atol=1e-6)
+    # A long one is refused before its Python loop starts (1e9 steps for a KernelBench loss).
+    with pytest.raises(Exception, match="300") as refused:
+        reduce(x, 1, op="sum", order="sequential")  # type: ignore[operator]
+    assert type(refused.value).__name__ == src.LONG_REDUCTION_ERROR
     specs = _specs(SUITE / "level1" / "20_MSELoss.py", tmp_path)  # a 16384-long mean on the CPU
     assert specs[("reordered", "sequential")].status == "skipped"
     assert specs[("reordered", "blocked")].status == "evaluate"
@@ -118,7 +125,7 @@ def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
     problem = load_problem(path)
     reference = gen.load_module(path)
     draws = gen._domain_draws(problem, reference, "cpu")
-    spec = gen._check(problem, draft, {}, reference, draws, gen._run(reference, "Model", draws), tmp_path, 0)
+    spec = gen._check(problem, draft, {}, reference, draws, tmp_path, 0)
     assert spec.status == "generator_error" and "broken" in spec.note
 
 
@@ -328,3 +335,20 @@ def test_only_controls_or_only_mutants_are_generated_and_counted(tmp_path: Path)
         assert not any(s.role == other for s in result.specs)
     with pytest.raises(ValueError, match="roles"):
         audit_protocols(problem, ["verified"], device="cpu", db=tmp_path / "x.sqlite", roles=("honest",))
+
+
+def test_domain_draws_are_made_afresh_and_the_same_each_time(tmp_path: Path) -> None:
+    """The judge makes each draw when it calls a model (at KernelBench sizes every draw's inputs and
+    outputs at once would not fit a GPU), so the reference and the generated model must get the
+    very same inputs from the same recipe, and no two calls share a tensor."""
+    problem = load_problem(SUITE / "level1" / "1_ReLU.py")
+    reference = gen.load_module(problem.path, sizes=problem.sizes_for("cpu"))
+    draws = gen._domain_draws(problem, reference, "cpu")
+    assert len(draws) == len(gen.kbv_inputs.BASE_DISTRIBUTIONS) * len(gen.EQUIVALENCE_SEEDS)
+    for make in draws[:3]:
+        first, again = make(), make()
+        assert all(
+            torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(first, again, strict=True)
+        )
+    outputs = list(gen._calls(reference, "Model", draws))
+    assert len(outputs) == len(draws) and torch.equal(outputs[0][0], torch.relu(draws[0]()[0]))

@@ -175,11 +175,22 @@ def tf32_control(source: str) -> str:
     return reference_control(source) + TF32_WRAPPER
 
 
-REDUCE_HELPER = '''
+#: A reduction this long or shorter may also be summed sequentially in float32 by a control (the
+#: error model's reduction floor assumes one block of 256 reduced by a tree, partials added after).
+SHORT_REDUCTION = 256
+#: What the helper raises for a longer sequential sum: no honest control, and a Python loop as
+#: long as the reduction (1e9 steps for a KernelBench loss) before the audit could say so.
+LONG_REDUCTION_ERROR = "KbvLongReduction"
+
+REDUCE_HELPER = f'''
 
 import torch as _kbv_torch
 
 _KBV_REDUCTION_LENGTHS = []  # read by the audit's own trusted run: is every reduction short?
+
+
+class {LONG_REDUCTION_ERROR}(Exception):
+    """A sequential float32 sum longer than {SHORT_REDUCTION}: refused before it starts."""
 
 
 def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
@@ -197,6 +208,8 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
         blocks = _kbv_torch.nn.functional.pad(y, (0, pad)).unflatten(-1, (-1, 256))
         total = blocks.sum(-1).sum(-1)  # one float32 partial per 256-element block, then the partials
     else:  # sequential: one float32 accumulator, element after element
+        if length > {SHORT_REDUCTION}:
+            raise {LONG_REDUCTION_ERROR}(int(length))
         total = y[..., 0].clone()
         for i in range(1, length):
             total = total + y[..., i]
