@@ -55,7 +55,15 @@ SENSITIVE_TOKENS = frozenset(
     {"mv", "addmv", "dot", "vdot", "addr", "det", "svd", "qr", "lu", "eig", "geqrf", "orgqr", "ormqr"}
 )
 #: Names that match a part above but run no GEMM and no cuDNN convolution/RNN.
-INSENSITIVE = frozenset({"aten::linalg_vector_norm", "aten::cudnn_batch_norm", "aten::cudnn_grid_sampler"})
+INSENSITIVE = frozenset(
+    {
+        "aten::linalg_vector_norm",
+        "aten::cudnn_batch_norm",
+        "aten::cudnn_grid_sampler",
+        "aten::upsample_bilinear2d",  # interpolation, not a bilinear form
+        "aten::_upsample_bilinear2d_aa",
+    }
+)
 _TRUSTED_NAMESPACES = ("aten", "prims")
 
 
