@@ -14,8 +14,8 @@
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability compare
-#        fidelity demo audit audit_report
+# Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
+#        stability_suite compare fidelity demo audit audit_report
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -98,6 +98,11 @@ step_stability() {
         --out "$OUT/stability.jsonl"
 }
 
+step_stability_suite() {  # the bundled honest GPU candidates (small kbv problems), 3 fresh-seed runs each
+    python benchmarks/honest_stability.py --device cuda --runs 3 --set honest_cuda --set honest_triton \
+        --out "$OUT/stability_suite.jsonl"
+}
+
 step_compare() {
     seed_from_kb compare.sqlite
     python -m kbv.cli compare --problems .kb/cuda-l1-streams/problems \
@@ -143,7 +148,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|memtrace|structure|fused|relu|stability|compare|fidelity|demo|audit|audit_report)
+        tests|containment|memtrace|structure|fused|relu|stability|stability_suite|compare|fidelity|demo|audit|audit_report)
             export -f "step_$name"
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -156,7 +161,7 @@ default_limit() {
     case "$1" in
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
-        stability) echo 540 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
+        stability) echo 540 ;; stability_suite) echo 240 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;
     esac
