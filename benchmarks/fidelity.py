@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -28,8 +27,7 @@ from kbv.candidates import load_candidate
 from kbv.evaluation import evaluate
 from kbv.problems import bundled_candidates_dir, bundled_suite_dir, check_importable, load_problem
 from kbv.protocol import load_protocol
-from kbv.telemetry import compute_capability
-from kbv.worker.builds import arch_list_for, compile_candidate
+from kbv.worker.builds import prebuild
 
 CLASSES = [
     ("elementwise", "honest_cuda", "1_ReLU"),
@@ -94,9 +92,7 @@ def _prebuild(pairs: list) -> None:
     """Every CUDA source built side by side first (a fresh machine built each inside its first
     evaluation, one after another: about a minute apiece), with the arch list the worker uses."""
     started = time.monotonic()
-    arch = arch_list_for(compute_capability("cuda:0"))
-    with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
-        results = list(pool.map(lambda pair: compile_candidate(pair[1], arch_list=arch), pairs))
+    results = prebuild([candidate for _, candidate in pairs], device="cuda", workers=len(pairs))
     statuses = ", ".join(f"{Path(c.path).name}: {r.status}" for (_, c), r in zip(pairs, results, strict=True))
     print(f"prebuilt in {time.monotonic() - started:.0f} s ({statuses})", flush=True)
 

@@ -230,6 +230,29 @@ def test_concurrent_compiles_of_one_source_build_once(
     assert counter.read_text() == "x"
 
 
+def test_prebuild_builds_each_source_once_and_answers_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scripts' up-front build: one result per candidate in the order given, a source without an
+    extension skipped, a repeated source built once, and a second prebuild finding everything cached."""
+    from kbv.worker.builds import prebuild
+
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    counters = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    built = []
+    for name, counter in zip(("1_ReLU.py", "6_Sigmoid.py"), counters, strict=True):
+        (tmp_path / name).write_text(COUNTING_SOURCE.format(counter=str(counter)))
+        built.append(load_candidate(tmp_path / name))
+    (tmp_path / "7_Tanh.py").write_text(CANDIDATES["1_ReLU.py"])
+    plain = load_candidate(tmp_path / "7_Tanh.py")
+    first = prebuild([built[0], plain, built[1], built[0]], workers=2)
+    assert [r.status for r in first] == ["built", "skipped", "built", "built"]
+    assert first[0] is first[3]  # one build, answered twice
+    assert [r.source_sha256 for r in first[:3]] == [c.source_sha256 for c in (built[0], plain, built[1])]
+    assert [r.status for r in prebuild([built[1], built[0]])] == ["cached", "cached"]
+    assert [c.read_text() for c in counters] == ["x", "x"]
+
+
 def test_a_build_from_another_torch_installation_is_not_taken_for_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

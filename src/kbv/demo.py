@@ -45,23 +45,13 @@ def demo_pairs(device: str) -> list:
 
 def _prebuild(candidates: list, device: str, console: Console) -> None:
     """Build every C++/CUDA extension once, in parallel, into the cache the workers use."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kbv.worker.builds import arch_list_for, compile_candidate, needs_build
+    from kbv.worker.builds import needs_build, prebuild
 
     todo = [c for c in candidates if needs_build(c.source)]
     if not todo:
         return
-    arch = None
-    if device.startswith("cuda"):
-        import torch
-
-        arch = arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0)))
-    with (
-        console.status(f"building {len(todo)} extensions (cached by source hash)"),
-        ThreadPoolExecutor(max_workers=4) as pool,
-    ):
-        results = list(pool.map(lambda c: compile_candidate(c, arch_list=arch), todo))
+    with console.status(f"building {len(todo)} extensions (cached by source hash)"):
+        results = prebuild(todo, device=device)
     built = sum(1 for r in results if r.status == "built")
     console.print(
         f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, "
