@@ -15,7 +15,7 @@
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite
 #                        rows of earlier calls, copied in so finished work is not redone
 # Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
-#        stability_suite compare fidelity demo audit audit_report
+#        stability_suite compare fidelity demo audit audit_report ipc
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -103,6 +103,10 @@ step_stability_suite() {  # the bundled honest GPU candidates (small kbv problem
         --out "$OUT/stability_suite.jsonl"
 }
 
+step_ipc() {  # issue 13: can the root parent open device memory a worker under another uid hands it?
+    python benchmarks/ipc_across_uids.py --out "$OUT/ipc.json" --mib 1024
+}
+
 step_compare() {
     seed_from_kb compare.sqlite
     python -m kbv.cli compare --problems .kb/cuda-l1-streams/problems \
@@ -148,7 +152,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|memtrace|structure|fused|relu|stability|stability_suite|compare|fidelity|demo|audit|audit_report)
+        tests|containment|memtrace|structure|fused|relu|stability|stability_suite|ipc|compare|fidelity|demo|audit|audit_report)
             export -f "step_$name"
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -161,7 +165,7 @@ default_limit() {
     case "$1" in
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
-        stability) echo 540 ;; stability_suite) echo 240 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
+        stability) echo 540 ;; stability_suite) echo 240 ;; ipc) echo 150 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;
     esac
