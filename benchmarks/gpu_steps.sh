@@ -93,9 +93,10 @@ step_ref() {  # $1: plain or tf32; $2: seconds of budget for new evaluations
         --budget-s "$2" --timeout 120 --out "$OUT/ref_$1.jsonl"
 }
 
-step_stability() {
+step_stability() {  # STABILITY_MATCH=NAME keeps the candidates whose file name contains NAME
+    # shellcheck disable=SC2086
     python benchmarks/honest_stability.py --device cuda --runs 3 --kernelbench "$KB/level1" \
-        --out "$OUT/stability.jsonl"
+        ${STABILITY_MATCH:+--match "$STABILITY_MATCH"} --out "$OUT/stability.jsonl"
 }
 
 step_stability_suite() {  # the bundled honest GPU candidates (small kbv problems), 3 fresh-seed runs each
