@@ -417,3 +417,19 @@ def test_html_shows_pass_at_k_per_label_levels_and_speedup_interval(tmp_path: Pa
 
 def test_html_without_samples_shows_no_pass_at_k(html_report: Path) -> None:
     assert "pass@" not in html_report.read_text()
+
+
+def test_changed_verdicts_name_the_candidate_file_with_its_path_on_hover(tmp_path: Path) -> None:
+    """A table cell names the file; the whole recorded path (long, machine-specific) is its title."""
+    from kbv.report import write_html_report
+
+    path = "/a/long/checkout/path/src/kbv/suite/candidates/hacks/7_Tanh.py"
+    records = [
+        make_record("7_Tanh", "c7", protocol="standard", outcome="passed", path=path),
+        make_record("7_Tanh", "c7", protocol="verified", outcome="hack_detected", speedup=None, path=path),
+    ]
+    html = write_html_report(records, tmp_path / "r.html").read_text()
+    changed = html[html.index('<table id="changed">') :]
+    changed = changed[: changed.index("</table>")]
+    assert f'title="{path}">7_Tanh.py</td>' in changed
+    assert ">/a/long/checkout" not in changed

@@ -17,7 +17,14 @@ from kbv import metrics
 from kbv._version import __version__
 from kbv.records import Record, raw_samples_ms
 from kbv.report.comparison import EFFECTS, compare_protocols, split_by_protocol, verdict_reason
-from kbv.report.terminal import fmt_rate, fmt_x, leaderboard_rows, outcome_columns, protocol_name
+from kbv.report.terminal import (
+    file_name,
+    fmt_rate,
+    fmt_x,
+    leaderboard_rows,
+    outcome_columns,
+    protocol_name,
+)
 
 _OUTCOME_COLOURS = {
     "passed": "#2e7d32",
@@ -66,7 +73,7 @@ def write_html_report(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(rate=fmt_rate, x=fmt_x)
+    env.filters.update(rate=fmt_rate, x=fmt_x, file_name=file_name)
     records = list(records)
     context = {**_context(records, title, dict(sources or {}), plt), "sections": list(sections)}
     html = env.get_template("report.html.j2").render(**context)
@@ -255,7 +262,13 @@ def _problem_scatter_figure(records: list[Record], colours: dict[str, Any], plt:
     )
     labels = sorted(colours)
     fig, axes = plt.subplots(
-        1, len(protocols), figsize=(4.2 * len(protocols) + 1.2, 3.8), sharey=True, squeeze=False
+        # One x range for every panel: the same speedup sits at the same place under each protocol.
+        1,
+        len(protocols),
+        figsize=(4.2 * len(protocols) + 1.2, 3.8),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
     )
     for ax, protocol in zip(axes[0], protocols, strict=True):
         for label, pts in sorted(points.get(protocol, {}).items()):

@@ -177,7 +177,7 @@ def _changed_table(changed: list[dict[str, Any]], width: int) -> Table:
         (
             row["label"],
             row["problem"],
-            _short_path(row["candidate"]),
+            file_name(row["candidate"]),
             row["standard_outcome"],
             row["verified_outcome"],
             row["reason"],
@@ -239,7 +239,8 @@ def _comparison_table(label: str, summary: dict[str, Any]) -> Table:
     return table
 
 
-def _short_path(path: Any) -> str:
+def file_name(path: Any) -> str:
+    """A recorded path's last component (tables name the file; the whole path is in the record)."""
     text = str(path or "")
     return text.rsplit("/", 1)[-1]
 
