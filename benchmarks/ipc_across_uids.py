@@ -16,7 +16,9 @@ what happened:
   socket (``SCM_RIGHTS``); the parent imports, maps, copies and unmaps it. The kernel passes the
   descriptor, so no uid check applies, and nothing flows from the parent to the worker.
 
-Each is tried with the worker under the parent's uid (the control) and under an unprivileged uid.
+Each is tried with the worker under the parent's uid (the control) and under an unprivileged uid,
+dumpable and not (kbv's workers make themselves non-dumpable, which closes their ``/proc`` files
+and ptrace to other users).
 
     python benchmarks/ipc_across_uids.py --out $OUT/ipc.json [--mib 1024]
 
@@ -194,12 +196,16 @@ def vmm_import(fd: int, size: int, nbytes: int) -> Any:
 # --- the worker ----------------------------------------------------------------------------------
 
 
-def _worker(mode: str, nbytes: int, sock_fd: int) -> None:
+def _worker(mode: str, nbytes: int, sock_fd: int, dumpable: bool) -> None:
     import torch
+
+    if not dumpable:  # as kbv's workers make themselves (kbv.processes.harden_process)
+        zero = ctypes.c_ulong(0)
+        ctypes.CDLL(None).prctl(4, zero, zero, zero, zero)  # PR_SET_DUMPABLE = 4
 
     x = torch.arange(nbytes // 4, dtype=torch.float32, device="cuda")
     torch.cuda.synchronize()
-    reply: dict[str, Any] = {"uid": os.getuid()}
+    reply: dict[str, Any] = {"uid": os.getuid(), "dumpable": dumpable}
     if mode in ("legacy", "expandable"):
         shared = x.untyped_storage()._share_cuda_()
         reply["share"] = [
@@ -230,10 +236,10 @@ def _open_share(reply: dict[str, Any]) -> Any:
 
 
 def _start_worker(
-    mode: str, nbytes: int, worker_end: socket.socket, uid: int | None, env: dict[str, str], script: Path
+    args: list[str], worker_end: socket.socket, uid: int | None, env: dict[str, str], script: Path
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(script), "--worker", mode, str(nbytes), str(worker_end.fileno())],
+        [sys.executable, str(script), "--worker", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -246,7 +252,7 @@ def _start_worker(
     )
 
 
-def _try(mode: str, uid: int | None, nbytes: int, home: Path) -> dict[str, Any]:
+def _try(mode: str, uid: int | None, dumpable: bool, nbytes: int, home: Path) -> dict[str, Any]:
     import torch
 
     env = {**os.environ, "HOME": str(home)}
@@ -255,9 +261,14 @@ def _try(mode: str, uid: int | None, nbytes: int, home: Path) -> dict[str, Any]:
     parent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     script = home / Path(__file__).name
     started = time.monotonic()
-    result: dict[str, Any] = {"mode": mode, "worker_uid": uid if uid is not None else os.getuid()}
+    result: dict[str, Any] = {
+        "mode": mode,
+        "worker_uid": uid if uid is not None else os.getuid(),
+        "worker_dumpable": dumpable,
+    }
+    args = [mode, str(nbytes), str(worker_end.fileno()), "dumpable" if dumpable else "hardened"]
     try:
-        proc = _start_worker(mode, nbytes, worker_end, uid, env, script)
+        proc = _start_worker(args, worker_end, uid, env, script)
     except OSError as exc:  # e.g. the interpreter is not readable by that uid
         parent_end.close()
         return {**result, "ok": False, "error": f"the worker could not start: {exc}"}
@@ -319,7 +330,7 @@ def _machine() -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "dumpable")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -338,8 +349,8 @@ def main() -> int:
     results: dict[str, Any] = {"machine": _machine(), "mib": args.mib, "tries": []}
     print(json.dumps(results["machine"]), flush=True)
     for mode in ("legacy", "vmm_fd", "expandable"):
-        for uid in (None, WORKER_UID):
-            row = _try(mode, uid, args.mib << 20, home)
+        for uid, dumpable in ((None, False), (WORKER_UID, True), (WORKER_UID, False)):
+            row = _try(mode, uid, dumpable, args.mib << 20, home)
             results["tries"].append(row)
             print(json.dumps(row), flush=True)
             args.out.write_text(json.dumps(results, indent=1))
