@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 WORKER_UID = 64123
-TRY_TIMEOUT_S = 120.0
+TRY_TIMEOUT_S = 40.0
 
 # --- the driver's virtual memory API, by ctypes (both sides) -------------------------------------
 
