@@ -17,7 +17,6 @@ import difflib
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -33,16 +32,10 @@ from kbv.problems import (
     load_problem,
 )
 from kbv.protocol import STANDARD, VERIFIED
-from kbv.worker.builds import arch_list_for, compile_candidate
+from kbv.worker.builds import prebuild
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "gpu"
-# As the evaluation worker decides it (a TORCH_CUDA_ARCH_LIST of the user's wins): a hard-coded
-# "X.Y+PTX" here disagreed with the worker where the variable is set, and every prebuilt source
-# was built again by its worker (57-66 s each on the H200).
-_ARCH = (
-    arch_list_for("{}.{}".format(*torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None
-)
 FOUNDATION = ROOT / "tests" / "fixtures" / "candidates" / "foundation"
 
 
@@ -118,8 +111,9 @@ def _unique_words(line: str, old: dict, new: dict) -> list[str]:
 
 def _prebuild(candidates: list) -> list[dict]:
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=12) as pool:
-        results = list(pool.map(lambda c: compile_candidate(c, arch_list=_ARCH), candidates))
+    # The arch list as the evaluation worker decides it (a hard-coded "X.Y+PTX" once disagreed with
+    # the worker, and every prebuilt source was built again inside its evaluation, ~60 s each).
+    results = prebuild(candidates, device="cuda", workers=12)
     print(f"pre-built {len(candidates)} candidates in {time.monotonic() - started:.0f} s", flush=True)
     for candidate, result in zip(candidates, results):
         print(f"  {Path(candidate.path).name}: {result.status} in {result.seconds:.0f} s", flush=True)
