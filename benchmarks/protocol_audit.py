@@ -78,9 +78,10 @@ def parse_part(text: str) -> tuple[int, int]:
     return k, n
 
 
-def sample_dir(root: Path, work: Path, part: tuple[int, int]) -> Path:
+def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = False) -> Path:
     """The part's problems copied into ``work`` with their level directories (same sources, so
-    the same store keys whichever part they are evaluated in)."""
+    the same store keys whichever part they are evaluated in). ``cpu_sizes`` gives each copy a
+    ``KBV["cpu_sizes"]`` that shrinks it for a CPU rehearsal (:func:`shrunk_sizes`)."""
     k, n = part
     chosen = [name for i, name in enumerate(KERNELBENCH_SAMPLE) if i % n == k - 1]
     missing = [name for name in chosen if not (root / name).is_file()]
@@ -93,7 +94,52 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int]) -> Path:
     for name in chosen:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, target / name)
+        if cpu_sizes:
+            sizes = shrunk_sizes(target / name)
+            with (target / name).open("a") as handle:
+                note = "# kbv: shrunk for a CPU rehearsal of the GPU sample"
+                handle.write(f"\n\n{note}\nKBV = {{'cpu_sizes': {sizes!r}}}\n")
     return target
+
+
+#: Elements (inputs plus parameters) a problem of the CPU rehearsal may hold.
+CPU_REHEARSAL_ELEMENTS = 1 << 19
+
+
+def shrunk_sizes(path: Path) -> dict[str, int]:
+    """Size constants that make a KernelBench problem small enough for a CPU rehearsal: every
+    top-level integer above 4 halved together until its inputs and parameters hold at most
+    CPU_REHEARSAL_ELEMENTS elements (counted on the meta device, so nothing is allocated).
+
+    A rehearsal, not the measurement: reduction lengths shrink with the sizes, so the GPU run at
+    KernelBench's sizes is still the one that counts. What it finds early is a generator or a
+    protocol that fails on KernelBench-style code at all."""
+    from kbv.problems import load_module
+
+    module = load_module(path)
+    original = {k: v for k, v in vars(module).items() if type(v) is int and not k.startswith("_")}
+    sizes = {k: v for k, v in original.items() if v > 4}
+    for _ in range(40):
+        if _elements(path, sizes) <= CPU_REHEARSAL_ELEMENTS:
+            break
+        halved = {k: max(4, v // 2) for k, v in sizes.items()}
+        if halved == sizes:
+            break
+        sizes = halved
+    return {k: v for k, v in sizes.items() if v != original[k]}
+
+
+def _elements(path: Path, sizes: dict[str, int]) -> int:
+    import torch
+
+    from kbv.problems import load_module
+
+    module = load_module(path, sizes=sizes)
+    with torch.device("meta"):
+        inputs = module.get_inputs()
+        model = module.Model(*module.get_init_inputs())
+    count = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+    return count + sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="evaluate nothing: the whole sample's figures from what --db holds",
     )
+    ap.add_argument(
+        "--cpu-sizes",
+        action="store_true",
+        help="shrink the sample's copies for a CPU rehearsal (see shrunk_sizes); use with --device cpu",
+    )
     ap.add_argument("--protocol", action="append", default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
     args = ap.parse_args(argv)
@@ -128,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         problems = bundled_suite_dir()
     else:
         problems = sample_dir(
-            args.kernelbench, args.db.parent / "audit-sample", (1, 1) if args.report else args.part
+            args.kernelbench,
+            args.db.parent / "audit-sample",
+            (1, 1) if args.report else args.part,
+            cpu_sizes=args.cpu_sizes,
         )
     result = audit_protocols(
         problems,
