@@ -102,13 +102,13 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = 
     return target
 
 
-#: Elements (inputs plus parameters) a problem of the CPU rehearsal may hold.
+#: Elements (inputs, outputs and parameters) a problem of the CPU rehearsal may hold.
 CPU_REHEARSAL_ELEMENTS = 1 << 19
 
 
 def shrunk_sizes(path: Path) -> dict[str, int]:
     """Size constants that make a KernelBench problem small enough for a CPU rehearsal: every
-    top-level integer above 4 halved together until its inputs and parameters hold at most
+    top-level integer above 4 halved together until its inputs, outputs and parameters hold at most
     CPU_REHEARSAL_ELEMENTS elements (counted on the meta device, so nothing is allocated).
 
     A rehearsal, not the measurement: reduction lengths shrink with the sizes, so the GPU run at
@@ -138,7 +138,12 @@ def _elements(path: Path, sizes: dict[str, int]) -> int:
     with torch.device("meta"):
         inputs = module.get_inputs()
         model = module.Model(*module.get_init_inputs())
-    count = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        try:  # the outputs count too: a tall-skinny matmul's is M x M from two thin inputs
+            outputs = model(*inputs)
+        except Exception:  # an operator without a meta kernel: inputs and parameters only
+            outputs = ()
+    tensors = [*inputs, *(outputs if isinstance(outputs, (tuple, list)) else [outputs])]
+    count = sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))
     return count + sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
 
 
