@@ -80,8 +80,8 @@ def parse_part(text: str) -> tuple[int, int]:
 
 def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = False) -> Path:
     """The part's problems copied into ``work`` with their level directories (same sources, so
-    the same store keys whichever part they are evaluated in). ``cpu_sizes`` gives each copy a
-    ``KBV["cpu_sizes"]`` that shrinks it for a CPU rehearsal (:func:`shrunk_sizes`)."""
+    the same store keys whichever part they are evaluated in). ``cpu_sizes`` shrinks each copy for
+    a CPU rehearsal (:func:`shrunk_sizes`, written into the source by :func:`with_constants`)."""
     k, n = part
     chosen = [name for i, name in enumerate(KERNELBENCH_SAMPLE) if i % n == k - 1]
     missing = [name for name in chosen if not (root / name).is_file()]
@@ -93,12 +93,12 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = 
     shutil.rmtree(target, ignore_errors=True)
     for name in chosen:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / name, target / name)
+        source = (root / name).read_text()
         if cpu_sizes:
-            sizes = shrunk_sizes(target / name)
-            with (target / name).open("a") as handle:
-                note = "# kbv: shrunk for a CPU rehearsal of the GPU sample"
-                handle.write(f"\n\n{note}\nKBV = {{'cpu_sizes': {sizes!r}}}\n")
+            sizes = shrunk_sizes(source)
+            note = f"# kbv: shrunk for a CPU rehearsal of the GPU sample: {sizes}\n"
+            source = note + with_constants(source, sizes)
+        (target / name).write_text(source)
     return target
 
 
@@ -106,21 +106,19 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = 
 CPU_REHEARSAL_ELEMENTS = 1 << 19
 
 
-def shrunk_sizes(path: Path) -> dict[str, int]:
+def shrunk_sizes(source: str) -> dict[str, int]:
     """Size constants that make a KernelBench problem small enough for a CPU rehearsal: every
-    top-level integer above 4 halved together until its inputs, outputs and parameters hold at most
-    CPU_REHEARSAL_ELEMENTS elements (counted on the meta device, so nothing is allocated).
+    top-level integer constant above 4 halved together until its inputs, outputs and parameters
+    hold at most CPU_REHEARSAL_ELEMENTS elements (counted on the meta device, so nothing is
+    allocated). Only the constants that changed are returned.
 
     A rehearsal, not the measurement: reduction lengths shrink with the sizes, so the GPU run at
     KernelBench's sizes is still the one that counts. What it finds early is a generator or a
     protocol that fails on KernelBench-style code at all."""
-    from kbv.problems import load_module
-
-    module = load_module(path)
-    original = {k: v for k, v in vars(module).items() if type(v) is int and not k.startswith("_")}
-    sizes = {k: v for k, v in original.items() if v > 4}
+    original = {k: v for k, v in _constants(source).items() if v > 4}
+    sizes = dict(original)
     for _ in range(40):
-        if _elements(path, sizes) <= CPU_REHEARSAL_ELEMENTS:
+        if _elements(with_constants(source, sizes)) <= CPU_REHEARSAL_ELEMENTS:
             break
         halved = {k: max(4, v // 2) for k, v in sizes.items()}
         if halved == sizes:
@@ -129,12 +127,60 @@ def shrunk_sizes(path: Path) -> dict[str, int]:
     return {k: v for k, v in sizes.items() if v != original[k]}
 
 
-def _elements(path: Path, sizes: dict[str, int]) -> int:
-    import torch
+def _constants(source: str) -> dict[str, int]:
+    """Top-level ``NAME = <expression>`` assignments whose value is an int once the file has run."""
+    import ast
+
+    names = [
+        node.targets[0].id
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    ]
+    module = _load(source)
+    return {n: getattr(module, n) for n in names if type(getattr(module, n, None)) is int}
+
+
+def with_constants(source: str, sizes: dict[str, int]) -> str:
+    """``source`` with the right-hand side of each top-level ``NAME = ...`` in ``sizes`` replaced by
+    its new value. In the source, not as a size override after import: a shape computed at import
+    from a constant (a bias shape from ``out_channels``) then follows it."""
+    import ast
+
+    lines = source.splitlines(keepends=True)
+    nodes = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in sizes
+    ]
+    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):  # later spans first
+        value = node.value
+        assert value.end_lineno is not None and value.end_col_offset is not None
+        head = lines[value.lineno - 1][: value.col_offset]
+        tail = lines[value.end_lineno - 1][value.end_col_offset :]
+        lines[value.lineno - 1 : value.end_lineno] = [f"{head}{sizes[node.targets[0].id]!r}{tail}"]
+    return "".join(lines)
+
+
+def _load(source: str):
+    import tempfile
 
     from kbv.problems import load_module
 
-    module = load_module(path, sizes=sizes)
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write(source)
+    try:
+        return load_module(handle.name)
+    finally:
+        Path(handle.name).unlink()
+
+
+def _elements(source: str) -> int:
+    import torch
+
+    module = _load(source)
     with torch.device("meta"):
         inputs = module.get_inputs()
         model = module.Model(*module.get_init_inputs())

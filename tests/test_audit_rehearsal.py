@@ -36,20 +36,55 @@ def _module():
     return module
 
 
-def test_shrunk_sizes_count_the_outputs_and_stay_under_the_limit(tmp_path: Path) -> None:
+BIAS_FROM_CHANNELS = """\
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, channels, bias_shape):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return x + self.bias
+
+batch_size = 128
+channels = 4096
+bias_shape = (channels, 1)  # computed at import: an override after import would leave it at 4096
+
+def get_inputs():
+    return [torch.rand(batch_size, channels, 1)]
+
+def get_init_inputs():
+    return [channels, bias_shape]
+"""
+
+
+def test_shrunk_sizes_count_the_outputs_and_stay_under_the_limit() -> None:
     """Two thin inputs (2 M elements) make an M x M output (1.1e9): counting inputs alone kept M at
     16384 and the rehearsal's trusted run held 12.8 GB."""
     script = _module()
-    path = tmp_path / "9_Tall_skinny.py"
-    path.write_text(TALL_SKINNY)
-    sizes = script.shrunk_sizes(path)
-    assert script._elements(path, sizes) <= script.CPU_REHEARSAL_ELEMENTS
+    sizes = script.shrunk_sizes(TALL_SKINNY)
+    assert script._elements(script.with_constants(TALL_SKINNY, sizes)) <= script.CPU_REHEARSAL_ELEMENTS
     assert sizes["M"] < 1024 and sizes["N"] >= 4  # halved together, never below 4
-    assert script._elements(path, {}) > 1000 * script.CPU_REHEARSAL_ELEMENTS  # the full size does not fit
+    assert script._elements(TALL_SKINNY) > 1000 * script.CPU_REHEARSAL_ELEMENTS  # full size does not fit
 
 
-def test_sample_copies_carry_their_cpu_sizes(tmp_path: Path) -> None:
-    """The copy's KBV dict is read by the problem loader, and the sizes apply on the CPU only."""
+def test_a_shape_computed_at_import_follows_the_shrunk_constant() -> None:
+    """The sizes go into the source: three sample problems (a bias shape from ``out_channels``, say)
+    could not run when the constants were overridden after import."""
+    script = _module()
+    sizes = script.shrunk_sizes(BIAS_FROM_CHANNELS)
+    shrunk = script.with_constants(BIAS_FROM_CHANNELS, sizes)
+    assert f"channels = {sizes['channels']}\n" in shrunk and "bias_shape = (channels, 1)  #" in shrunk
+    module = script._load(shrunk)
+    (x,) = module.get_inputs()
+    out = module.Model(*module.get_init_inputs())(x)
+    assert out.shape == (sizes["batch_size"], sizes["channels"], 1)
+
+
+def test_sample_copies_are_shrunk_in_their_source(tmp_path: Path) -> None:
+    """The copy is a plain problem file: its own constants are small, nothing is overridden."""
     script = _module()
     root = tmp_path / "kb"
     (root / "level1").mkdir(parents=True)
@@ -58,8 +93,7 @@ def test_sample_copies_carry_their_cpu_sizes(tmp_path: Path) -> None:
     script.KERNELBENCH_SAMPLE = (name,)
     copy = script.sample_dir(root, tmp_path / "work", (1, 1), cpu_sizes=True) / name
     problem = load_problem(copy)
-    cpu = problem.sizes_for("cpu")
-    assert cpu == script.shrunk_sizes(root / name) and problem.sizes_for("cuda") == {}
-    module = load_module(copy, sizes=cpu)
+    assert problem.sizes_for("cpu") == {} and copy.read_text().startswith("# kbv: shrunk")
+    module = load_module(copy)
     a, b = module.get_inputs()
     assert (module.Model()(a, b)).numel() <= script.CPU_REHEARSAL_ELEMENTS
