@@ -25,6 +25,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 #: The fixed KernelBench sample: level-1 and level-2 file names of /work/shared/kernelbench.
 KERNELBENCH_SAMPLE: tuple[str, ...] = (
@@ -106,29 +107,31 @@ def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = 
 CPU_REHEARSAL_ELEMENTS = 1 << 19
 
 
-def shrunk_sizes(source: str) -> dict[str, int]:
+def shrunk_sizes(source: str) -> dict[str, Any]:
     """Size constants that make a KernelBench problem small enough for a CPU rehearsal: every
-    top-level integer constant above 4 halved together until its inputs, outputs and parameters
-    hold at most CPU_REHEARSAL_ELEMENTS elements (counted on the meta device, so nothing is
-    allocated). Only the constants that changed are returned.
+    top-level integer above 4, alone or in a tuple of integers, halved together until its inputs,
+    outputs and parameters hold at most CPU_REHEARSAL_ELEMENTS elements (counted on the meta
+    device, so nothing is allocated). Only the constants that changed are returned.
 
     A rehearsal, not the measurement: reduction lengths shrink with the sizes, so the GPU run at
     KernelBench's sizes is still the one that counts. What it finds early is a generator or a
     protocol that fails on KernelBench-style code at all."""
-    original = {k: v for k, v in _constants(source).items() if v > 4}
+    original = {k: v for k, v in _constants(source).items() if max(_ints(v)) > 4}
     sizes = dict(original)
     for _ in range(40):
         if _elements(with_constants(source, sizes)) <= CPU_REHEARSAL_ELEMENTS:
             break
-        halved = {k: max(4, v // 2) for k, v in sizes.items()}
+        halved = {k: _halved(v) for k, v in sizes.items()}
         if halved == sizes:
             break
         sizes = halved
     return {k: v for k, v in sizes.items() if v != original[k]}
 
 
-def _constants(source: str) -> dict[str, int]:
-    """Top-level ``NAME = <expression>`` assignments whose value is an int once the file has run."""
+def _constants(source: str) -> dict[str, Any]:
+    """Top-level ``NAME = <expression>`` assignments whose value is an int, or a tuple of ints (a
+    shape), once the file has run. Shapes shrink with the integers: ``100_HingeLoss`` broadcasts
+    its (batch,) targets along ``input_shape``'s dimension, which must stay equal to ``batch_size``."""
     import ast
 
     names = [
@@ -137,10 +140,25 @@ def _constants(source: str) -> dict[str, int]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
     ]
     module = _load(source)
-    return {n: getattr(module, n) for n in names if type(getattr(module, n, None)) is int}
+    values = {n: getattr(module, n, None) for n in names}
+    return {n: v for n, v in values.items() if _ints(v)}
 
 
-def with_constants(source: str, sizes: dict[str, int]) -> str:
+def _ints(value: Any) -> tuple[int, ...]:
+    """The integers of a size constant (empty for anything else)."""
+    if type(value) is int:
+        return (value,)
+    if isinstance(value, tuple) and value and all(type(v) is int for v in value):
+        return value
+    return ()
+
+
+def _halved(value: Any) -> Any:
+    halve = lambda v: max(4, v // 2) if v > 4 else v  # noqa: E731
+    return halve(value) if type(value) is int else tuple(halve(v) for v in value)
+
+
+def with_constants(source: str, sizes: dict[str, Any]) -> str:
     """``source`` with the right-hand side of each top-level ``NAME = ...`` in ``sizes`` replaced by
     its new value. In the source, not as a size override after import: a shape computed at import
     from a constant (a bias shape from ``out_channels``) then follows it."""

@@ -71,13 +71,15 @@ def test_shrunk_sizes_count_the_outputs_and_stay_under_the_limit() -> None:
 
 
 def test_a_shape_computed_at_import_follows_the_shrunk_constant() -> None:
-    """The sizes go into the source: three sample problems (a bias shape from ``out_channels``, say)
-    could not run when the constants were overridden after import."""
+    """The sizes go into the source, shapes with them: three sample problems (a bias shape from
+    ``out_channels``; targets broadcast along ``input_shape``, which must equal ``batch_size``)
+    could not run when only the integers were overridden after import."""
     script = _module()
     sizes = script.shrunk_sizes(BIAS_FROM_CHANNELS)
     shrunk = script.with_constants(BIAS_FROM_CHANNELS, sizes)
-    assert f"channels = {sizes['channels']}\n" in shrunk and "bias_shape = (channels, 1)  #" in shrunk
+    assert f"channels = {sizes['channels']}\n" in shrunk
     module = script._load(shrunk)
+    assert module.bias_shape == (module.channels, 1)  # the shape kept pace with its constant
     (x,) = module.get_inputs()
     out = module.Model(*module.get_init_inputs())(x)
     assert out.shape == (sizes["batch_size"], sizes["channels"], 1)
@@ -97,3 +99,33 @@ def test_sample_copies_are_shrunk_in_their_source(tmp_path: Path) -> None:
     module = load_module(copy)
     a, b = module.get_inputs()
     assert (module.Model()(a, b)).numel() <= script.CPU_REHEARSAL_ELEMENTS
+
+
+HINGE_LIKE = """\
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+batch_size = 32768
+input_shape = (32768,)
+dim = 1
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_shape_tuple_shrinks_with_the_integers_it_must_equal() -> None:
+    """The targets (batch,) broadcast along input_shape's dimension: halving batch_size alone broke
+    the shrunk problem (8 against 32768); a tuple of integers is halved with them."""
+    script = _module()
+    sizes = script.shrunk_sizes(HINGE_LIKE)
+    assert sizes["input_shape"] == (sizes["batch_size"],) and "dim" not in sizes  # 1 stays 1
+    module = script._load(script.with_constants(HINGE_LIKE, sizes))
+    assert module.Model()(*module.get_inputs()).ndim == 0
