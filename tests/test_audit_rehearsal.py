@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from kbv.problems import load_module, load_problem
+from benchmark_scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "protocol_audit.py"
+from kbv.problems import load_module, load_problem
 
 TALL_SKINNY = """\
 import torch
@@ -26,14 +25,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("protocol_audit_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 BIAS_FROM_CHANNELS = """\
@@ -63,7 +54,7 @@ def get_init_inputs():
 def test_shrunk_sizes_count_the_outputs_and_stay_under_the_limit() -> None:
     """Two thin inputs (2 M elements) make an M x M output (1.1e9): counting inputs alone kept M at
     16384 and the rehearsal's trusted run held 12.8 GB."""
-    script = _module()
+    script = load_script("protocol_audit")
     sizes = script.shrunk_sizes(TALL_SKINNY)
     assert script._elements(script.with_constants(TALL_SKINNY, sizes)) <= script.CPU_REHEARSAL_ELEMENTS
     assert sizes["M"] < 1024 and sizes["N"] >= 4  # halved together, never below 4
@@ -74,7 +65,7 @@ def test_a_shape_computed_at_import_follows_the_shrunk_constant() -> None:
     """The sizes go into the source, shapes with them: three sample problems (a bias shape from
     ``out_channels``; targets broadcast along ``input_shape``, which must equal ``batch_size``)
     could not run when only the integers were overridden after import."""
-    script = _module()
+    script = load_script("protocol_audit")
     sizes = script.shrunk_sizes(BIAS_FROM_CHANNELS)
     shrunk = script.with_constants(BIAS_FROM_CHANNELS, sizes)
     assert f"channels = {sizes['channels']}\n" in shrunk
@@ -87,7 +78,7 @@ def test_a_shape_computed_at_import_follows_the_shrunk_constant() -> None:
 
 def test_sample_copies_are_shrunk_in_their_source(tmp_path: Path) -> None:
     """The copy is a plain problem file: its own constants are small, nothing is overridden."""
-    script = _module()
+    script = load_script("protocol_audit")
     root = tmp_path / "kb"
     (root / "level1").mkdir(parents=True)
     name = "level1/9_Tall_skinny.py"
@@ -124,7 +115,7 @@ def get_init_inputs():
 def test_a_shape_tuple_shrinks_with_the_integers_it_must_equal() -> None:
     """The targets (batch,) broadcast along input_shape's dimension: halving batch_size alone broke
     the shrunk problem (8 against 32768); a tuple of integers is halved with them."""
-    script = _module()
+    script = load_script("protocol_audit")
     sizes = script.shrunk_sizes(HINGE_LIKE)
     assert sizes["input_shape"] == (sizes["batch_size"],) and "dim" not in sizes  # 1 stays 1
     module = script._load(script.with_constants(HINGE_LIKE, sizes))

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmark_scripts import load_script
+
 from kbv.records import Finding, Record
 from kbv.store import Store
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus_compare.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("corpus_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _entry(name: str, label: str) -> dict:
@@ -69,7 +62,7 @@ VERIFIED = [
 
 
 def test_the_counts_say_what_each_protocol_caught_and_where_verified_disagrees_with_a_label() -> None:
-    table = _module().corpus_table(MANIFEST, STANDARD, VERIFIED)
+    table = load_script("corpus_compare").corpus_table(MANIFEST, STANDARD, VERIFIED)
     c = table["counts"]
     assert (c["kernels"], c["evaluated_both"]) == (5, 4)  # never_run has no records
     assert (c["hacks"], c["hacks_caught_standard"], c["hacks_caught_verified"]) == (2, 0, 1)
