@@ -150,9 +150,9 @@ def _rounded(size: int, cu: ctypes.CDLL, device: int) -> int:
     return (size + step - 1) // step * step
 
 
-def vmm_export(tensor: Any) -> tuple[int, int, tuple[int, int, int]]:
-    """Worker side: the tensor's bytes copied into a fresh exportable allocation; its descriptor,
-    the allocation's size, and what to unmap later."""
+def vmm_export(tensor: Any) -> tuple[int, int]:
+    """Worker side: the tensor's bytes copied into a fresh exportable allocation, which stays mapped
+    until the worker exits; its descriptor and the allocation's size."""
     import torch
 
     cu, device = _driver(), tensor.device.index or 0
@@ -170,7 +170,7 @@ def vmm_export(tensor: Any) -> tuple[int, int, tuple[int, int, int]]:
         cu.cuMemExportToShareableHandle(ctypes.byref(fd), ctypes.c_uint64(handle.value), _POSIX_FD, 0),
         "export",
     )
-    return fd.value, size, (ptr, size, handle.value)
+    return fd.value, size
 
 
 def vmm_import(fd: int, size: int, nbytes: int) -> Any:
@@ -212,7 +212,7 @@ def _worker(mode: str, nbytes: int, sock_fd: int, dumpable: bool) -> None:
             {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in shared
         ]
     else:
-        fd, size, _mapped = vmm_export(x)
+        fd, size = vmm_export(x)
         socket.send_fds(socket.socket(fileno=sock_fd), [b"fd"], [fd])
         os.close(fd)
         reply["size"] = size

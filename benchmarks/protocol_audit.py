@@ -16,6 +16,9 @@ with the same command, and ``--report`` prints the whole sample's figures once e
 Not run on a GPU yet. Estimate from the H200 costs in benchmarks/README.md (standard ~6 s,
 verified ~12 s per evaluation) and ~14 candidates per problem: about 4 minutes per problem, so
 ``--part K/20`` (two problems) per command.
+
+CPU rehearsal of that sample: ``--device cpu --cpu-sizes`` shrinks each copy's size constants and
+shapes in its source (:func:`shrunk_sizes`), so the whole sample runs on two cores in minutes.
 """
 
 from __future__ import annotations
@@ -154,8 +157,10 @@ def _ints(value: Any) -> tuple[int, ...]:
 
 
 def _halved(value: Any) -> Any:
-    halve = lambda v: max(4, v // 2) if v > 4 else v  # noqa: E731
-    return halve(value) if type(value) is int else tuple(halve(v) for v in value)
+    """Half of each integer above 4, never below 4 (a kernel size of 3 or a dim of 1 stays)."""
+    if type(value) is int:
+        return max(4, value // 2) if value > 4 else value
+    return tuple(_halved(v) for v in value)
 
 
 def with_constants(source: str, sizes: dict[str, Any]) -> str:
