@@ -17,7 +17,7 @@ from conftest import FOUNDATION, SUITE
 
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
-from kbv.execute import crashed_record, make_executor, run_pairs
+from kbv.execute import BatchResult, crashed_record, make_executor, run_pairs
 from kbv.problems import load_problem
 from kbv.protocol import protocol_from_dict
 from kbv.records import Record
@@ -251,6 +251,40 @@ def test_prebuild_builds_each_source_once_and_answers_in_order(
     assert [r.source_sha256 for r in first[:3]] == [c.source_sha256 for c in (built[0], plain, built[1])]
     assert [r.status for r in prebuild([built[1], built[0]])] == ["cached", "cached"]
     assert [c.read_text() for c in counters] == ["x", "x"]
+
+
+def test_compare_and_demo_build_extensions_before_the_first_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_both_protocols`` (``kbv compare``, ``kbv demo``) builds every extension up front, so no
+    build runs one after another inside the evaluations."""
+    from rich.console import Console
+
+    from kbv import batch
+
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    counter = tmp_path / "built.txt"
+    (tmp_path / "1_ReLU.py").write_text(COUNTING_SOURCE.format(counter=str(counter)))
+    pair = (load_problem(SUITE / "level1" / "1_ReLU.py"), load_candidate(tmp_path / "1_ReLU.py"))
+    built_before_evaluating = []
+    monkeypatch.setattr(
+        batch, "run_batch", lambda *a, **k: built_before_evaluating.append(counter.exists()) or BatchResult()
+    )
+
+    class _Store:
+        def start_run(self, *args: object) -> int:
+            return 1
+
+        def finish_run(self, run_id: int) -> None:
+            pass
+
+    console = Console(record=True, width=200)
+    batch.run_both_protocols(
+        _Store(), [pair], command="compare", run_args={}, device="cpu", timeout_s=None, console=console
+    )
+    assert built_before_evaluating == [True, True]
+    assert counter.read_text() == "x"
+    assert "extensions: 1 built, 0 cached, 0 failed" in console.export_text()
 
 
 def test_a_build_from_another_torch_installation_is_not_taken_for_cached(

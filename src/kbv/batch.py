@@ -65,6 +65,24 @@ class BothProtocols:
         return record_key(record) in self.keys
 
 
+def prebuild_extensions(pairs: list[Pair], device: str | None, console: Console) -> None:
+    """Build every C++/CUDA extension of ``pairs`` once, side by side, into the cache the workers
+    use: left to their first evaluations, the builds would run one after another inside them."""
+    from kbv.evaluation import default_device
+    from kbv.worker.builds import needs_build, prebuild
+
+    todo = [candidate for _, candidate in pairs if needs_build(candidate.source)]
+    if not todo:
+        return
+    with console.status(f"building {len(todo)} extensions (cached by source hash)"):
+        results = prebuild(todo, device=device or default_device())
+    count = {s: sum(1 for r in results if r.status == s) for s in ("built", "cached", "failed")}
+    console.print(
+        f"extensions: {count['built']} built, {count['cached']} cached, "
+        f"{count['failed']} failed (reported as compile_error)"
+    )
+
+
 def run_both_protocols(
     store: Any,
     pairs: list[Pair],
@@ -75,9 +93,11 @@ def run_both_protocols(
     timeout_s: float | None,
     console: Console | None = None,
 ) -> BothProtocols:
-    """``kbv compare`` and ``kbv demo``: the same pairs under ``standard`` then ``verified``, each a
-    run of ``command`` in ``store`` (``run_args`` saved with it, plus the protocol and timeout)."""
+    """``kbv compare`` and ``kbv demo``: the same pairs (extensions built first) under ``standard``
+    then ``verified``, each a run of ``command`` in ``store`` (``run_args`` saved with it, plus the
+    protocol and timeout)."""
     both = BothProtocols()
+    prebuild_extensions(pairs, device, console or Console(stderr=True))
     for protocol in (STANDARD, VERIFIED):
         run_id = store.start_run(
             command,

@@ -43,22 +43,6 @@ def demo_pairs(device: str) -> list:
     return pairs
 
 
-def _prebuild(candidates: list, device: str, console: Console) -> None:
-    """Build every C++/CUDA extension once, in parallel, into the cache the workers use."""
-    from kbv.worker.builds import needs_build, prebuild
-
-    todo = [c for c in candidates if needs_build(c.source)]
-    if not todo:
-        return
-    with console.status(f"building {len(todo)} extensions (cached by source hash)"):
-        results = prebuild(todo, device=device)
-    built = sum(1 for r in results if r.status == "built")
-    console.print(
-        f"extensions: {built} built, {sum(1 for r in results if r.status == 'cached')} cached, "
-        f"{sum(1 for r in results if r.status == 'failed')} failed (reported as compile_error)"
-    )
-
-
 def run_demo(
     device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None
 ) -> int:
@@ -74,7 +58,6 @@ def run_demo(
     pairs = demo_pairs(device)
     timeout = timeout_s or (None if device.startswith("cuda") else CPU_TIMEOUT_S)
     console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
-    _prebuild([candidate for _, candidate in pairs], device, console)
     with Store(db_path) as store:
         both = run_both_protocols(
             store,
