@@ -14,7 +14,7 @@
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
+# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
 #        stability_suite compare fidelity demo audit audit_report ipc
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -43,6 +43,11 @@ step_tests() {
 
 step_containment() {  # the lock squatter and the containment tests: code newer than the last full run
     python -m pytest -m gpu tests/gpu/test_gpu_containment.py "tests/gpu/test_gpu_hacks.py::test_gpu_hack_is_caught[gpu_lock_squatter]" \
+        -p no:cacheprovider --timeout 150 -v -rA --durations=10
+}
+
+step_handover() {  # issue 13: both CUDA transports, and a candidate under a uid of its own on the GPU
+    python -m pytest -m gpu tests/test_handoff.py tests/gpu/test_gpu_containment.py \
         -p no:cacheprovider --timeout 150 -v -rA --durations=10
 }
 
@@ -153,8 +158,8 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|memtrace|structure|fused|relu|stability|stability_suite|ipc|compare|fidelity|demo|audit|audit_report)
-            export -f "step_$name"
+        tests|containment|handover|memtrace|structure|fused|relu|stability|stability_suite|ipc|compare|fidelity|demo|audit|audit_report)
+            export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
         *) echo "unknown step: $name (see the list at the top of $0)" >&2; return 2 ;;
@@ -164,7 +169,7 @@ run_step() {  # $1: name, $2: seconds
 
 default_limit() {
     case "$1" in
-        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
+        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; stability_suite) echo 240 ;; ipc) echo 150 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;

@@ -45,132 +45,16 @@ from typing import Any
 WORKER_UID = 64123
 TRY_TIMEOUT_S = 40.0
 
-# --- the driver's virtual memory API, by ctypes (both sides) -------------------------------------
-
-_PINNED, _POSIX_FD, _ON_DEVICE, _READ_WRITE = 1, 1, 1, 3
+# --- the driver's virtual memory API: kbv._vmm, what kbv's hand-over uses (both sides) -----------
 
 
-class _Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _AllocFlags(ctypes.Structure):
-    _fields_ = [
-        ("compressionType", ctypes.c_ubyte),
-        ("gpuDirectRDMACapable", ctypes.c_ubyte),
-        ("usage", ctypes.c_ushort),
-        ("reserved", ctypes.c_ubyte * 4),
-    ]
-
-
-class _Prop(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("requestedHandleTypes", ctypes.c_int),
-        ("location", _Location),
-        ("win32HandleMetaData", ctypes.c_void_p),
-        ("allocFlags", _AllocFlags),
-    ]
-
-
-class _Access(ctypes.Structure):
-    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
-
-
-_P, _U64, _SIZE, _INT = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
-#: Every argument typed: an untyped 0 passed for an ``unsigned long long`` leaves the register's
-#: upper half undefined.
-_SIGNATURES = {
-    "cuMemGetAllocationGranularity": (_P, _P, _INT),
-    "cuMemCreate": (_P, _SIZE, _P, _U64),
-    "cuMemAddressReserve": (_P, _SIZE, _SIZE, _U64, _U64),
-    "cuMemMap": (_U64, _SIZE, _SIZE, _U64, _U64),
-    "cuMemSetAccess": (_U64, _SIZE, _P, _SIZE),
-    "cuMemExportToShareableHandle": (_P, _U64, _INT, _U64),
-    "cuMemImportFromShareableHandle": (_P, _P, _INT),
-    "cuMemUnmap": (_U64, _SIZE),
-    "cuMemAddressFree": (_U64, _SIZE),
-    "cuMemRelease": (_U64,),
-}
-
-
-def _driver() -> ctypes.CDLL:
-    cu = ctypes.CDLL("libcuda.so.1")
-    for name, argtypes in _SIGNATURES.items():
-        function = getattr(cu, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-    return cu
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise RuntimeError(f"{what} returned CUresult {result}")
-
-
-def _prop(device: int) -> _Prop:
-    prop = _Prop()
-    prop.type, prop.requestedHandleTypes = _PINNED, _POSIX_FD
-    prop.location = _Location(_ON_DEVICE, device)
-    return prop
-
-
-def _map(cu: ctypes.CDLL, handle: int, size: int, device: int) -> int:
-    """Reserve an address range, map the allocation there, make it readable and writable."""
-    ptr = ctypes.c_uint64()
-    _check(
-        cu.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0), 0, 0), "reserve"
-    )
-    _check(cu.cuMemMap(ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(handle), 0), "map")
-    access = _Access(_Location(_ON_DEVICE, device), _READ_WRITE)
-    _check(cu.cuMemSetAccess(ptr, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "access")
-    return ptr.value
-
-
-def _unmap(cu: ctypes.CDLL, ptr: int, size: int, handle: int) -> None:
-    _check(cu.cuMemUnmap(ctypes.c_uint64(ptr), ctypes.c_size_t(size)), "unmap")
-    _check(cu.cuMemAddressFree(ctypes.c_uint64(ptr), ctypes.c_size_t(size)), "address free")
-    _check(cu.cuMemRelease(ctypes.c_uint64(handle)), "release")
-
-
-def _bytes_at(ptr: int, size: int) -> Any:
-    """A uint8 CUDA tensor viewing ``size`` bytes at ``ptr`` (no copy)."""
-    import torch
-
-    class _View:
-        __cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False), "version": 3}
-
-    return torch.as_tensor(_View(), device="cuda")
-
-
-def _rounded(size: int, cu: ctypes.CDLL, device: int) -> int:
-    granularity = ctypes.c_size_t()
-    prop = _prop(device)
-    _check(cu.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 0), "granularity")
-    step = granularity.value
-    return (size + step - 1) // step * step
-
-
-def vmm_export(tensor: Any) -> tuple[int, int]:
+def vmm_export(tensor: Any) -> tuple[Any, int]:
     """Worker side: the tensor's bytes copied into a fresh exportable allocation, which stays mapped
-    until the worker exits; its descriptor and the allocation's size."""
-    import torch
+    while the returned object lives; that object (its ``fd`` is the descriptor) and its size."""
+    from kbv import _vmm
 
-    cu, device = _driver(), tensor.device.index or 0
-    size = _rounded(tensor.numel() * tensor.element_size(), cu, device)
-    handle = ctypes.c_uint64()
-    prop = _prop(device)
-    _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), 0), "create")
-    ptr = _map(cu, handle.value, size, device)
-    _bytes_at(ptr, tensor.numel() * tensor.element_size()).copy_(
-        tensor.contiguous().view(torch.uint8).flatten()
-    )
-    torch.cuda.synchronize()
-    fd = ctypes.c_int(-1)
-    _check(
-        cu.cuMemExportToShareableHandle(ctypes.byref(fd), ctypes.c_uint64(handle.value), _POSIX_FD, 0),
-        "export",
-    )
-    return fd.value, size
+    exported, _ = _vmm.export([tensor], tensor.device.index or 0)
+    return exported, exported.size
 
 
 def vmm_import(fd: int, size: int, nbytes: int) -> Any:
@@ -178,19 +62,12 @@ def vmm_import(fd: int, size: int, nbytes: int) -> Any:
     unmapped and released; the descriptor closed."""
     import torch
 
-    cu, device = _driver(), torch.cuda.current_device()
-    handle = ctypes.c_uint64()
+    from kbv import _vmm
+
     try:
-        _check(
-            cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), _POSIX_FD), "import"
-        )
+        return _vmm.import_copies(fd, size, [(torch.uint8, [nbytes], 0)], torch.cuda.current_device())[0]
     finally:
         os.close(fd)
-    ptr = _map(cu, handle.value, size, device)
-    copy = _bytes_at(ptr, nbytes).clone()
-    torch.cuda.synchronize()
-    _unmap(cu, ptr, size, handle.value)
-    return copy
 
 
 # --- the worker ----------------------------------------------------------------------------------
@@ -212,9 +89,8 @@ def _worker(mode: str, nbytes: int, sock_fd: int, dumpable: bool) -> None:
             {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in shared
         ]
     else:
-        fd, size = vmm_export(x)
-        socket.send_fds(socket.socket(fileno=sock_fd), [b"fd"], [fd])
-        os.close(fd)
+        exported, size = vmm_export(x)  # alive (mapped) until this function returns
+        socket.send_fds(socket.socket(fileno=sock_fd), [b"fd"], [exported.fd])
         reply["size"] = size
     print(json.dumps(reply), flush=True)
     sys.stdin.readline()  # keep the memory alive until the parent has copied it

@@ -150,17 +150,22 @@ def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the uid drop is decided for a root parent only"
 )
-def test_a_gpu_candidate_worker_is_not_dropped_to_another_uid() -> None:
-    """CUDA IPC handles do not open across uids (measured on the H200): a CUDA candidate worker
-    keeps the parent's user, and its isolation facts say why."""
-    worker = Worker(
-        WorkerSpec(build_key="test-no-drop-on-gpu", device="cuda:0", role="candidate", budget_s=10)
-    )
-    try:
-        argv, user = worker._command(["python", "-c", "pass"], worker.scratch)
-        assert user is None and worker.uid is None and "CUDA IPC" in (worker._no_drop or "")
-    finally:
-        worker.close()
+def test_a_gpu_candidate_worker_is_dropped_as_on_the_cpu_and_then_hands_over_exported_memory() -> None:
+    """Legacy CUDA IPC handles do not open across uids (measured on the H200), exported VMM memory
+    does: a CUDA candidate worker is dropped wherever a CPU one would be, and a dropped worker is
+    told to hand its outputs over as ``cuda_vmm``; one that keeps the parent's uid, as ``cuda_ipc``."""
+    decided = {}
+    for device in ("cpu", "cuda:0"):
+        spec = WorkerSpec(build_key="test-drop-on-gpu", device=device, role="candidate", budget_s=10)
+        worker = Worker(spec)
+        try:
+            worker._command(["python", "-c", "pass"], worker.scratch)
+            decided[device] = (worker.uid, worker._no_drop, worker.handoff)
+        finally:
+            worker.close()
+    assert decided["cuda:0"] == decided["cpu"]
+    uid, _, handoff = decided["cuda:0"]
+    assert handoff == ("cuda_vmm" if uid is not None else "cuda_ipc")
 
 
 def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() -> None:

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "kbv.channel",
             "kbv.handoff",
+            "kbv._vmm",
             "kbv.processes",
             "kbv.samples",
             "kbv.sketch",

@@ -13,10 +13,11 @@ at 128 columns and 4 warps a program.
 
 Off (:data:`kbv.sketch.FUSED_ON_CUDA`, which gives its H200 figures and why); the tests run it
 under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch path. Before it
-is switched on, its compiled code must come from where the candidate cannot have written: on a GPU
-the candidate keeps the parent's uid, so Triton's on-disk cache (the worker's ``TRITON_CACHE_DIR``)
-could hold a binary an earlier evaluation planted, one that passes the check tensor and lies
-elsewhere. Compile it before any candidate runs, into a fresh directory or ahead of time for the
+is switched on, its compiled code must come from where the candidate cannot have written: the
+worker's ``TRITON_CACHE_DIR`` is shared by evaluations of the same source, and a candidate that
+keeps the parent's uid (where the drop is impossible) can write any cache, so an on-disk binary
+could be one an earlier evaluation planted, that passes the check tensor and lies elsewhere.
+Compile it before any candidate runs, into a fresh directory or ahead of time for the
 device's architecture in the fork server (Triton compiles without a GPU:
 ``tests/test_sketch.py::test_the_fused_kernel_compiles_for_hopper_without_a_gpu``).
 """

@@ -1,13 +1,18 @@
 """The private channel between the parent and a worker: length-prefixed JSON over a socket pair.
 
 JSON, not pickle: the parent must never unpickle bytes a hostile worker wrote. Tensors travel as
-files loaded with ``torch.load(weights_only=True)``, which cannot run code.
+CUDA IPC handles, as files loaded with ``torch.load(weights_only=True)`` (which cannot run code), or
+as file descriptors of exported device memory sent beside a message (``SCM_RIGHTS``, ``fds``): the
+receiver takes descriptors only when it asks for them and closes any others at once.
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
 import json
 import math
+import os
 import select
 import socket
 import struct
@@ -15,7 +20,10 @@ import time
 from typing import Any
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Descriptors one message may carry (a reply exports one allocation per hand-over).
+MAX_FDS = 8
 _HEADER = struct.Struct("!I")
+_FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 class ChannelClosed(ConnectionError):
@@ -26,21 +34,43 @@ class ChannelTimeout(TimeoutError):
     """No message arrived before the deadline."""
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Write one message; ``fds`` travel with its header (the receiver gets its own copies)."""
+    if len(fds) > MAX_FDS:
+        raise ValueError(f"{len(fds)} descriptors exceed the {MAX_FDS} one message may carry")
     payload = json.dumps(message, default=_default).encode()
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+    header = _HEADER.pack(len(payload))
+    if fds:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        sent = sock.sendmsg([header], rights)
+        header = header[sent:]
+    sock.sendall(header + payload)
 
 
 def receive(
-    sock: socket.socket, deadline: float | None = None, alive: Any = None, poll_s: float = 0.2
+    sock: socket.socket,
+    deadline: float | None = None,
+    alive: Any = None,
+    poll_s: float = 0.2,
+    fds: list[int] | None = None,
 ) -> dict[str, Any]:
     """Read one message. ``alive()`` is polled every ``poll_s`` while waiting, so a dead peer (or one
-    the caller killed for exceeding a limit) is noticed quickly."""
-    header = _read_exact(sock, _HEADER.size, deadline, alive, poll_s)
-    (size,) = _HEADER.unpack(header)
-    if size > MAX_MESSAGE_BYTES:
-        raise ChannelClosed(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
-    body = _read_exact(sock, size, deadline, alive, poll_s)
+    the caller killed for exceeding a limit) is noticed quickly. Descriptors that came with it are
+    appended to ``fds`` (the caller closes them); without ``fds`` they are closed."""
+    received: list[int] = []
+    try:
+        header = _read_exact(sock, _HEADER.size, deadline, alive, poll_s, received)
+        (size,) = _HEADER.unpack(header)
+        if size > MAX_MESSAGE_BYTES:
+            raise ChannelClosed(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+        body = _read_exact(sock, size, deadline, alive, poll_s, received)
+    except BaseException:
+        _close_all(received)
+        raise
+    if fds is None:
+        _close_all(received)
+    else:
+        fds.extend(received)
     try:
         message = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -50,8 +80,20 @@ def receive(
     return message
 
 
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
 def _read_exact(
-    sock: socket.socket, size: int, deadline: float | None, alive: Any, poll_s: float = 0.2
+    sock: socket.socket,
+    size: int,
+    deadline: float | None,
+    alive: Any,
+    poll_s: float = 0.2,
+    received: list[int] | None = None,
 ) -> bytes:
     chunks: list[bytes] = []
     remaining = size
@@ -67,12 +109,22 @@ def _read_exact(
                 if not ready:
                     raise ChannelClosed("the worker exited without replying")
             continue
-        chunk = sock.recv(min(remaining, 1 << 20))
+        chunk = _recv(sock, min(remaining, 1 << 20), received if received is not None else [])
         if not chunk:
             raise ChannelClosed("the worker closed the channel")
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
+
+
+def _recv(sock: socket.socket, size: int, received: list[int]) -> bytes:
+    """One read, taking the descriptors that arrived with it (a truncated set is the kernel's to close)."""
+    chunk, ancillary, _, _ = sock.recvmsg(size, _FD_SPACE)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % array.array("i").itemsize
+            received.extend(array.array("i", data[:usable]))
+    return chunk
 
 
 def _default(value: Any) -> Any:

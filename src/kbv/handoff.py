@@ -3,6 +3,9 @@
 On a GPU a worker shares each tensor it hands over as a CUDA IPC handle: the handle's bytes travel
 as base64 inside the JSON reply, never as a pickle, and the parent opens the handle, copies the
 tensor into memory it owns and closes the handle before anything judges it (:func:`receive`).
+A candidate worker under a uid of its own (``kbv.worker._privileges``) cannot be opened that way:
+it copies its outputs into one allocation of the driver's virtual memory API and sends that
+allocation's file descriptor beside the reply (``kbv._vmm``, transport ``cuda_vmm``).
 On the CPU (and for a GPU worker's non-CUDA values) tensors go through one file in the worker's
 scratch directory, read with ``torch.load(weights_only=True)`` and deleted at once.
 
@@ -16,9 +19,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import os
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -76,20 +80,69 @@ def plain_copy(value: Any, device: torch.device, *, copy: bool = True) -> Any:
     return None
 
 
-def hand_over(values: list[Any], device: torch.device, path: str, keep: list[Any]) -> dict[str, Any]:
+#: How a CUDA worker hands tensors over: legacy IPC handles, or one exported VMM allocation.
+TRANSPORTS = ("cuda_ipc", "cuda_vmm")
+
+
+def hand_over(
+    values: list[Any], device: torch.device, path: str, keep: list[Any], transport: str = "cuda_ipc"
+) -> dict[str, Any]:
     """Describe ``values`` (plain copies from :func:`plain_copy`, or None) for the parent.
 
-    CUDA tensors become IPC descriptors (``keep`` holds them alive until the parent has copied
-    them: the worker clears it at its next request); everything else goes to one file at ``path``.
+    CUDA tensors become IPC descriptors, or (``transport="cuda_vmm"``) one exported allocation whose
+    descriptor :func:`fds_to_send` lists for the reply; ``keep`` holds what is shared alive until the
+    parent has copied it (the worker calls :func:`release` at its next request). Everything else
+    goes to one file at ``path``.
     """
     if device.type == "cuda" and all(
         v is None or (isinstance(v, torch.Tensor) and v.is_cuda) for v in values
     ):
         _synchronize()
+        if transport == "cuda_vmm":
+            return _export_vmm(values, device, keep)
         keep.extend(v for v in values if v is not None)
         return {"transport": "cuda_ipc", "items": [None if v is None else _describe_cuda(v) for v in values]}
     _save([v if v is None else v.cpu() for v in values], path)
     return {"transport": "file", "path": path, "count": len(values)}
+
+
+def _export_vmm(values: list[Any], device: torch.device, keep: list[Any]) -> dict[str, Any]:
+    from kbv import _vmm
+
+    tensors = [v for v in values if v is not None]
+    description: dict[str, Any] = {"transport": "cuda_vmm", "fd_index": None, "size": 0}
+    offsets: list[int] = []
+    if tensors:
+        exported, offsets = _vmm.export(tensors, device.index if device.index is not None else 0)
+        description.update(fd_index=len(fds_to_send(keep)), size=exported.size)
+        keep.append(exported)
+    placed = iter(zip(tensors, offsets, strict=True))
+    items: list[dict[str, Any] | None] = []
+    for value in values:
+        if value is None:
+            items.append(None)
+            continue
+        tensor, offset = next(placed)
+        items.append({"dtype": str(tensor.dtype), "shape": list(tensor.shape), "offset_bytes": offset})
+    description["items"] = items
+    return description
+
+
+def fds_to_send(keep: list[Any]) -> list[int]:
+    """The descriptors of the allocations exported for this reply, in ``fd_index`` order."""
+    from kbv import _vmm
+
+    return [k.fd for k in keep if isinstance(k, _vmm.Exported)]
+
+
+def release(keep: list[Any]) -> None:
+    """The worker's side of a finished hand-over: exported allocations unmapped, shared tensors let go."""
+    for kept in keep:
+        close = getattr(kept, "close", None)
+        if close is not None and not isinstance(kept, torch.Tensor):
+            with contextlib.suppress(Exception):  # a candidate may have closed the descriptor itself
+                close()
+    keep.clear()
 
 
 def _describe_cuda(tensor: torch.Tensor) -> dict[str, Any]:
@@ -125,12 +178,13 @@ def _b64(data: bytes) -> str:
 # parent side
 
 
-def receive(description: Any, device: str) -> list[Any]:
+def receive(description: Any, device: str, fds: list[int] | None = None) -> list[Any]:
     """The parent's own copies of the tensors a worker handed over (on ``device``); None stays None.
 
-    Every descriptor is checked before use; a CUDA handle is opened, the tensor copied into memory
-    the parent owns, and the handle closed before this returns, so nothing the worker does later
-    can change what is judged. Raises :class:`HandoffError` for anything malformed.
+    Every descriptor is checked before use; a CUDA handle (or the exported allocation behind one of
+    ``fds``, the descriptors that came with the reply) is opened, the tensor copied into memory the
+    parent owns, and the handle closed before this returns, so nothing the worker does later can
+    change what is judged. Raises :class:`HandoffError` for anything malformed.
     """
     if not isinstance(description, dict):
         raise HandoffError("the worker's outputs are not described")
@@ -146,6 +200,10 @@ def receive(description: Any, device: str) -> list[Any]:
         copies = [None if item is None else _from_cuda(item, _device_index(device)) for item in items]
         torch.cuda.synchronize(_device_index(device))  # the copies are complete before the handles close
         return copies
+    if transport == "cuda_vmm":
+        if not device.startswith("cuda"):
+            raise HandoffError("a CUDA hand-over for a CPU evaluation")
+        return _from_vmm(description, fds or [], _device_index(device))
     raise HandoffError(f"unknown hand-over transport {transport!r}")
 
 
@@ -191,6 +249,64 @@ def _from_cuda(item: Any, device_index: int) -> torch.Tensor:
         return _clone(view, memory_format=torch.contiguous_format)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise HandoffError(f"the worker's CUDA handle could not be opened ({exc})") from exc
+
+
+def _from_vmm(description: dict[str, Any], fds: list[int], device_index: int) -> list[Any]:
+    fd, size, items = _checked_vmm(description, fds)
+    present = [item for item in items if item is not None]
+    if not present:
+        return list(items)
+    from kbv import _vmm
+
+    try:
+        copies = iter(_vmm.import_copies(fd, size, present, device_index))
+    except (_vmm.VmmError, RuntimeError, ValueError) as exc:
+        raise HandoffError(f"the worker's exported device memory could not be opened ({exc})") from exc
+    return [None if item is None else next(copies) for item in items]
+
+
+def _checked_vmm(
+    description: dict[str, Any], fds: list[int]
+) -> tuple[int, int, list[tuple[torch.dtype, list[int], int] | None]]:
+    """Types and bounds of a ``cuda_vmm`` hand-over: every tensor inside the allocation's claimed
+    size (the driver refuses to map more than the allocation holds), its descriptor one that came
+    with the reply."""
+    items, size, fd_index = description.get("items"), description.get("size"), description.get("fd_index")
+    if not isinstance(items, list) or not _count(size):
+        raise HandoffError("malformed VMM hand-over (items, size)")
+    checked: list[tuple[torch.dtype, list[int], int] | None] = []
+    for item in items:
+        if item is None:
+            checked.append(None)
+            continue
+        dtype = _DTYPES.get(str(item.get("dtype"))) if isinstance(item, dict) else None
+        shape = _ints(item.get("shape")) if isinstance(item, dict) else None
+        offset = item.get("offset_bytes") if isinstance(item, dict) else None
+        if (
+            dtype is None
+            or shape is None
+            or not isinstance(offset, int)
+            or isinstance(offset, bool)
+            or offset < 0
+        ):
+            raise HandoffError(f"malformed VMM descriptor {str(item)[:120]}")
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if offset + nbytes > size:
+            raise HandoffError(
+                f"VMM descriptor reaches beyond its allocation ({offset + nbytes} > {size} bytes)"
+            )
+        checked.append((dtype, shape, offset))
+    if all(item is None for item in checked):
+        return -1, size, checked
+    if not isinstance(fd_index, int) or isinstance(fd_index, bool) or not 0 <= fd_index < len(fds):
+        raise HandoffError(
+            f"the VMM hand-over names descriptor {fd_index!r}, but {len(fds)} came with the reply"
+        )
+    return fds[fd_index], size, checked
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _checked(item: Any) -> tuple[torch.dtype, list[int], list[int], int, dict[str, Any]]:

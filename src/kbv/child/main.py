@@ -55,8 +55,10 @@ class _State:
         self.structure: list[Any] | None = None  # input invariants, one per positional input
         self.timer: Any = None
         self.identities: dict[str, int] = {}
-        # Tensors handed to the parent by CUDA IPC, alive until the parent's next request.
+        # What was handed to the parent on the GPU (shared tensors, exported allocations), alive
+        # until the parent's next request; and how (``kbv.handoff.TRANSPORTS``, the parent says).
         self.handed: list[Any] = []
+        self.handoff = "cuda_ipc"
 
 
 def main(fd: int) -> None:
@@ -76,7 +78,7 @@ def main(fd: int) -> None:
             _channel.send(sock, {"ok": True})
             break
         started = time.perf_counter()
-        state.handed.clear()  # the parent copied what it was handed before sending this request
+        _handoff.release(state.handed)  # the parent copied what it was handed before this request
         try:
             reply = _HANDLERS[str(op)](state, request)
             reply["ok"] = True
@@ -84,7 +86,7 @@ def main(fd: int) -> None:
             reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
         reply["worker_seconds"] = time.perf_counter() - started
         _release_cached_memory()
-        _channel.send(sock, reply)
+        _channel.send(sock, reply, fds=_handoff.fds_to_send(state.handed))
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
             break  # the CUDA context is unusable now; this process must not be reused
     sock.close()
@@ -143,6 +145,8 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.role = request["role"]
     state.domain = request.get("domain", "any")
     state.structure = request.get("structure")
+    if request.get("handoff") in _handoff.TRANSPORTS:
+        state.handoff = request["handoff"]
     state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
     # Captured before any candidate code runs, so later patching cannot reach these references.
     state.timer = kbv_timing.make_timer(state.device)
@@ -284,7 +288,7 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     reply = {
         "types": types,
         "memory": memory,
-        "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed),
+        "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed, state.handoff),
     }
     if operators is not None:
         reply["tf32_operators"] = operators

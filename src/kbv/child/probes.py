@@ -138,7 +138,7 @@ def _hand(state: Any, request: dict[str, Any], groups: list[list[Any]]) -> dict[
     flat = [value for group in groups for value in group]
     return {
         "sizes": [len(g) for g in groups],
-        "outputs": _hand_over(flat, state.device, request["out_path"], state.handed),
+        "outputs": _hand_over(flat, state.device, request["out_path"], state.handed, state.handoff),
     }
 
 

@@ -133,6 +133,8 @@ class Worker:
         #: The uid a candidate worker runs as (None: the parent's), and why not where root could not drop.
         self.uid: int | None = None
         self._no_drop: str | None = None
+        #: Descriptors of exported device memory that came with the last reply (``kbv.handoff``).
+        self._fds: list[int] = []
         self._private_net = False
 
     def __enter__(self) -> Worker:
@@ -217,6 +219,8 @@ class Worker:
         """The first half of :meth:`request`: two workers can then work at once (``receive_reply``)."""
         if self._sock is None:
             raise RuntimeError("worker not started")
+        if op == "load":
+            fields.setdefault("handoff", self.handoff)
         try:
             _channel.send(self._sock, {"op": op, **fields})
         except OSError as exc:
@@ -249,7 +253,7 @@ class Worker:
         )
 
         try:
-            return _handoff.receive(description, self.spec.device)
+            return _handoff.receive(description, self.spec.device, self._fds)
         except _handoff.HandoffError as exc:
             raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
 
@@ -278,12 +282,23 @@ class Worker:
             shutil.copyfileobj(source, out)
         return str(target)
 
+    @property
+    def handoff(self) -> str:
+        """How this worker hands CUDA tensors over: a worker under another uid exports VMM memory,
+        because the parent cannot open its legacy IPC handles (``kbv._vmm``)."""
+        return "cuda_vmm" if self.uid is not None else "cuda_ipc"
+
     def _receive(self) -> dict[str, Any]:
         assert self._sock is not None
         started = time.monotonic()
+        self._close_fds()  # the last reply's outputs were copied (or never will be)
         try:
             reply = _channel.receive(
-                self._sock, started + max(self.remaining_s, 0.0), alive=self._watch, poll_s=POLL_S
+                self._sock,
+                started + max(self.remaining_s, 0.0),
+                alive=self._watch,
+                poll_s=POLL_S,
+                fds=self._fds,
             )
             self._raise_if_exceeded()  # a reply that raced the kill does not undo the limit
             return reply
@@ -378,7 +393,14 @@ class Worker:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._close_fds()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
     def logs(self) -> dict[str, str]:
         return {"stdout": _tail(self._stdout), "stderr": _tail(self._stderr)}
@@ -538,18 +560,11 @@ class Worker:
         prefix = self._namespace_prefix()
         if self.spec.role != "candidate":
             return prefix, None
-        if self.spec.device.startswith("cuda"):
-            # Measured on the H200 (torch 2.11, driver 580): the parent cannot open the CUDA IPC
-            # handles of a worker running under another uid (cudaErrorMapBufferObjectFailed), and
-            # outputs travel by those handles; the private network namespace does not matter.
-            plan = _privileges.Plan(
-                None,
-                "on a GPU the parent must open the worker's CUDA IPC handles, which fails across uids here",
-            )
-        else:
-            plan = _privileges.plan(
-                self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent))
-            )
+        # On a GPU a dropped worker hands outputs over as exported VMM memory (``handoff``): the
+        # parent cannot open its legacy CUDA IPC handles (measured on the H200, driver 580).
+        plan = _privileges.plan(
+            self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent))
+        )
         self._no_drop = plan.reason
         self._private_net = bool(prefix)
         if plan.uid is None:
