@@ -52,6 +52,33 @@ def test_env_allowlist_drops_secrets(tmp_path: Path) -> None:
     assert env["HOME"] == str(tmp_path) and env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "e")
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to take a uid")
+def test_a_worker_without_a_passwd_entry_still_has_a_user_name(tmp_path: Path) -> None:
+    """Measured on the H200: a dropped candidate worker crashed at start-up, because torch's
+    inductor (imported by the profiler's first start) asks ``getpass.getuser()`` for a cache
+    directory and a uid without a passwd entry has no name. The worker's environment names one."""
+    import subprocess
+    import sys
+
+    from kbv.worker._privileges import worker_uid
+
+    uid = worker_uid("test-getuser")
+    env = scrubbed_env(os.environ, home=tmp_path, extensions_dir=tmp_path / "e", triton_dir=tmp_path / "t")
+    script = (
+        "import getpass, os, sys; os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1])); "
+        "print(getpass.getuser())"
+    )
+    command = [sys.executable, "-c", script, str(uid)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.strip() == "kbv-worker"
+    bare = {k: v for k, v in env.items() if k not in ("USER", "LOGNAME")}
+    without = subprocess.run(
+        [sys.executable, "-c", script, str(uid)], env=bare, capture_output=True, text=True
+    )
+    assert without.returncode != 0 and "getpwuid" in without.stderr  # what the H200 run hit
+
+
 def test_worker_runs_a_model_and_returns_outputs_through_files() -> None:
     with _candidate_worker("plain") as worker:
         reply = _load(worker, "relu_plain.py")

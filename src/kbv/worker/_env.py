@@ -42,6 +42,8 @@ _ALLOWED = (
     "TORCH_SYMM_MEM_",
     "TRITON_INTERPRET",
 )
+#: The user name every worker sees (``USER``, ``LOGNAME``), whatever its uid.
+WORKER_USER = "kbv-worker"
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
@@ -65,6 +67,10 @@ def scrubbed_env(
     env["TMPDIR"] = str(home)
     env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir)
     env["TRITON_CACHE_DIR"] = str(triton_dir)
+    # A candidate worker may run as a uid without a passwd entry (``_privileges``), where
+    # ``getpass.getuser()`` raises unless these are set: torch's inductor calls it for its default
+    # cache directory (under TMPDIR, so still private) when the profiler is first started.
+    env["USER"] = env["LOGNAME"] = WORKER_USER
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     if visible_devices is not None:
