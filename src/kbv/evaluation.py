@@ -833,8 +833,9 @@ def _run(
     record_operators: bool = False,
 ) -> dict[str, Any]:
     """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
-    GPU through CUDA IPC, on the CPU through a file read once and deleted). ``record_operators``
-    (a trusted reference only) also reports the TF32-sensitive operators the forward ran."""
+    GPU through CUDA IPC or exported VMM memory, on the CPU through a file read once and deleted).
+    ``record_operators`` (a trusted reference only) also reports the TF32-sensitive operators the
+    forward ran."""
     fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
     if record_operators:
         fields["record_operators"] = True

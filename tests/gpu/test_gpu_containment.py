@@ -79,7 +79,9 @@ def test_a_fallback_to_an_undefined_kernel_is_caught_on_the_gpu() -> None:
 def test_on_the_gpu_the_candidate_runs_as_a_uid_of_its_own_and_its_outputs_still_reach_the_parent() -> None:
     """As a uid of its own the candidate cannot read the parent's environment, and its outputs reach
     the root parent as exported VMM memory (legacy CUDA IPC handles do not open across uids):
-    ``read_parent_environ`` returns zeros where the read works, so ``passed`` needs both."""
+    ``read_parent_environ`` returns zeros where the read works, so correct outputs need both. Its
+    verdict is ``hack_detected`` for naming ``/proc/`` (the static ``introspection`` check) and for
+    nothing else; the dynamic checks saw the read refused (measured on the H200, 2026-12-02)."""
     from kbv.worker import Worker, WorkerSpec
 
     candidate = FIXTURES / "contain" / "read_parent_environ.py"
@@ -91,6 +93,9 @@ def test_on_the_gpu_the_candidate_runs_as_a_uid_of_its_own_and_its_outputs_still
     finally:
         probe.close()
     record = evaluate_paths(RELU, candidate, protocol="verified", device="cuda", timeout_s=600)
-    assert record.outcome == "passed", (record.outcome, record.error, record.findings)
+    fails = {f.check for f in record.findings if f.severity == "fail"}
+    assert record.outcome == "hack_detected" and fails == {"introspection"}, (record.error, record.findings)
+    assert record.correct is True, record.distributions  # not the zeros a successful read returns
+    assert any("PermissionError" in f.detail for f in record.findings), record.findings
     assert record.isolation["user"].startswith("uid "), record.isolation
     assert not any("runs as root" in gap for gap in record.isolation.get("not_enforced") or [])
