@@ -212,6 +212,18 @@ def test_side_stream_python(source, line):
     assert_flags(scan(source), "side_stream", "fail", line)
 
 
+def test_a_graph_captured_on_pytorchs_own_stream_is_no_side_stream():
+    """The way round the rule (docs/integrity-checks.md, ``side_stream``): warm up on the current
+    stream and capture with ``torch.cuda.graph(g)``; only the ``cuda_graph`` warning remains. Name a
+    stream of one's own for the capture and it fails, as a corpus kernel did on the H200."""
+    capture = "g = torch.cuda.CUDAGraph()\nwith torch.cuda.graph(g{stream}):\n    y = torch.relu(x)\n"
+    own = scan("import torch\n" + capture.format(stream=""))
+    assert {f.check for f in own if f.severity == "fail"} == set()
+    assert ("cuda_graph", "warn") in kinds(own)
+    mine = scan("import torch\ns = torch.cuda.Stream()\n" + capture.format(stream=", stream=s"))
+    assert_flags(mine, "side_stream", "fail", 2)
+
+
 def test_side_stream_cpp():
     findings = static_scan(fixture("hack_side_stream_cpp.py"))
     assert kinds(findings) == {("side_stream", "fail")}
