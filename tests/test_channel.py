@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import threading
@@ -64,6 +65,27 @@ def test_a_message_without_descriptors_and_a_large_one_still_arrive(pair) -> Non
     assert len(fds) == 1
     for fd in (read_end, write_end, *fds):
         os.close(fd)
+
+
+def test_a_message_keeps_at_most_its_share_of_descriptors_however_it_is_cut(pair) -> None:
+    """A hostile worker that sends descriptors with every piece of one long message leaves the
+    parent at most ``MAX_FDS`` of them; the rest are closed as they arrive."""
+    sender, receiver = pair
+    before = _open_fds()
+    read_end, write_end = os.pipe()
+    payload = b'{"x": "' + b"y" * 64 + b'"}'
+    sender.sendall(channel._HEADER.pack(len(payload)))
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end] * 4).tobytes())]
+    for i in range(0, len(payload), 8):  # eight-byte pieces, four descriptors with each
+        sender.sendmsg([payload[i : i + 8]], rights)
+    os.close(read_end)
+    os.close(write_end)
+    fds: list[int] = []
+    assert channel.receive(receiver, fds=fds) == {"x": "y" * 64}
+    assert len(fds) <= channel.MAX_FDS
+    for fd in fds:
+        os.close(fd)
+    assert _open_fds() == before
 
 
 def test_more_descriptors_than_a_message_may_carry_are_refused(pair) -> None:

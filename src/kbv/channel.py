@@ -124,6 +124,10 @@ def _recv(sock: socket.socket, size: int, received: list[int]) -> bytes:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             usable = len(data) - len(data) % array.array("i").itemsize
             received.extend(array.array("i", data[:usable]))
+    if len(received) > MAX_FDS:  # a message read in many chunks could otherwise pile them up
+        extra = received[MAX_FDS:]
+        del received[MAX_FDS:]
+        _close_all(extra)
     return chunk
 
 
