@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,13 @@ def extensions_dir_of(path: Path) -> Path:
     from kbv.worker.builds import build_dir
 
     return build_dir(load_candidate(path, label="prebuild").source_sha256) / "torch_extensions"
+
+
+@functools.cache
+def verified_on_gpu(problem: Path, candidate: Path) -> Any:
+    """One `verified` evaluation on CUDA per (problem, candidate) in a test session: GPU tests that
+    assert different things of the same pair share its record (each evaluation is seconds on the
+    H200, and `pytest -m gpu` has a five-minute budget). Fresh secret seeds as always."""
+    from kbv.api import evaluate_paths
+
+    return evaluate_paths(problem, candidate, protocol="verified", device="cuda", timeout_s=600)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import verified_on_gpu
 from test_hack_fixtures import fixture_spec
 
 from kbv.api import evaluate_paths
@@ -45,7 +46,7 @@ def test_gpu_hack_is_caught(path: Path) -> None:
 )
 def test_honest_passes_on_gpu(path: Path) -> None:
     spec = fixture_spec(path)
-    record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
+    record = verified_on_gpu(ROOT / spec["problem"], path)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
     assert record.outcome == "passed" and not fails, f"outcome={record.outcome} fails={fails}"
 

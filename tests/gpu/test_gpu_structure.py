@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import verified_on_gpu
 
 from kbv.api import evaluate_paths
 
@@ -23,9 +24,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_tf32_inside_forward_passes_and_a_global_flip_is_caught() -> None:
     problem = ROOT / "tests" / "fixtures" / "problems" / "tiny_matmul.py"
-    honest = evaluate_paths(
-        problem, FIXTURES / "honest" / "tf32_scoped.py", protocol="verified", device="cuda", timeout_s=600
-    )
+    honest = verified_on_gpu(problem, FIXTURES / "honest" / "tf32_scoped.py")
     assert honest.outcome == "passed", [(f.check, f.severity, f.detail) for f in honest.findings]
     assert "global_flags" not in {f.check for f in honest.findings}
     hack = evaluate_paths(
@@ -38,12 +37,8 @@ def test_tf32_inside_forward_passes_and_a_global_flip_is_caught() -> None:
 def test_eager_tf32_is_timed_only_where_tf32_changes_the_reference() -> None:
     # tiny_matmul's forward runs a GEMM: both baselines are timed. ReLU's runs none: eager_tf32
     # would be eager_fp32's code, so it is left out, with the reason in the record.
-    matmul = evaluate_paths(
-        ROOT / "tests" / "fixtures" / "problems" / "tiny_matmul.py",
-        FIXTURES / "honest" / "tf32_scoped.py",
-        protocol="verified",
-        device="cuda",
-        timeout_s=600,
+    matmul = verified_on_gpu(
+        ROOT / "tests" / "fixtures" / "problems" / "tiny_matmul.py", FIXTURES / "honest" / "tf32_scoped.py"
     )
     assert sorted(matmul.timing["baselines"]) == ["eager_fp32", "eager_tf32"]
     relu = evaluate_paths(
