@@ -287,6 +287,33 @@ def test_compare_and_demo_build_extensions_before_the_first_evaluation(
     assert "extensions: 1 built, 0 cached, 0 failed" in console.export_text()
 
 
+def test_kbv_run_builds_extensions_first_on_the_sequential_path_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kbv run`` without ``--executor`` builds up front as ``kbv compare`` does; with one, the
+    executor's own compile stage builds (no second, serial pass in front of it)."""
+    import argparse
+
+    from rich.console import Console
+
+    from kbv import batch
+
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    counter = tmp_path / "built.txt"
+    (tmp_path / "1_ReLU.py").write_text(COUNTING_SOURCE.format(counter=str(counter)))
+    pairs = [(load_problem(SUITE / "level1" / "1_ReLU.py"), load_candidate(tmp_path / "1_ReLU.py"))]
+    seen = []
+    monkeypatch.setattr(batch, "run_pairs", lambda *a, **k: seen.append(counter.exists()) or BatchResult())
+    monkeypatch.setattr(
+        batch, "executor_from_args", lambda *a, **k: make_executor("sequential", device="cpu")
+    )
+    args = argparse.Namespace(executor="local", force=False, out=None)
+    batch._run_pairs(args, pairs, FAST, "cpu", None, None, 1, Console(width=200))
+    args.executor = None
+    batch._run_pairs(args, pairs, FAST, "cpu", None, None, 1, Console(width=200))
+    assert seen == [False, True]
+
+
 def test_a_build_from_another_torch_installation_is_not_taken_for_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

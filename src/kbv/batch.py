@@ -222,7 +222,10 @@ def _run_pairs(
     run_id: int,
     console: Console,
 ) -> BatchResult:
-    """Sequentially in this process, or on an executor (``--executor local|ray``)."""
+    """Sequentially in this process, or on an executor (``--executor local|ray``). The sequential
+    path builds the extensions first, side by side (the executors have a compile stage of their own)."""
+    if not getattr(args, "executor", None):
+        prebuild_extensions(pairs, device, console)
     with executor_from_args(args, device=device) as executor:
         return run_pairs(
             executor,
