@@ -20,7 +20,7 @@ import contextlib
 import ctypes
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -162,7 +162,7 @@ class Exported:
     size: int
     ptr: int
     handle: int
-    closed: bool = field(default=False)
+    closed: bool = False
 
     def close(self) -> None:
         if self.closed:

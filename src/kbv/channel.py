@@ -65,10 +65,10 @@ def receive(
             raise ChannelClosed(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
         body = _read_exact(sock, size, deadline, alive, poll_s, received)
     except BaseException:
-        _close_all(received)
+        close_fds(received)
         raise
     if fds is None:
-        _close_all(received)
+        close_fds(received)
     else:
         fds.extend(received)
     try:
@@ -80,7 +80,8 @@ def receive(
     return message
 
 
-def _close_all(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
+    """Close every descriptor in ``fds`` (ones already closed are skipped) and empty the list."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -127,7 +128,7 @@ def _recv(sock: socket.socket, size: int, received: list[int]) -> bytes:
     if len(received) > MAX_FDS:  # a message read in many chunks could otherwise pile them up
         extra = received[MAX_FDS:]
         del received[MAX_FDS:]
-        _close_all(extra)
+        close_fds(extra)
     return chunk
 
 

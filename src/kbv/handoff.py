@@ -137,11 +137,12 @@ def fds_to_send(keep: list[Any]) -> list[int]:
 
 def release(keep: list[Any]) -> None:
     """The worker's side of a finished hand-over: exported allocations unmapped, shared tensors let go."""
+    from kbv import _vmm
+
     for kept in keep:
-        close = getattr(kept, "close", None)
-        if close is not None and not isinstance(kept, torch.Tensor):
-            with contextlib.suppress(Exception):  # a candidate may have closed the descriptor itself
-                close()
+        if isinstance(kept, _vmm.Exported):
+            with contextlib.suppress(Exception):  # one the candidate broke must not keep the rest
+                kept.close()
     keep.clear()
 
 
@@ -282,13 +283,7 @@ def _checked_vmm(
         dtype = _DTYPES.get(str(item.get("dtype"))) if isinstance(item, dict) else None
         shape = _ints(item.get("shape")) if isinstance(item, dict) else None
         offset = item.get("offset_bytes") if isinstance(item, dict) else None
-        if (
-            dtype is None
-            or shape is None
-            or not isinstance(offset, int)
-            or isinstance(offset, bool)
-            or offset < 0
-        ):
+        if dtype is None or shape is None or not _count(offset):
             raise HandoffError(f"malformed VMM descriptor {str(item)[:120]}")
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
         if offset + nbytes > size:
@@ -298,7 +293,7 @@ def _checked_vmm(
         checked.append((dtype, shape, offset))
     if all(item is None for item in checked):
         return -1, size, checked
-    if not isinstance(fd_index, int) or isinstance(fd_index, bool) or not 0 <= fd_index < len(fds):
+    if not _count(fd_index) or fd_index >= len(fds):
         raise HandoffError(
             f"the VMM hand-over names descriptor {fd_index!r}, but {len(fds)} came with the reply"
         )

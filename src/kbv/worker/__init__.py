@@ -291,7 +291,7 @@ class Worker:
     def _receive(self) -> dict[str, Any]:
         assert self._sock is not None
         started = time.monotonic()
-        self._close_fds()  # the last reply's outputs were copied (or never will be)
+        _channel.close_fds(self._fds)  # the last reply's outputs were copied (or never will be)
         try:
             reply = _channel.receive(
                 self._sock,
@@ -393,14 +393,8 @@ class Worker:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._close_fds()
+        _channel.close_fds(self._fds)
         shutil.rmtree(self.scratch, ignore_errors=True)
-
-    def _close_fds(self) -> None:
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
 
     def logs(self) -> dict[str, str]:
         return {"stdout": _tail(self._stdout), "stderr": _tail(self._stderr)}
