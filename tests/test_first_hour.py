@@ -356,6 +356,30 @@ def test_the_demo_timeout_in_the_help_is_the_demos() -> None:
     from kbv import cli, demo
 
     assert cli._DEMO_CPU_TIMEOUT == demo.CPU_TIMEOUT_S
+    assert cli._DEMO_GPU_TIMEOUT == demo.GPU_TIMEOUT_S
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", 20.0), ("cuda:0", 60.0)])
+def test_the_demo_limits_each_candidate_on_either_device(
+    device: str, expected: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the H200 the protocol's own 300 s let the bundled hanging candidate cost ten minutes."""
+    from kbv import demo
+
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(demo, "demo_pairs", lambda device: [])
+    monkeypatch.setattr(demo, "run_both_protocols", capture)
+    with pytest.raises(Stop):
+        demo.run_demo(device=device, db=str(tmp_path / "d.sqlite"), html=str(tmp_path / "d.html"))
+    assert seen["timeout_s"] == expected
 
 
 def test_usage_errors_are_found_before_torch_is_imported() -> None:

@@ -19,9 +19,12 @@ CPU_SETS = ("honest_cpu", "hacks", "broken")
 GPU_SETS = ("honest_cuda", "honest_triton", "hacks", "hacks_gpu", "broken")  # honest_cpu kernels are CPU-only
 # Two cores compile a C++ extension in ~30 s: the CPU demo keeps the compiled candidates few.
 CPU_DEMO_MAX_COMPILED = 3
-# Extensions are built before the evaluations start, so this limit is for running, not compiling;
-# it is what the bundled hanging candidate costs, twice.
+# Extensions are built before the evaluations start, so these limits are for running, not compiling;
+# each is what the bundled hanging candidate costs, twice. On the H200 the slowest other demo
+# candidate's evaluation took 10 s (2026-12-02); the protocol's own 300 s made the hanging one cost
+# ten minutes of a demo whose other 54 evaluations took two and a quarter.
 CPU_TIMEOUT_S = 20.0
+GPU_TIMEOUT_S = 60.0
 
 
 def demo_pairs(device: str) -> list:
@@ -56,7 +59,7 @@ def run_demo(
     db_path.parent.mkdir(parents=True, exist_ok=True)
     console = Console()
     pairs = demo_pairs(device)
-    timeout = timeout_s or (None if device.startswith("cuda") else CPU_TIMEOUT_S)
+    timeout = timeout_s or (GPU_TIMEOUT_S if device.startswith("cuda") else CPU_TIMEOUT_S)
     console.print(f"kbv demo: {len(pairs)} bundled candidates x 2 protocols on {device}")
     with Store(db_path) as store:
         both = run_both_protocols(
