@@ -2,19 +2,33 @@
 
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
         python benchmarks/_ncu_target.py PROBLEM.py CANDIDATE.py
+
+With ``--launch-check N`` it runs no profiler range and prints one JSON line instead: the median of
+N calls timed by CUDA events two ways, each after an L2 flush:
+- ``synced_ms``: the device synchronised before the start event, as kbv's recipe does, so the
+  call's host path (Python, the binding, allocation, launch) runs inside the timed region;
+- ``covered_ms``: a spin kernel (``torch.cuda._sleep``) queued before the start event, long enough
+  for the host to queue the call behind it, so the events hold only the call's device work.
+Their difference is the host launch path that kbv's event samples include (fidelity.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import statistics
 import sys
 
 import torch
 
 from kbv.problems import load_module
 
+#: Spin cycles queued before the start event in the covered timing: about 0.5 ms at the H200's
+#: 1.98 GHz, far more than a forward's host path (tens of microseconds).
+COVER_CYCLES = 1_000_000
 
-def main(problem_path: str, candidate_path: str) -> None:
+
+def _load(problem_path: str, candidate_path: str):
     problem = load_module(problem_path)
     spec = importlib.util.spec_from_file_location("ncu_candidate", candidate_path)
     assert spec and spec.loader
@@ -24,6 +38,11 @@ def main(problem_path: str, candidate_path: str) -> None:
     model = candidate.ModelNew(*problem.get_init_inputs()).cuda().eval()
     with torch.device("cuda"):
         inputs = problem.get_inputs()
+    return model, inputs
+
+
+def profile_one_call(problem_path: str, candidate_path: str) -> None:
+    model, inputs = _load(problem_path, candidate_path)
     with torch.no_grad():
         for _ in range(3):
             model(*inputs)
@@ -34,5 +53,33 @@ def main(problem_path: str, candidate_path: str) -> None:
         torch.cuda.profiler.stop()
 
 
+def launch_check(problem_path: str, candidate_path: str, calls: int) -> dict[str, float]:
+    model, inputs = _load(problem_path, candidate_path)
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
+    timed = {"synced_ms": [], "covered_ms": []}
+    with torch.no_grad():
+        for _ in range(10):
+            model(*inputs)
+        for _ in range(calls):
+            for way in timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                scratch.fill_(1.0)
+                torch.cuda.synchronize()
+                if way == "covered_ms":
+                    torch.cuda._sleep(COVER_CYCLES)
+                start.record()
+                model(*inputs)
+                end.record()
+                torch.cuda.synchronize()
+                timed[way].append(start.elapsed_time(end))
+    result = {way: statistics.median(samples) for way, samples in timed.items()}
+    result["launch_path_ms"] = result["synced_ms"] - result["covered_ms"]
+    return result
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) == 5 and sys.argv[3] == "--launch-check":
+        print(json.dumps(launch_check(sys.argv[1], sys.argv[2], int(sys.argv[4]))), flush=True)
+    else:
+        profile_one_call(sys.argv[1], sys.argv[2])

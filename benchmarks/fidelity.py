@@ -1,11 +1,17 @@
 """Timing fidelity on the GPU: run-to-run spread of speedups, and events versus Nsight Compute.
 
-    python benchmarks/fidelity.py --out benchmarks/results/fidelity [--runs 5] [--ncu]
+    python benchmarks/fidelity.py --out benchmarks/results/fidelity [--runs 5] [--ncu] [--launch-check]
+        [--classes elementwise ...] [--resume]
 
 For one honest candidate per bundled problem class, five independent evaluations (baseline cache
 off, so every run measures its baselines anew) give the spread max/min - 1 of ``speedup.best``;
 the target is <= 2% for kernels of 100 us or more. With ``--ncu``, three kernels are also timed by
-``ncu --clock-control none`` and compared with kbv's event-timed median (target: within 3%).
+``ncu --clock-control none`` and compared with kbv's event-timed median (target: within 3%). With
+``--launch-check``, each class's call is also timed in a process of its own after a device sync (as
+kbv's recipe does) and behind a spin kernel that hides the host path, which says how much of the
+event time is the launch path. Every record goes to ``OUT/records.jsonl`` as it finishes, and each
+run's per-round medians, interval and SM clock to ``fidelity.json``, so that a spread can be traced
+to its cause afterwards; ``--resume`` keeps the classes ``fidelity.json`` already holds.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import csv
 import datetime as dt
 import io
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,11 +104,55 @@ def _prebuild(pairs: list) -> None:
     print(f"prebuilt in {time.monotonic() - started:.0f} s ({statuses})", flush=True)
 
 
+def _run_detail(record) -> dict:
+    """What one evaluation's timing says beyond its median, to tell a per-run offset from noise:
+    per-round medians of the candidate and each baseline, the within-run interval, the SM clock."""
+    timing = record.timing or {}
+
+    def per_round(side: dict) -> list[float]:
+        return [statistics.median(r["device_ms"]) for r in side.get("rounds", []) if r.get("device_ms")]
+
+    candidate = timing.get("candidate") or {}
+    summary = candidate.get("summary") or {}
+    return {
+        "outcome": record.outcome,
+        "speedup_best": record.speedup.get("best"),
+        "candidate_median_ms": summary.get("median"),
+        "candidate_ci95_ms": [summary.get("ci95_low"), summary.get("ci95_high")],
+        "candidate_cv": summary.get("cv"),
+        "candidate_round_medians_ms": per_round(candidate),
+        "candidate_wall_median_ms": (candidate.get("wall_summary") or {}).get("median"),
+        "baseline_round_medians_ms": {
+            name: per_round(side) for name, side in (timing.get("baselines") or {}).items()
+        },
+        "sm_clock_mhz": [
+            (r.get("gpu_before") or {}).get("sm_clock_mhz") for r in candidate.get("rounds", [])
+        ],
+    }
+
+
+def _launch_check(problem_path: Path, candidate_path: Path, calls: int = 200) -> dict | None:
+    """The same call timed after a device sync (kbv's way) and behind a spin kernel that hides its
+    host path (``_ncu_target.py --launch-check``): how much of the event time is the launch path."""
+    target = str(Path(__file__).with_name("_ncu_target.py"))
+    command = [sys.executable, target, str(problem_path), str(candidate_path), "--launch-check", str(calls)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        print(done.stderr[-2000:], flush=True)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results/fidelity")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--ncu", action="store_true")
+    parser.add_argument(
+        "--launch-check", action="store_true", help="per class, event time with and without the launch path"
+    )
+    parser.add_argument("--classes", nargs="+", choices=[c for c, _, _ in CLASSES], help="only these classes")
+    parser.add_argument("--resume", action="store_true", help="keep the classes in OUT/fidelity.json")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,41 +165,55 @@ def main() -> int:
         "torch": torch.__version__,
         "classes": [],
     }
-    pairs = [_pair(candidate_set, stem) for _, candidate_set, stem in CLASSES]
+    if args.resume and (out / "fidelity.json").is_file():
+        results["classes"] = json.loads((out / "fidelity.json").read_text())["classes"]
+    done = {e["class"] for e in results["classes"]}
+    chosen = [c for c in CLASSES if c[0] not in done and (not args.classes or c[0] in args.classes)]
+    pairs = [_pair(candidate_set, stem) for _, candidate_set, stem in chosen]
     _prebuild(pairs)
-    for (klass, candidate_set, stem), (problem, candidate) in zip(CLASSES, pairs, strict=True):
-        runs = [evaluate(problem, candidate, protocol, "cuda") for _ in range(args.runs)]
-        best = [r.speedup.get("best") for r in runs]
-        medians = [r.timing["candidate"]["summary"]["median"] for r in runs if r.timing.get("candidate")]
+    for (klass, candidate_set, stem), (problem, candidate) in zip(chosen, pairs, strict=True):
+        runs = []
+        for _ in range(args.runs):
+            record = evaluate(problem, candidate, protocol, "cuda")
+            with (out / "records.jsonl").open("a") as stream:  # every record, for a later diagnosis
+                stream.write(record.to_json() + "\n")
+            runs.append(_run_detail(record))
+        best = [r["speedup_best"] for r in runs]
+        medians = [r["candidate_median_ms"] for r in runs if r["candidate_median_ms"] is not None]
         entry = {
             "class": klass,
             "candidate": f"{candidate_set}/{stem}",
-            "outcomes": [r.outcome for r in runs],
+            "outcomes": [r["outcome"] for r in runs],
             "speedup_best": best,
             "candidate_median_ms": medians,
             "spread": (max(best) / min(best) - 1) if all(isinstance(b, float) for b in best) else None,
+            "runs": runs,
         }
+        if args.launch_check:
+            entry["launch_check"] = _launch_check(problem.path, candidate.path)
         if args.ncu and stem in NCU_CASES and medians:
             ncu = _ncu_ms(problem.path, candidate.path)
             entry["ncu_ms"] = ncu
             entry["event_vs_ncu"] = (sorted(medians)[len(medians) // 2] / ncu - 1) if ncu else None
         results["classes"].append(entry)
-        print(json.dumps(entry), flush=True)
+        print(json.dumps({k: v for k, v in entry.items() if k != "runs"}), flush=True)
         # after each class: a run cut by its time limit keeps what it measured
         (out / "fidelity.json").write_text(json.dumps(results, indent=2))
     lines = [
         f"# Timing fidelity ({results['date']}, {results['gpu']}, torch {results['torch']})",
         "",
-        "| class | candidate | median ms (runs) | speedup.best (runs) | spread | ncu ms | events vs ncu |",
-        "|---|---|---|---|---|---|---|",
+        "| class | candidate | median ms (runs) | speedup.best (runs) | spread | ncu ms | events vs ncu "
+        "| launch path ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for e in results["classes"]:
+        launch = (e.get("launch_check") or {}).get("launch_path_ms")
         lines.append(
             f"| {e['class']} | {e['candidate']} | "
             f"{', '.join(f'{m:.4f}' for m in e['candidate_median_ms'])} | "
             f"{', '.join(f'{b:.3f}' if b else '-' for b in e['speedup_best'])} | {_pct(e['spread'])} | "
             f"{e.get('ncu_ms', '-') if e.get('ncu_ms') is None else format(e['ncu_ms'], '.4f')} | "
-            f"{_pct(e.get('event_vs_ncu'))} |"
+            f"{_pct(e.get('event_vs_ncu'))} | {'-' if launch is None else format(launch, '.4f')} |"
         )
     (out / "fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -12,7 +12,8 @@
 # Inputs that do not travel by themselves are read from the git-ignored .kb/ (carry it):
 #   .kb/kb250            the 250 KernelBench problems (a copy of ../shared/kernelbench)
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
-#   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite
+#   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
+#   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
 # Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
 #        stability_suite compare fidelity demo audit audit_report ipc
@@ -136,8 +137,10 @@ step_audit_report() {  # the whole sample's figures from what the store holds (e
         --report --json "$OUT/audit_report.jsonl"
 }
 
-step_fidelity() {
-    python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu
+step_fidelity() {  # resumes from .kb/fidelity.json (copy it back from the archive) when a call cut it
+    mkdir -p "$OUT/fidelity"
+    [ -f .kb/fidelity.json ] && [ ! -f "$OUT/fidelity/fidelity.json" ] && cp .kb/fidelity.json "$OUT/fidelity/"
+    python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu --launch-check --resume
 }
 
 step_demo() {

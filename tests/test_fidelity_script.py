@@ -1,0 +1,49 @@
+"""benchmarks/fidelity.py: what it keeps of each run, from a fixed record (no GPU, no workers)."""
+
+from __future__ import annotations
+
+import pytest
+from benchmark_scripts import load_script
+
+from kbv.records import Record
+
+
+def _round(device_ms: list[float], sm_clock: int) -> dict:
+    return {
+        "device_ms": device_ms,
+        "wall_ms": [x + 0.02 for x in device_ms],
+        "gpu_before": {"sm_clock_mhz": sm_clock},
+    }
+
+
+def test_each_run_keeps_its_per_round_medians_interval_and_clock() -> None:
+    record = Record(
+        problem={"name": "1_ReLU"},
+        candidate={"path": "1_ReLU.py"},
+        protocol={"name": "fidelity"},
+        device={},
+        outcome="passed",
+        correct=True,
+        speedup={"best": 0.95},
+        timing={
+            "candidate": {
+                "rounds": [_round([0.30, 0.29, 0.31], 1980), _round([0.28, 0.28, 0.40], 1755)],
+                "summary": {"median": 0.295, "ci95_low": 0.28, "ci95_high": 0.31, "cv": 0.1},
+                "wall_summary": {"median": 0.315},
+            },
+            "baselines": {"eager_fp32": {"rounds": [_round([0.27, 0.28, 0.29], 1980)]}},
+        },
+    )
+    detail = load_script("fidelity")._run_detail(record)
+    assert detail["candidate_round_medians_ms"] == pytest.approx([0.30, 0.28])
+    assert detail["baseline_round_medians_ms"] == {"eager_fp32": pytest.approx([0.28])}
+    assert detail["sm_clock_mhz"] == [1980, 1755]
+    assert detail["candidate_ci95_ms"] == [0.28, 0.31]
+    assert (detail["speedup_best"], detail["candidate_wall_median_ms"]) == (0.95, 0.315)
+
+
+def test_a_run_without_timing_keeps_its_outcome_and_no_figures() -> None:
+    record = Record(problem={}, candidate={}, protocol={}, device={}, outcome="incorrect", correct=False)
+    detail = load_script("fidelity")._run_detail(record)
+    assert detail["outcome"] == "incorrect"
+    assert detail["candidate_median_ms"] is None and detail["candidate_round_medians_ms"] == []
