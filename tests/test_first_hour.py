@@ -621,3 +621,33 @@ def test_evaluating_on_a_gpu_this_machine_lacks_is_the_callers_error_not_the_pro
 
     with pytest.raises(DeviceError, match="use --device cpu"):
         evaluate(load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py"), STANDARD, "cuda")
+
+
+def test_inputs_that_fail_in_the_candidates_process_say_so_and_blame_the_candidate(tmp_path: Path) -> None:
+    """A candidate that breaks its process's random generator (on the H200, a swallowed failed CUDA
+    graph capture) made the next draw fail inside kbv's input code: the record must say whose doing
+    that was, and the same problem with the reference as the candidate must pass."""
+    breaker = tmp_path / "breaks_rng.py"
+    breaker.write_text(
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "def _broken(*args, **kwargs):\n"
+        "    raise RuntimeError('Offset increment outside graph capture encountered unexpectedly.')\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        torch.rand = _broken\n"
+        "        torch.randn = _broken\n"
+        "        return torch.relu(x)\n"
+    )
+    honest = tmp_path / "honest.py"
+    honest.write_text(
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x)\n"
+    )
+    broken = evaluate_paths(RELU, breaker, protocol="standard", device="cpu")
+    assert broken.outcome == "runtime_error", broken.error
+    assert broken.error.get("blame") != "problem"
+    assert "failed in the candidate's process" in broken.error["summary"], broken.error
+    assert "Offset increment outside graph capture" in broken.error["summary"]
+    assert evaluate_paths(RELU, honest, protocol="standard", device="cpu").outcome == "passed"

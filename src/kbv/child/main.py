@@ -240,19 +240,37 @@ def _set_precision_flags(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+class InputsFailedAfterCandidate(RuntimeError):
+    """The problem's inputs could not be drawn in a candidate's process once its code had run there."""
+
+
 def _make_inputs(
     state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None
 ) -> list[Any]:
-    return kbv_inputs.make_draw(
-        state.problem,
-        distribution,
-        seed,
-        state.device,
-        precision="fp64" if precision == "fp64" else "fp32",
-        domain=state.domain,
-        structure=state.structure,
-        mix_seed=mix_seed,
-    )
+    try:
+        return kbv_inputs.make_draw(
+            state.problem,
+            distribution,
+            seed,
+            state.device,
+            precision="fp64" if precision == "fp64" else "fp32",
+            domain=state.domain,
+            structure=state.structure,
+            mix_seed=mix_seed,
+        )
+    except Exception as exc:
+        if state.role != "candidate":
+            raise
+        # Without this the traceback names only kbv's input code and the problem file, and a broken
+        # candidate reads as a harness failure (two third-party kernels on the H200 whose failed CUDA
+        # graph capture, swallowed, left the process's random generator unusable).
+        raise InputsFailedAfterCandidate(
+            f"drawing the hidden inputs (the problem's get_inputs) failed in the candidate's process, "
+            f"after the candidate's code had run there: {exc}. The problem is not at fault: a "
+            "get_inputs that fails by itself fails in the trusted reference worker too, which makes "
+            "the pair a problem_error. Look for process-wide state the candidate changed (a CUDA graph "
+            "capture that failed and was swallowed, a patched torch function, a changed default device)."
+        ) from exc
 
 
 def _as_outputs(result: Any) -> list[Any]:
