@@ -170,7 +170,8 @@ def main() -> int:
     done = {e["class"] for e in results["classes"]}
     chosen = [c for c in CLASSES if c[0] not in done and (not args.classes or c[0] in args.classes)]
     pairs = [_pair(candidate_set, stem) for _, candidate_set, stem in chosen]
-    _prebuild(pairs)
+    if pairs:  # a resumed run may have nothing left to build
+        _prebuild(pairs)
     for (klass, candidate_set, stem), (problem, candidate) in zip(chosen, pairs, strict=True):
         runs = []
         for _ in range(args.runs):

@@ -626,7 +626,7 @@ def test_evaluating_on_a_gpu_this_machine_lacks_is_the_callers_error_not_the_pro
 def test_inputs_that_fail_in_the_candidates_process_say_so_and_blame_the_candidate(tmp_path: Path) -> None:
     """A candidate that breaks its process's random generator (on the H200, a swallowed failed CUDA
     graph capture) made the next draw fail inside kbv's input code: the record must say whose doing
-    that was, and the same problem with the reference as the candidate must pass."""
+    that was, and an honest candidate on the same problem must pass."""
     breaker = tmp_path / "breaks_rng.py"
     breaker.write_text(
         "import torch\nimport torch.nn as nn\n\n\n"

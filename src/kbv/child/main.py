@@ -259,8 +259,8 @@ def _make_inputs(
             mix_seed=mix_seed,
         )
     except Exception as exc:
-        if state.role != "candidate":
-            raise
+        if state.role != "candidate" or _classify(exc, "run") == "cuda_error":
+            raise  # a CUDA error keeps its kind: it ends this worker (main's loop)
         # Without this the traceback names only kbv's input code and the problem file, and a broken
         # candidate reads as a harness failure (two third-party kernels on the H200 whose failed CUDA
         # graph capture, swallowed, left the process's random generator unusable).
