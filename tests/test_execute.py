@@ -253,6 +253,19 @@ def test_prebuild_builds_each_source_once_and_answers_in_order(
     assert [c.read_text() for c in counters] == ["x", "x"]
 
 
+def test_prebuild_runs_one_wave_of_builds_within_half_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default width: every build at once when there are few, never more than half the cores
+    nor ``MAX_PARALLEL_BUILDS``, and at least one build on a one-core machine."""
+    from kbv.worker import builds
+
+    monkeypatch.setattr(builds.os, "cpu_count", lambda: 16)
+    assert [builds.default_build_workers(n) for n in (0, 1, 7, 8, 30)] == [1, 1, 7, 8, 8]
+    monkeypatch.setattr(builds.os, "cpu_count", lambda: 2)
+    assert builds.default_build_workers(7) == 1
+    monkeypatch.setattr(builds.os, "cpu_count", lambda: None)
+    assert builds.default_build_workers(7) == 1
+
+
 def test_compare_and_demo_build_extensions_before_the_first_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -210,22 +210,37 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prebuild(candidates: list[Candidate], *, device: str = "cpu", workers: int = 4) -> list[CompileResult]:
+def prebuild(
+    candidates: list[Candidate], *, device: str = "cpu", workers: int | None = None
+) -> list[CompileResult]:
     """Build every candidate's import-time extensions side by side, before any evaluation starts,
     with the arch list the evaluation worker will use on ``device``; one result per candidate, in
     order (sources without an extension are ``skipped``).
 
     A batch that leaves each build to its first evaluation builds them one after another inside the
     timed run (about a minute apiece on the H200 machine); this is the up-front alternative for
-    scripts that evaluate a fixed list.
+    scripts that evaluate a fixed list. ``workers`` defaults to :func:`default_build_workers`.
     """
     arch = arch_list_for(telemetry.compute_capability(device)) if device.startswith("cuda") else None
-    stage = CompileStage(workers, arch_list=arch)
+    stage = CompileStage(workers or default_build_workers(len(candidates)), arch_list=arch)
     try:
         futures = [stage.submit(candidate) for candidate in candidates]
         return [future.result() for future in futures]
     finally:
         stage.close()
+
+
+#: A ``load_inline`` build compiles two translation units (the C++ binding and the CUDA source), so
+#: it keeps up to two cores busy: half the cores at once, and no more than eight, keeps a shared
+#: machine usable while a batch builds.
+MAX_PARALLEL_BUILDS = 8
+
+
+def default_build_workers(builds: int) -> int:
+    """As many builds at once as there are builds, up to half the cores and ``MAX_PARALLEL_BUILDS``:
+    the demo's seven CUDA sources took 139 s four at a time on a cold H200 machine (two waves of
+    about 70 s), where one wave suffices."""
+    return max(1, min(builds, (os.cpu_count() or 2) // 2, MAX_PARALLEL_BUILDS))
 
 
 class CompileStage:
