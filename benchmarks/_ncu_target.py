@@ -9,7 +9,12 @@ N calls timed by CUDA events two ways, each after an L2 flush:
   call's host path (Python, the binding, allocation, launch) runs inside the timed region;
 - ``covered_ms``: a spin kernel (``torch.cuda._sleep``) queued before the start event, long enough
   for the host to queue the call behind it, so the events hold only the call's device work.
-Their difference is the host launch path that kbv's event samples include (fidelity.py).
+Their difference is the host launch path that kbv's event samples include (fidelity.py). Two more
+medians time the same call through kbv's own recipe (``kbv.child.timing.measure`` with its L2 flush,
+each call's output kept as the worker keeps it), with one input set and with three: in the twelfth
+session an evaluation's samples ran 23-29 us above ``synced_ms`` for two kernels, and these say
+whether the recipe itself or the rotation of input sets adds it (``recipe_1set_ms``,
+``recipe_3sets_ms``).
 """
 
 from __future__ import annotations
@@ -75,7 +80,41 @@ def launch_check(problem_path: str, candidate_path: str, calls: int) -> dict[str
                 timed[way].append(start.elapsed_time(end))
     result = {way: statistics.median(samples) for way, samples in timed.items()}
     result["launch_path_ms"] = result["synced_ms"] - result["covered_ms"]
+    problem = load_module(problem_path)
+    for name, sets in (("recipe_1set_ms", 1), ("recipe_3sets_ms", 3)):
+        result[name] = through_recipe(model, problem, sets, calls)
     return result
+
+
+def through_recipe(model, problem, n_sets: int, calls: int, device: str = "cuda") -> float:
+    """The median of ``calls`` samples of kbv's recipe over ``n_sets`` input sets, drawn as the
+    problem draws them, each call's output kept until its set comes round again (as the worker's
+    ``_time`` does)."""
+    from kbv.child import timing as kbv_timing
+    from kbv.protocol import TimingSettings
+
+    input_sets = []
+    for seed in range(n_sets):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            input_sets.append(problem.get_inputs())
+    last: list = [None] * n_sets
+
+    def call(k: int) -> None:
+        last[k] = model(*input_sets[k])
+
+    settings = TimingSettings(
+        repeats=calls, warmup_calls=10, max_seconds=60.0, l2_flush=True, input_sets=n_sets
+    )
+    with torch.no_grad():
+        measurement = kbv_timing.measure(
+            call,
+            settings=settings,
+            n_input_sets=n_sets,
+            timer=kbv_timing.make_timer(device),
+            flush=kbv_timing.make_l2_flush(device),
+        )
+    return statistics.median(measurement.device_ms)
 
 
 if __name__ == "__main__":

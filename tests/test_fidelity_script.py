@@ -47,3 +47,26 @@ def test_a_run_without_timing_keeps_its_outcome_and_no_figures() -> None:
     detail = load_script("fidelity")._run_detail(record)
     assert detail["outcome"] == "incorrect"
     assert detail["candidate_median_ms"] is None and detail["candidate_round_medians_ms"] == []
+
+
+def test_the_launch_check_times_a_call_through_kbvs_recipe_over_rotating_input_sets() -> None:
+    """``_ncu_target.py``'s bisecting timing: each set drawn by the problem, every call on the set
+    its index names, the median of the recipe's samples returned (CPU: the wall clock)."""
+    import types
+
+    import torch
+
+    target = load_script("_ncu_target")
+    problem = types.SimpleNamespace(get_inputs=lambda: [torch.randn(8, 8)])
+    seen: list[int] = []
+
+    class Recording(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(int(x.flatten()[0].item() * 1e6))
+            return torch.relu(x)
+
+    median = target.through_recipe(Recording(), problem, 3, calls=12, device="cpu")
+    assert median > 0
+    timed = seen[-12:]
+    assert len(set(timed)) == 3  # three distinct draws, rotated
+    assert timed[:3] == timed[3:6] == timed[9:12]

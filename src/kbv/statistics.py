@@ -29,10 +29,10 @@ from kbv.samples import recipe_name as recipe_name
 #: "noisy": the coefficient of variation (stdev / mean) of the samples exceeds this.
 NOISY_CV = 0.10
 #: "overhead_dominated": the median is below this (ms). Each sample holds the call's host path
-#: (docs/timing.md, "Why the launch path stays inside the timed region"): 26 and 34 us on the H200
-#: for two bundled CUDA kernels against Nsight Compute (2026-12-02). Below 60 us that path is about
-#: half the sample or more, so the figure says more about the launch path than the kernel. It was
-#: 20 us, a guess from the launch alone, before the path was measured.
+#: (docs/timing.md, "Why the launch path stays inside the timed region"): 9-38 us on the H200 for
+#: bundled CUDA kernels, 121 us for a Triton one (2026-12-02). Below 60 us a CUDA kernel's path is
+#: about half the sample or more, so the figure says more about the launch path than the kernel. It
+#: was 20 us, a guess from the launch alone, before the path was measured.
 OVERHEAD_DOMINATED_MS = 0.06
 #: "few_samples": fewer samples than this (the time budget cut the run short).
 MIN_SAMPLES = 10
