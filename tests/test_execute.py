@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FOUNDATION, SUITE
+from conftest import FOUNDATION, RELU, SUITE
 
 from kbv.batch import run_batch
 from kbv.candidates import load_candidate
@@ -501,3 +501,18 @@ def test_spares_that_no_coming_evaluation_wants_are_closed() -> None:
         spares.launch_expected()
         assert orphan.pid is not None and not orphan.alive()
         assert [k[0] for k, w in spares._launched.items() if w] == ["test-kept"]
+
+
+def test_the_gpu_tests_batch_gives_each_pair_its_own_record() -> None:
+    """The GPU tests' shared batch (tests/conftest.py), run on the CPU: records come back keyed by
+    the pairs as the tests name them (a path with ``..`` in it included), in a different order from
+    the batch's, each with its own verdict."""
+    import conftest
+
+    relative = FOUNDATION / ".." / "foundation" / "identity.py"
+    pairs = [(RELU, FOUNDATION / "relu_plain.py"), (RELU, relative)]
+    results = conftest._evaluate_on_gpu(pairs, device="cpu")
+    assert set(results) == set(pairs)
+    assert results[pairs[0]].outcome == "passed"
+    assert results[pairs[1]].outcome == "hack_detected"  # it returns its input
+    assert results[pairs[0]].candidate["path"].endswith("relu_plain.py")

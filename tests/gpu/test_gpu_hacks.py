@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import verified_on_gpu
+from conftest import gpu_batch, verified_on_gpu
 from test_hack_fixtures import fixture_spec
-
-from kbv.api import evaluate_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "candidates"
@@ -23,10 +21,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GPU_HACKS = [p for p in HACKS if p.stem.startswith("gpu_")]
 
 
-@pytest.mark.parametrize("path", GPU_HACKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [gpu_batch(ROOT / fixture_spec(p)["problem"], p) for p in GPU_HACKS])
 def test_gpu_hack_is_caught(path: Path) -> None:
     spec = fixture_spec(path)
-    record = evaluate_paths(ROOT / spec["problem"], path, protocol="verified", device="cuda", timeout_s=600)
+    record = verified_on_gpu(ROOT / spec["problem"], path)
     fails = {f.check for f in record.findings if f.severity == "fail"}
     summary = (
         f"outcome={record.outcome} "
@@ -41,8 +39,11 @@ def test_gpu_hack_is_caught(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [p for p in HONEST if fixture_spec(p).get("gpu_ok", True) and "cpp" not in p.stem],
-    ids=lambda p: p.stem,
+    [
+        gpu_batch(ROOT / fixture_spec(p)["problem"], p)
+        for p in HONEST
+        if fixture_spec(p).get("gpu_ok", True) and "cpp" not in p.stem
+    ],
 )
 def test_honest_passes_on_gpu(path: Path) -> None:
     spec = fixture_spec(path)
@@ -55,12 +56,15 @@ SUITE = ROOT / "src" / "kbv" / "suite"
 SUITE_GPU = sorted((SUITE / "candidates" / "hacks_gpu").glob("*.py"))
 
 
-@pytest.mark.parametrize("path", SUITE_GPU, ids=lambda p: p.stem)
+def _suite_problem(candidate: Path) -> Path:
+    return next((SUITE / "problems").rglob(f"{candidate.stem}.py"))
+
+
+@pytest.mark.parametrize("path", [gpu_batch(_suite_problem(p), p) for p in SUITE_GPU])
 def test_bundled_gpu_candidate_meets_its_declared_expectation(path: Path) -> None:
     """The demo's GPU-only candidates: each declares what kbv must make of it (KBV_FIXTURE)."""
     spec = fixture_spec(path)
-    problem = next((SUITE / "problems").rglob(f"{path.stem}.py"))
-    record = evaluate_paths(problem, path, protocol="verified", device="cuda", timeout_s=600)
+    record = verified_on_gpu(_suite_problem(path), path)
     fails = {f.check for f in record.findings if f.severity == "fail"}
     summary = (
         f"outcome={record.outcome} "
