@@ -1,7 +1,7 @@
 """Timing fidelity on the GPU: run-to-run spread of speedups, and events versus Nsight Compute.
 
     python benchmarks/fidelity.py --out benchmarks/results/fidelity [--runs 5] [--ncu] [--launch-check]
-        [--classes elementwise ...] [--resume]
+        [--classes elementwise ...] [--resume] [--launch-only]
 
 For one honest candidate per bundled problem class, five independent evaluations (baseline cache
 off, so every run measures its baselines anew) give the spread max/min - 1 of ``speedup.best``;
@@ -12,6 +12,7 @@ kbv's recipe does) and behind a spin kernel that hides the host path, which says
 event time is the launch path. Every record goes to ``OUT/records.jsonl`` as it finishes, and each
 run's per-round medians, interval and SM clock to ``fidelity.json``, so that a spread can be traced
 to its cause afterwards; ``--resume`` keeps the classes ``fidelity.json`` already holds.
+``--launch-only`` runs the launch check alone (``launch.json``).
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def main() -> int:
     )
     parser.add_argument("--classes", nargs="+", choices=[c for c, _, _ in CLASSES], help="only these classes")
     parser.add_argument("--resume", action="store_true", help="keep the classes in OUT/fidelity.json")
+    parser.add_argument(
+        "--launch-only",
+        action="store_true",
+        help="only the launch check of each class, into OUT/launch.json (no evaluations, no ncu)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +178,8 @@ def main() -> int:
     pairs = [_pair(candidate_set, stem) for _, candidate_set, stem in chosen]
     if pairs:  # a resumed run may have nothing left to build
         _prebuild(pairs)
+    if args.launch_only:
+        return _launch_only(chosen, pairs, out / "launch.json")
     for (klass, candidate_set, stem), (problem, candidate) in zip(chosen, pairs, strict=True):
         runs = []
         for _ in range(args.runs):
@@ -218,6 +226,18 @@ def main() -> int:
         )
     (out / "fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    return 0
+
+
+def _launch_only(chosen: list, pairs: list, path: Path) -> int:
+    """Each class's launch check alone, written after each class: a few seconds a class, for
+    bisecting where an evaluation's samples exceed the synced call (the per-run evaluations take
+    a minute or more a class)."""
+    checks = {}
+    for (klass, _, _), (problem, candidate) in zip(chosen, pairs, strict=True):
+        checks[klass] = _launch_check(problem.path, candidate.path)
+        print(json.dumps({klass: checks[klass]}), flush=True)
+        path.write_text(json.dumps(checks, indent=2))
     return 0
 
 

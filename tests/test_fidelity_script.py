@@ -70,3 +70,24 @@ def test_the_launch_check_times_a_call_through_kbvs_recipe_over_rotating_input_s
     timed = seen[-12:]
     assert len(set(timed)) == 3  # three distinct draws, rotated
     assert timed[:3] == timed[3:6] == timed[9:12]
+
+
+def test_launch_only_writes_each_class_as_it_is_measured(tmp_path, monkeypatch) -> None:
+    """``--launch-only``: one launch check per chosen class, the file rewritten after each, so a
+    cut run keeps the classes it measured."""
+    import json
+    import types
+
+    script = load_script("fidelity")
+    seen = []
+
+    def fake_check(problem_path, candidate_path):
+        seen.append(json.loads((tmp_path / "launch.json").read_text()) if seen else {})
+        return {"synced_ms": 0.3, "candidate": str(candidate_path)}
+
+    monkeypatch.setattr(script, "_launch_check", fake_check)
+    chosen = [("elementwise", "honest_cuda", "1_ReLU"), ("matmul", "honest_cuda", "25_Matmul_Square")]
+    pairs = [(types.SimpleNamespace(path=f"p{i}"), types.SimpleNamespace(path=f"c{i}")) for i in range(2)]
+    assert script._launch_only(chosen, pairs, tmp_path / "launch.json") == 0
+    assert list(seen[1]) == ["elementwise"]  # written before the second class ran
+    assert json.loads((tmp_path / "launch.json").read_text())["matmul"]["candidate"] == "c1"
