@@ -360,3 +360,38 @@ def test_a_probe_that_runs_out_of_memory_is_the_candidates_runtime_error_not_a_h
     ctx = _ctx(reference=object(), subject=other)
     with pytest.raises(dynamic._ProbeFailed):
         ctx.request(other, "probe_cache")
+
+
+def test_side_stream_kernels_names_the_kernels_off_the_callers_stream() -> None:
+    """Reject: a kernel the profiler saw on another stream than the marker's. Accept: every kernel
+    on the marker's stream, and no verdict at all when the marker's stream is unknown."""
+    side = {
+        "current_stream": 7,
+        "kernel_streams": [["ampere_sgemm_128x64_nn", 7], ["slow_relu(float const*, float*, long)", 13]],
+    }
+    (finding,) = dynamic.side_stream_kernel_findings(side)
+    assert finding.check == "side_stream_kernels"
+    assert "stream 13" in finding.detail and "slow_relu" in finding.detail and "(7)" in finding.detail
+    assert dynamic.side_stream_kernel_findings({"current_stream": 7, "kernel_streams": [["k", 7]]}) == []
+    assert dynamic.side_stream_kernel_findings({"current_stream": None, "kernel_streams": [["k", 13]]}) == []
+    assert {c.name: c.default_severity for c in list_checks("dynamic")}["side_stream_kernels"] == "warn"
+
+
+def test_the_stream_marker_is_the_earliest_spin_kernel_and_leaves_the_kernel_list() -> None:
+    """The probe's marker names the caller's stream; a spin kernel the candidate launches later is
+    the candidate's and stays in the list."""
+    import types
+
+    from kbv.child import probes as _probes
+
+    def event(name: str, start: int, stream: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            name=name, time_range=types.SimpleNamespace(start=start), device_resource_id=stream
+        )
+
+    ours = event("void at::cuda::spin_kernel(long)", 1, 7)
+    theirs = event("void at::cuda::spin_kernel(long)", 5, 13)
+    relu = event("relu_kernel", 3, 7)
+    current, rest = _probes._stream_mark([relu, theirs, ours])
+    assert current == 7 and rest == [relu, theirs]
+    assert _probes._stream_mark([relu]) == (None, [relu])

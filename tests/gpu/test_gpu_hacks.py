@@ -35,6 +35,8 @@ def test_gpu_hack_is_caught(path: Path) -> None:
     assert record.outcome in spec["expect_outcome"], summary
     if record.outcome == "hack_detected" and spec.get("expect_checks"):
         assert fails & set(spec["expect_checks"]), summary
+    # a finding at whatever severity (side_stream_kernels: a warning until measured on the GPU)
+    assert set(spec.get("expect_findings", [])) <= {f.check for f in record.findings}, summary
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,9 @@ def test_honest_passes_on_gpu(path: Path) -> None:
     record = verified_on_gpu(ROOT / spec["problem"], path)
     fails = [(f.check, f.detail) for f in record.findings if f.severity == "fail"]
     assert record.outcome == "passed" and not fails, f"outcome={record.outcome} fails={fails}"
+    # no honest fixture queues work on a stream of its own: the profiler must not say so
+    streams = [f.detail for f in record.findings if f.check == "side_stream_kernels"]
+    assert not streams, streams
 
 
 SUITE = ROOT / "src" / "kbv" / "suite"

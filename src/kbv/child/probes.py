@@ -34,6 +34,7 @@ _make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
+_spin_kernel = getattr(torch.cuda, "_sleep", None)
 #: Elements per chunk of the on-device input digest (bounds its temporary memory).
 _DIGEST_CHUNK = 1 << 25
 
@@ -406,9 +407,16 @@ _LIBRARY_MARKERS = (
 )
 
 
+#: Cycles of the marker kernel queued on the caller's stream just before the profiled forward
+#: (about half a microsecond): the profiler's id of that stream is the marker's.
+STREAM_MARK_CYCLES = 1000
+#: The marker's kernel name (``torch.cuda._sleep``'s kernel in ATen).
+STREAM_MARK_KERNEL = "spin_kernel"
+
+
 def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """CUDA only: names of the device kernels one forward launched (torch.profiler), and custom code
-    loaded."""
+    """CUDA only: names of the device kernels one forward launched (torch.profiler), the profiler's
+    stream id of each and of the stream the forward was called on, and custom code loaded."""
     custom = _custom_code()
     if state.device.type != "cuda":
         return {"available": False, "kernels": [], "custom_code": custom}
@@ -417,19 +425,38 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     args = _probe_inputs(state, request["inputs"])
     _forward(state, args)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if _spin_kernel is not None:
+            _spin_kernel(STREAM_MARK_CYCLES)
         _forward(state, args)
+    kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    current_stream, kernels = _stream_mark(kernels)
     names: list[str] = []
-    for event in prof.events():
-        device_type = str(getattr(event, "device_type", ""))
-        if device_type.endswith("CUDA") and event.name not in names:
+    streams: list[list[Any]] = []
+    for event in kernels:
+        if event.name not in names:
             names.append(event.name)
+        entry = [event.name, getattr(event, "device_resource_id", None)]
+        if entry not in streams:
+            streams.append(entry)
     library = [n for n in names if any(m in n for m in _LIBRARY_MARKERS)]
     return {
         "available": True,
         "kernels": names[:200],
         "library_kernels": library[:200],
         "custom_code": custom,
+        "current_stream": current_stream,
+        "kernel_streams": streams[:200],
     }
+
+
+def _stream_mark(kernels: list[Any]) -> tuple[Any, list[Any]]:
+    """The profiler's id of the stream the forward was called on (the earliest marker kernel's;
+    None without one), and the forward's kernels without that marker."""
+    marks = [e for e in kernels if STREAM_MARK_KERNEL in e.name]
+    if not marks:
+        return None, kernels
+    mark = min(marks, key=lambda e: e.time_range.start)
+    return getattr(mark, "device_resource_id", None), [e for e in kernels if e is not mark]
 
 
 #: The modules the worker had loaded when it finished booting (:func:`note_boot_modules`). The

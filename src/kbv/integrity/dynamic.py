@@ -953,6 +953,45 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
 
 
 @register_check(
+    name="side_stream_kernels",
+    kind="dynamic",
+    default_severity="warn",
+    doc="""CUDA only: kernels of one forward that the device profiler saw on a stream other than
+    the one the forward was called on (a marker kernel queued there first names it). The profiler
+    records every stream of the process, so this sees streams however they were obtained (a C++
+    ``cudaStreamCreate`` behind a binding, ctypes, a library handle), where the static
+    ``side_stream`` rule reads only the source. Work on another stream is what a side-stream hack
+    keeps out of the timed region; an honest kernel that joins its streams is flagged as well, as
+    the static rule flags it. A warning until a GPU run of the bundled and third-party kernels has
+    shown which honest ones it flags (docs/integrity-checks.md).""",
+)
+def check_side_stream_kernels(ctx: DynamicContext) -> list[Finding]:
+    if not ctx.on_cuda:
+        return []
+    info = _kernels(ctx)
+    return side_stream_kernel_findings(info) if info.get("available") else []
+
+
+def side_stream_kernel_findings(info: dict[str, Any]) -> list[Finding]:
+    """``side_stream_kernels`` findings from ``probe_kernels``'s reply: none when the marker's
+    stream is unknown (no verdict from a probe that could not tell)."""
+    current = info.get("current_stream")
+    if current is None:
+        return []
+    other = [(name, stream) for name, stream in info.get("kernel_streams") or [] if stream != current]
+    if not other:
+        return []
+    streams = sorted({str(stream) for _, stream in other})
+    return [
+        _finding(
+            "side_stream_kernels",
+            f"{len(other)} kernel(s) ran on stream {', '.join(streams)}, not on the stream the forward "
+            f"was called on ({current}): {', '.join(name[:60] for name, _ in other[:4])}",
+        )
+    ]
+
+
+@register_check(
     name="ghost_kernel",
     kind="dynamic",
     default_severity="fail",
@@ -1106,6 +1145,7 @@ ORDER = (
     "nondeterminism",
     "transient_mismatch",
     "kernels_launched",
+    "side_stream_kernels",
     "ghost_kernel",
     "plausibility",
     "processes_left",
