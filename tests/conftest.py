@@ -109,6 +109,8 @@ def extensions_dir_of(path: Path) -> Path:
 #: The limit of one evaluation of the GPU batch, as `pytest --timeout` limits one test on the GPU
 #: machine (benchmarks/gpu_steps.sh): a hanging candidate ends as `timeout`, not as a stuck batch.
 GPU_BATCH_PAIR_TIMEOUT_S = 150
+#: The limit of an evaluation outside the batch (KernelBench-size problems among them).
+GPU_SINGLE_TIMEOUT_S = 600
 #: The pytest-timeout of a test marked ``gpu_batch``: the first of them runs the whole batch.
 GPU_BATCH_TEST_TIMEOUT_S = 1200
 
@@ -118,13 +120,13 @@ _gpu_batch_pairs: list[tuple[Path, Path]] = []
 _gpu_results: dict[tuple[Path, Path], Any] = {}
 
 
-def gpu_batch(problem: Path, candidate: Path, *, test_id: str | None = None) -> Any:
+def gpu_batch(problem: Path, candidate: Path) -> Any:
     """A parameter for a GPU test that asserts on ``verified_on_gpu(problem, candidate)``: the
     session evaluates every selected such pair in one batch, as a user's batch runs."""
     return pytest.param(
         candidate,
         marks=[pytest.mark.gpu_batch(problem, candidate), pytest.mark.timeout(GPU_BATCH_TEST_TIMEOUT_S)],
-        id=test_id or candidate.stem,
+        id=candidate.stem,
     )
 
 
@@ -147,15 +149,20 @@ def verified_on_gpu(problem: Path, candidate: Path) -> Any:
     key = (Path(problem), Path(candidate))
     if key not in _gpu_results:
         batched = key in _gpu_batch_pairs and not os.environ.get("PYTEST_XDIST_WORKER")
-        pending = [p for p in _gpu_batch_pairs if p not in _gpu_results] if batched else [key]
-        _gpu_results.update(_evaluate_on_gpu(pending))
+        if batched:
+            pending = [p for p in _gpu_batch_pairs if p not in _gpu_results]
+            _gpu_results.update(_evaluate_on_gpu(pending, timeout_s=GPU_BATCH_PAIR_TIMEOUT_S))
+        else:
+            _gpu_results.update(_evaluate_on_gpu([key], timeout_s=GPU_SINGLE_TIMEOUT_S))
     result = _gpu_results[key]
     if isinstance(result, str):
         pytest.fail(f"the harness failed on {key[1].name} against {key[0].name}: {result}")
     return result
 
 
-def _evaluate_on_gpu(pairs: list[tuple[Path, Path]], device: str = "cuda") -> dict[tuple[Path, Path], Any]:
+def _evaluate_on_gpu(
+    pairs: list[tuple[Path, Path]], *, timeout_s: float, device: str = "cuda"
+) -> dict[tuple[Path, Path], Any]:
     """One batch under `verified`; per pair its record, or the batch's harness errors as text."""
     from rich.console import Console
 
@@ -173,7 +180,7 @@ def _evaluate_on_gpu(pairs: list[tuple[Path, Path]], device: str = "cuda") -> di
         loaded,
         load_protocol("verified"),
         device=device,
-        timeout_s=GPU_BATCH_PAIR_TIMEOUT_S,
+        timeout_s=timeout_s,
         console=Console(quiet=True),
     )
     by_paths = {_resolved((Path(r.problem["path"]), Path(r.candidate["path"]))): r for r in result.records}

@@ -511,7 +511,7 @@ def test_the_gpu_tests_batch_gives_each_pair_its_own_record() -> None:
 
     relative = FOUNDATION / ".." / "foundation" / "identity.py"
     pairs = [(RELU, FOUNDATION / "relu_plain.py"), (RELU, relative)]
-    results = conftest._evaluate_on_gpu(pairs, device="cpu")
+    results = conftest._evaluate_on_gpu(pairs, timeout_s=240, device="cpu")
     assert set(results) == set(pairs)
     assert results[pairs[0]].outcome == "passed"
     assert results[pairs[1]].outcome == "hack_detected"  # it returns its input
