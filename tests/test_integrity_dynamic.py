@@ -395,3 +395,5 @@ def test_the_stream_marker_is_the_earliest_spin_kernel_and_leaves_the_kernel_lis
     current, rest = _probes._stream_mark([relu, theirs, ours])
     assert current == 7 and rest == [relu, theirs]
     assert _probes._stream_mark([relu]) == (None, [relu])
+    timeless = types.SimpleNamespace(name="void at::cuda::spin_kernel(long)", device_resource_id=7)
+    assert _probes._stream_mark([relu, timeless]) == (None, [relu, timeless])  # no verdict, no error

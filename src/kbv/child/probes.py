@@ -425,11 +425,10 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     args = _probe_inputs(state, request["inputs"])
     _forward(state, args)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        if _spin_kernel is not None:
-            _spin_kernel(STREAM_MARK_CYCLES)
+        marked = _mark_stream()
         _forward(state, args)
     kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    current_stream, kernels = _stream_mark(kernels)
+    current_stream, kernels = _stream_mark(kernels) if marked else (None, kernels)
     names: list[str] = []
     streams: list[list[Any]] = []
     for event in kernels:
@@ -449,13 +448,29 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _mark_stream() -> bool:
+    """Queue the marker kernel on the current stream; False when this torch cannot (the stream
+    check then gives no verdict, and the probe's other observations stand)."""
+    if _spin_kernel is None:
+        return False
+    try:
+        _spin_kernel(STREAM_MARK_CYCLES)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _stream_mark(kernels: list[Any]) -> tuple[Any, list[Any]]:
     """The profiler's id of the stream the forward was called on (the earliest marker kernel's;
-    None without one), and the forward's kernels without that marker."""
-    marks = [e for e in kernels if STREAM_MARK_KERNEL in e.name]
-    if not marks:
+    None without one, or when the events carry no start time), and the forward's kernels without
+    that marker."""
+    marks = [e for e in kernels if STREAM_MARK_KERNEL in str(getattr(e, "name", ""))]
+    try:
+        mark = min(marks, key=lambda e: e.time_range.start) if marks else None
+    except (AttributeError, TypeError):  # a profiler without start times: no verdict
+        mark = None
+    if mark is None:
         return None, kernels
-    mark = min(marks, key=lambda e: e.time_range.start)
     return getattr(mark, "device_resource_id", None), [e for e in kernels if e is not mark]
 
 
