@@ -43,11 +43,11 @@ def _load(problem_path: str, candidate_path: str):
     model = candidate.ModelNew(*problem.get_init_inputs()).cuda().eval()
     with torch.device("cuda"):
         inputs = problem.get_inputs()
-    return model, inputs
+    return problem, model, inputs
 
 
 def profile_one_call(problem_path: str, candidate_path: str) -> None:
-    model, inputs = _load(problem_path, candidate_path)
+    _, model, inputs = _load(problem_path, candidate_path)
     with torch.no_grad():
         for _ in range(3):
             model(*inputs)
@@ -59,7 +59,7 @@ def profile_one_call(problem_path: str, candidate_path: str) -> None:
 
 
 def launch_check(problem_path: str, candidate_path: str, calls: int) -> dict[str, float]:
-    model, inputs = _load(problem_path, candidate_path)
+    problem, model, inputs = _load(problem_path, candidate_path)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
     scratch = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
     timed = {"synced_ms": [], "covered_ms": []}
@@ -80,7 +80,6 @@ def launch_check(problem_path: str, candidate_path: str, calls: int) -> dict[str
                 timed[way].append(start.elapsed_time(end))
     result = {way: statistics.median(samples) for way, samples in timed.items()}
     result["launch_path_ms"] = result["synced_ms"] - result["covered_ms"]
-    problem = load_module(problem_path)
     for name, sets in (("recipe_1set_ms", 1), ("recipe_3sets_ms", 3)):
         result[name] = through_recipe(model, problem, sets, calls)
     return result

@@ -173,7 +173,7 @@ def main() -> int:
     }
     if args.resume and (out / "fidelity.json").is_file():
         results["classes"] = json.loads((out / "fidelity.json").read_text())["classes"]
-    done = {e["class"] for e in results["classes"]}
+    done = set() if args.launch_only else {e["class"] for e in results["classes"]}
     chosen = [c for c in CLASSES if c[0] not in done and (not args.classes or c[0] in args.classes)]
     pairs = [_pair(candidate_set, stem) for _, candidate_set, stem in chosen]
     if pairs:  # a resumed run may have nothing left to build
