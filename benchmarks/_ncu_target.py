@@ -85,18 +85,22 @@ def launch_check(problem_path: str, candidate_path: str, calls: int) -> dict[str
     return result
 
 
-def through_recipe(model, problem, n_sets: int, calls: int, device: str = "cuda") -> float:
+def through_recipe(
+    model, problem, n_sets: int, calls: int, device: str = "cuda", input_sets: list | None = None
+) -> float:
     """The median of ``calls`` samples of kbv's recipe over ``n_sets`` input sets, drawn as the
-    problem draws them, each call's output kept until its set comes round again (as the worker's
-    ``_time`` does)."""
+    problem draws them (or ``input_sets`` as given), each call's output kept until its set comes
+    round again (as the worker's ``_time`` does)."""
     from kbv.child import timing as kbv_timing
     from kbv.protocol import TimingSettings
 
-    input_sets = []
-    for seed in range(n_sets):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            input_sets.append(problem.get_inputs())
+    if input_sets is None:
+        input_sets = []
+        for seed in range(n_sets):
+            torch.manual_seed(seed)
+            with torch.device(device):
+                input_sets.append(problem.get_inputs())
+    n_sets = len(input_sets)
     last: list = [None] * n_sets
 
     def call(k: int) -> None:

@@ -16,7 +16,7 @@
 #   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
 # Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 ref-plain ref-tf32 stability
-#        stability_suite compare fidelity launch demo audit audit_report ipc
+#        stability_suite compare fidelity launch gap demo audit audit_report ipc
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -143,6 +143,10 @@ step_fidelity() {  # resumes from .kb/fidelity.json (copy it back from the archi
     python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu --launch-check --resume
 }
 
+step_gap() {  # issue 16: the ReLU and LayerNorm call in a plain process, polled, and in evaluations
+    python benchmarks/worker_gap.py --out "$OUT/gap" ${GAP_ARGS:-}
+}
+
 step_launch() {  # issue 16: only the launch check of each fidelity class (synced, covered, through kbv's recipe)
     mkdir -p "$OUT/fidelity"
     python benchmarks/fidelity.py --out "$OUT/fidelity" --launch-only
@@ -166,7 +170,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|handover|memtrace|structure|fused|relu|stability|stability_suite|ipc|compare|fidelity|launch|demo|audit|audit_report)
+        tests|containment|handover|memtrace|structure|fused|relu|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
             export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
