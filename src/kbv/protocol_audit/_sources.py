@@ -280,24 +280,27 @@ def _kbv_map(value, fn):
 
 
 def _kbv_sample(t, how):
-    """The tensor rebuilt from a sampled subset of its own elements (the rest never read)."""
+    """The tensor rebuilt from a sampled subset of its own elements (the rest never read). Built from
+    slices: an int64 index of every element took more device memory than a candidate may hold on a
+    2.1e9-element input, and a mutant must be rejected for what it computes, not for its sampling."""
     if not (isinstance(t, _kbv_torch.Tensor) and t.is_floating_point() and t.numel() > 1):
         return t
     n = t.numel()
-    j = _kbv_torch.arange(n, device=t.device)
-    if how == "stride":
-        index = j - j % 2
-    elif how == "first_rows" and t.dim() >= 2 and t.shape[0] >= 4:
-        row = n // t.shape[0]
-        index = (j // row) % (t.shape[0] // 4) * row + j % row
-    elif how == "first_rows":
-        index = j % max(1, n // 4)
-    else:  # head_tail: the first and last eighth, repeated over the middle
-        k = max(1, n // 8)
-        m = (j - k) % (2 * k)
-        middle = _kbv_torch.where(m < k, m, n - 2 * k + m)
-        index = _kbv_torch.where((j < k) | (j >= n - k), j, middle)
-    return t.reshape(-1)[index].reshape(t.shape)
+    flat = t.reshape(-1)
+    if how == "stride":  # element j is element j - j % 2
+        kept = flat[0::2]
+        return kept.unsqueeze(1).expand(-1, 2).reshape(-1)[:n].reshape(t.shape)
+    if how == "first_rows" and t.dim() >= 2 and t.shape[0] >= 4:  # row i is row i % (rows // 4)
+        rows = _kbv_torch.arange(t.shape[0], device=t.device) % (t.shape[0] // 4)
+        return t.index_select(0, rows).reshape(t.shape)
+    if how == "first_rows":  # element j is element j % (n // 4)
+        m = max(1, n // 4)
+        return flat[:m].repeat(-(-n // m))[:n].reshape(t.shape)
+    # head_tail: the first and last eighth kept, the two repeated in turn over the middle
+    k = max(1, n // 8)
+    head, tail = flat[:k], flat[n - k :]
+    middle = _kbv_torch.cat([head, tail]).repeat(max(1, -(-(n - 2 * k) // (2 * k))))[: n - 2 * k]
+    return _kbv_torch.cat([head, middle, tail]).reshape(t.shape)
 
 
 _KBV_STATE = {{}}  # kept for the worker's life: across calls and rebuilds
