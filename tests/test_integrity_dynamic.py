@@ -142,6 +142,41 @@ def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -
     assert 0.4 < ctx.corrections["speedup"]["best"] < 1.0
 
 
+def test_the_disagreement_says_what_the_scheduler_counted_during_the_batches() -> None:
+    """The parent's ``/proc`` counts per batch (``worker_scheduler_ms``) come with the finding, so a
+    gap on a loaded machine shows as time the worker waited for a CPU; rounds without them say so."""
+    counted = {"main_cpu": 40.0, "main_wait": 300.0, "cpu": 45.0}
+    base = [
+        {**_round(0.085, 1.0), "worker_scheduler_ms": {"main_cpu": 80.0, "main_wait": 2.0, "cpu": 81.0}}
+    ] * 3
+    cand = [{**_round(0.400, 0.01, warmup_calls=5000), "worker_scheduler_ms": counted}] * 3
+    findings = dynamic.check_timing_disagreement(
+        _ctx(timing=_timing(cand, base), speedup={"eager_fp32": 100.0, "best": 100.0})
+    )
+    assert "candidate batches waited 300-300 ms for a CPU, ran 45-45 ms" in findings[0].detail
+    assert "trusted batches waited 2-2 ms for a CPU, ran 81-81 ms" in findings[0].detail
+    bare = dynamic.check_timing_disagreement(
+        _ctx(
+            timing=_timing([_round(0.400, 0.01, warmup_calls=5000)] * 3, [_round(0.085, 1.0)] * 3),
+            speedup={"eager_fp32": 100.0, "best": 100.0},
+        )
+    )
+    assert "candidate batches not counted" in bare[0].detail
+
+
+def test_the_scheduler_counts_of_a_process_grow_as_it_runs() -> None:
+    import os
+
+    from kbv.worker import _contain
+
+    before = _contain.scheduler_ns(os.getpid())
+    sum(i * i for i in range(300_000))
+    after = _contain.scheduler_ns(os.getpid())
+    assert before is not None and after is not None
+    assert after["main_cpu"] > before["main_cpu"] and after["cpu"] >= before["cpu"]
+    assert _contain.scheduler_ns(2**22 + 12345) is None  # no such process: no figures, no error
+
+
 def test_one_outsized_sample_per_round_hides_no_time_and_one_hiccup_round_fires_nothing() -> None:
     """A worker that reports 0.25 ms calls and dumps the rest of each 1 ms-per-call batch into one
     sample is corrected in every round; an honest candidate with a 19 ms hiccup in one round is not."""

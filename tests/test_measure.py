@@ -123,6 +123,9 @@ class _FakeWorker:
         self.tmp_path, self.device_ms, self.outputs = tmp_path, device_ms, outputs
         self.requests: list[tuple[str, dict]] = []
 
+    def scheduler_ns(self) -> None:  # no process to read: the batch records no counts
+        return None
+
     def request(self, op: str, **fields):
         self.requests.append((op, fields))
         reply: dict = {

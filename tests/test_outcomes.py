@@ -22,6 +22,12 @@ def test_honest_plain_candidate_passes_with_a_speedup() -> None:
     assert record.distributions[0].passed
     assert record.speedup["eager_fp32"] > 0 and record.speedup["best"] == record.speedup["eager_fp32"]
     assert len(record.timing["candidate"]["rounds"][0]["device_ms"]) > 0
+    # the parent's /proc counts during each batch (a diagnostic for bracket gaps)
+    assert set(record.timing["candidate"]["rounds"][0]["worker_scheduler_ms"]) == {
+        "main_cpu",
+        "main_wait",
+        "cpu",
+    }
     assert record.protocol["sha256"] and record.seeds["master"] == 42
     assert record.versions["torch"] and record.device["type"] == "cpu"
 

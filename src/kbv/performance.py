@@ -378,14 +378,14 @@ def _check_cached(
         fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
         # Timed in this evaluation, next to the candidate's rounds: a trusted gap of this moment.
-        checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS}
+        checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS if k in fresh}
         if not checks[name]["accepted"]:
             cached[name] = None
     return checks
 
 
-#: What :func:`kbv.statistics.batch_gap_ms` needs of a batch.
-_GAP_FIELDS = ("parent_bracket_s", "wall_ms", "device_ms", "warmup_calls")
+#: What :func:`kbv.statistics.batch_gap_ms` needs of a batch, and what the scheduler counted during it.
+_GAP_FIELDS = ("parent_bracket_s", "wall_ms", "device_ms", "warmup_calls", "worker_scheduler_ms")
 
 
 def trusted_batches(baselines: dict[str, Any]) -> list[dict[str, Any]]:
@@ -424,7 +424,7 @@ def _bracket_recheck(
         spec = plan.spec(len(plan.round_seeds) - 1) if plan is not None else None
         batches = [_timed_batch(reference, ctx, "fp32", sketch=spec) for _ in range(RECHECK_BATCHES)]
     return {
-        "rounds": [{k: b[k] for k in _GAP_FIELDS} for b in batches],
+        "rounds": [{k: b[k] for k in _GAP_FIELDS if k in b} for b in batches],
         "precision": "fp32",
         "why": "every candidate round's bracket gap exceeded the trusted batches' before the re-check",
     }
@@ -454,6 +454,7 @@ def _timed_batch(
     ``sketches`` in the result, for the plan to judge and remove."""
     before = telemetry.gpu_state(ctx.device)
     extra: dict[str, Any] = {"sketch": sketch} if sketch is not None else {}
+    scheduled = worker.scheduler_ns()
     started = time.monotonic()
     reply = worker.request(
         "time",
@@ -464,6 +465,7 @@ def _timed_batch(
         **extra,
     )
     bracket_s = time.monotonic() - started
+    scheduled_after = worker.scheduler_ns()
     after = telemetry.gpu_state(ctx.device)
     raw = reply.get("measurement")
     problem = (
@@ -481,12 +483,23 @@ def _timed_batch(
     assert isinstance(raw, dict)
     measurement = dict(raw)
     measurement["parent_bracket_s"] = bracket_s
+    measurement["worker_scheduler_ms"] = _scheduler_ms(scheduled, scheduled_after)
     measurement["gpu_before"], measurement["gpu_after"] = before, after
     throttled = sorted({*((before or {}).get("throttled") or []), *((after or {}).get("throttled") or [])})
     measurement["throttled"] = throttled
     if sketch is not None:
         measurement["sketches"] = reply.get("sketches")
     return measurement
+
+
+def _scheduler_ms(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:
+    """What the kernel counted for the worker during a batch's bracket, in ms: its main thread on a
+    CPU and waiting for one, all its threads' CPU time. Read by the parent from ``/proc``, never the
+    worker's word; a diagnostic for a bracket gap (a loaded machine shows as ``main_wait``), used by
+    no verdict."""
+    if before is None or after is None:
+        return None
+    return {key: round((after[key] - before[key]) / 1e6, 3) for key in before if key in after}
 
 
 def _settings_dict(settings: TimingSettings) -> dict[str, Any]:

@@ -841,10 +841,27 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
             f"{_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms"
             f"{', counting trusted batches re-timed after the rounds' if recheck else ''}); speedup "
             f"corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} "
-            f"(claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)",
+            f"(claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)"
+            f"{_scheduler_note(cand_rounds, trusted + recheck)}",
             severity,
         )
     ]
+
+
+def _scheduler_note(candidate_rounds: list[dict[str, Any]], trusted: list[dict[str, Any]]) -> str:
+    """What the kernel's scheduler counted during the batches (``worker_scheduler_ms``, read by the
+    parent): whether the gap was the worker waiting for a CPU or computing outside its samples."""
+
+    def figures(rounds: list[dict[str, Any]]) -> str:
+        counted = [r.get("worker_scheduler_ms") or {} for r in rounds]
+        waits = [c["main_wait"] for c in counted if "main_wait" in c]
+        cpus = [c["cpu"] for c in counted if "cpu" in c]
+        if not waits or not cpus:
+            return "not counted"
+        waited = f"{_fmt(min(waits))}-{_fmt(max(waits))}"
+        return f"waited {waited} ms for a CPU, ran {_fmt(min(cpus))}-{_fmt(max(cpus))} ms"
+
+    return f"; scheduler: candidate batches {figures(candidate_rounds)}, trusted batches {figures(trusted)}"
 
 
 def _explained_by_load(first: dict[str, Any], second: dict[str, Any]) -> Finding:

@@ -403,6 +403,10 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def scheduler_ns(self) -> dict[str, int] | None:
+        """The kernel's scheduler counts for this worker's process (``_contain.scheduler_ns``)."""
+        return _contain.scheduler_ns(self._proc.pid) if self._proc else None
+
     # -- containment ------------------------------------------------------------------------------
     @property
     def marker(self) -> str:

@@ -69,6 +69,26 @@ def open_files(pid: int) -> int | None:
         return None
 
 
+def scheduler_ns(pid: int) -> dict[str, int] | None:
+    """What the kernel's scheduler counted for a process (nanoseconds), or None where ``/proc`` does not
+    say: ``main_cpu`` and ``main_wait`` (its main thread's time on a CPU and runnable but waiting for
+    one: ``/proc/<pid>/schedstat``) and ``cpu`` (all its threads' user and system time, ``stat``).
+    Read by the parent around a timed batch, so a gap in the batch's bracket can be told apart: the
+    worker waiting for a CPU (a loaded machine) or the worker computing outside its samples."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as handle:
+            on_cpu, waiting = (int(x) for x in handle.read().split()[:2])
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"main_cpu": on_cpu, "main_wait": waiting, "cpu": ticks * 1_000_000_000 // _CLOCK_TICKS}
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 def peak_rss_bytes(pid: int) -> int | None:
     """The kernel's high-water mark of one process's resident memory (``VmHWM``)."""
     try:
