@@ -132,12 +132,31 @@ def _run_detail(record) -> dict:
     }
 
 
-def _launch_check(problem_path: Path, candidate_path: Path, calls: int = 200) -> dict | None:
+def prebuilt_env(candidate) -> dict[str, str]:
+    """This process's environment with the build directories and arch list kbv's worker uses for
+    ``candidate``, so a plain process loads the prebuilt extension instead of building it again
+    (a minute on a fresh machine: the thirteenth session's launch check built ReLU's in its own)."""
+    import os
+
+    from kbv import telemetry
+    from kbv.worker.builds import arch_list_for, build_dir
+
+    builds = build_dir(candidate.source_sha256)
+    env = dict(os.environ)
+    env["TORCH_EXTENSIONS_DIR"] = str(builds / "torch_extensions")
+    env["TRITON_CACHE_DIR"] = str(builds / "triton")
+    arch = arch_list_for(telemetry.compute_capability("cuda"))
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def _launch_check(problem, candidate, calls: int = 200) -> dict | None:
     """The same call timed after a device sync (kbv's way) and behind a spin kernel that hides its
     host path (``_ncu_target.py --launch-check``): how much of the event time is the launch path."""
     target = str(Path(__file__).with_name("_ncu_target.py"))
-    command = [sys.executable, target, str(problem_path), str(candidate_path), "--launch-check", str(calls)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, target, str(problem.path), str(candidate.path), "--launch-check", str(calls)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=prebuilt_env(candidate))
     if done.returncode != 0:
         print(done.stderr[-2000:], flush=True)
         return None
@@ -199,7 +218,7 @@ def main() -> int:
             "runs": runs,
         }
         if args.launch_check:
-            entry["launch_check"] = _launch_check(problem.path, candidate.path)
+            entry["launch_check"] = _launch_check(problem, candidate)
         if args.ncu and stem in NCU_CASES and medians:
             ncu = _ncu_ms(problem.path, candidate.path)
             entry["ncu_ms"] = ncu
@@ -235,7 +254,7 @@ def _launch_only(chosen: list, pairs: list, path: Path) -> int:
     a minute or more a class)."""
     checks = {}
     for (klass, _, _), (problem, candidate) in zip(chosen, pairs, strict=True):
-        checks[klass] = _launch_check(problem.path, candidate.path)
+        checks[klass] = _launch_check(problem, candidate)
         print(json.dumps({klass: checks[klass]}), flush=True)
         path.write_text(json.dumps(checks, indent=2))
     return 0

@@ -145,22 +145,19 @@ def stages(problem_path: str, candidate_path: str, calls: int) -> None:
 
 
 def _stages_in_subprocess(problem, candidate, calls: int, scrubbed: bool) -> list[dict]:
-    from kbv import telemetry
-    from kbv.worker._env import scrubbed_env
-    from kbv.worker.builds import arch_list_for, build_dir
+    from fidelity import prebuilt_env
 
-    builds = build_dir(candidate.source_sha256)
-    env = dict(os.environ)
-    if scrubbed:
+    from kbv.worker._env import scrubbed_env
+    from kbv.worker.builds import build_dir
+
+    env = prebuilt_env(candidate)
+    if scrubbed:  # the worker's allowlist, with the same build directories and arch list
+        builds = build_dir(candidate.source_sha256)
         home = Path(tempfile.mkdtemp())
-        env = scrubbed_env(
+        allowed = scrubbed_env(
             env, home=home, extensions_dir=builds / "torch_extensions", triton_dir=builds / "triton"
         )
-    env["TORCH_EXTENSIONS_DIR"] = str(builds / "torch_extensions")
-    env["TRITON_CACHE_DIR"] = str(builds / "triton")
-    arch = arch_list_for(telemetry.compute_capability("cuda"))
-    if arch:
-        env["TORCH_CUDA_ARCH_LIST"] = arch
+        env = {**allowed, "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST", "")}
     mode = (
         ["--plain", str(problem.path), str(candidate.path), str(calls)]
         if scrubbed
@@ -180,16 +177,9 @@ def _stages_in_subprocess(problem, candidate, calls: int, scrubbed: bool) -> lis
 
 def _plain_in_subprocess(problem, candidate, calls: int, polled: bool) -> dict | None:
     """``plain`` in a fresh process that finds the extension where kbv's worker would."""
-    from kbv import telemetry
-    from kbv.worker.builds import arch_list_for, build_dir
+    from fidelity import prebuilt_env
 
-    builds = build_dir(candidate.source_sha256)
-    env = dict(os.environ)
-    env["TORCH_EXTENSIONS_DIR"] = str(builds / "torch_extensions")
-    env["TRITON_CACHE_DIR"] = str(builds / "triton")
-    arch = arch_list_for(telemetry.compute_capability("cuda"))
-    if arch:
-        env["TORCH_CUDA_ARCH_LIST"] = arch
+    env = prebuilt_env(candidate)
     command = [sys.executable, __file__, "--plain", str(problem.path), str(candidate.path), str(calls)]
     if polled:
         command.append("--polled")

@@ -81,9 +81,9 @@ def test_launch_only_writes_each_class_as_it_is_measured(tmp_path, monkeypatch) 
     script = load_script("fidelity")
     seen = []
 
-    def fake_check(problem_path, candidate_path):
+    def fake_check(problem, candidate):
         seen.append(json.loads((tmp_path / "launch.json").read_text()) if seen else {})
-        return {"synced_ms": 0.3, "candidate": str(candidate_path)}
+        return {"synced_ms": 0.3, "candidate": str(candidate.path)}
 
     monkeypatch.setattr(script, "_launch_check", fake_check)
     chosen = [("elementwise", "honest_cuda", "1_ReLU"), ("matmul", "honest_cuda", "25_Matmul_Square")]
