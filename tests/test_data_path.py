@@ -132,6 +132,29 @@ def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it
         fresh.close()
 
 
+def test_spares_still_booting_are_stopped_for_a_timed_phase_and_boot_after_it() -> None:
+    """``Spares.quiet``: a spare whose greeting was not read is stopped (state T) inside, goes on
+    after, and greets as usual; one already greeted is left alone."""
+    spec = WorkerSpec(build_key="test-quiet", device="cpu", role="reference", budget_s=60)
+    greeted = WorkerSpec(build_key="test-quiet-2", device="cpu", role="reference", budget_s=60)
+    with Spares(depth=2) as spares:
+        spares.expect([[spec], [greeted]])
+        spares.launch_expected()
+        ready = spares._launched[next(k for k in spares._launched if k[0] == "test-quiet-2")][0]
+        ready.wait_ready()
+        with spares.quiet():
+            booting = spares._launched[next(k for k in spares._launched if k[0] == "test-quiet")][0]
+            assert _state(booting.pid) == "T" and _state(ready.pid) != "T"
+        worker = spares.take(spec)
+        assert _state(worker.pid) != "T" and worker.wait_ready().get("pid") == worker.pid
+        worker.close()
+
+
+def _state(pid: int | None) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
     from kbv.report.explain import phases_line
 

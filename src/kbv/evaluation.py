@@ -12,7 +12,7 @@ import datetime as _dt
 import platform
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -237,10 +237,11 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
-            _phase(ctx, "spares", spares.settle)  # no process boots while a batch is timed
             release_cached_blocks(ctx.device)  # the draws' blocks, for the workers' timing inputs
             if correct:
-                with gpu.exclusive():  # nothing else runs on this GPU while it times (kbv.device_lock)
+                # Nothing else runs on this GPU while it times (kbv.device_lock), and no spare boots:
+                # those still booting are stopped for the phase ("spares": the time their stop took).
+                with gpu.exclusive(), _phase_entered(ctx, "spares", spares.quiet()):
                     timing, speedup, memory = _phase(
                         ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject)
                     )
@@ -312,6 +313,15 @@ def _end_containment(ctx: _Context, reference: Worker, subject: Worker, gpu: Dev
         "candidate_host_peak_bytes": subject.host_peak_bytes or None,
         "reference_host_peak_bytes": reference.host_peak_bytes or None,
     }
+
+
+@contextlib.contextmanager
+def _phase_entered(ctx: _Context, name: str, manager: Any) -> Iterator[None]:
+    """``with manager``, the time its entry took counted as the phase ``name``."""
+    started = time.monotonic()
+    with manager:
+        ctx.phases[name] = ctx.phases.get(name, 0.0) + time.monotonic() - started
+        yield
 
 
 def _phase(ctx: _Context, name: str, work: Any) -> Any:
