@@ -325,10 +325,36 @@ def trusted_per_call_ms(
 
 def batch_gap_ms(measurement: dict[str, Any], settings: TimingSettings) -> float:
     """The part of the parent's bracket of one timed batch that the worker's samples leave
-    unexplained: ``parent_bracket_s`` minus :func:`accounted_batch_ms`. A trusted batch's gap is
-    what an honest batch loses, at that moment, to untimed work (the channel, input rotation, kept
-    output copies) and to the machine (scheduling delays on a busy host)."""
-    return float(measurement["parent_bracket_s"]) * 1e3 - _accounted(measurement, settings)
+    unexplained: ``parent_bracket_s`` minus :func:`accounted_batch_ms` minus
+    :func:`machine_wait_ms`. A trusted batch's gap is what an honest batch loses, at that moment,
+    to untimed work (the channel, input rotation, kept output copies) and to scheduling delays the
+    counts do not show."""
+    bracket_ms = float(measurement["parent_bracket_s"]) * 1e3
+    return bracket_ms - _accounted(measurement, settings) - machine_wait_ms(measurement)
+
+
+def machine_wait_ms(measurement: dict[str, Any]) -> float:
+    """Time of a batch the worker's main thread spent runnable but waiting for a CPU, less the CPU
+    time its own other threads and processes took meanwhile (``worker_scheduler_ms``, counted by
+    the kernel and read by the parent; 0 without them).
+
+    On an overloaded machine this is the bulk of a batch's gap: an honest C++ ReLU's batches on two
+    cores shared by a test run waited 46-56 ms of a 92 ms bracket, where the trusted batches of the
+    same moment waited 2-40 ms, and ``timing_disagreement`` called it a lie. It is not time the
+    worker can have spent computing: its main thread was not running, and what its own helpers ran
+    (which could make the main thread wait on a CPU they share) is taken off. What it may still
+    hide is waiting inside the samples, which the samples already hold: on a loaded machine a
+    worker that under-reports gains at most that, and none on an idle one."""
+    counted = measurement.get("worker_scheduler_ms")
+    if not isinstance(counted, dict):
+        return 0.0
+    try:
+        wait, main, every = (float(counted[k]) for k in ("main_wait", "main_cpu", "cpu"))
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    if not all(math.isfinite(x) and x >= 0 for x in (wait, main, every)):
+        return 0.0
+    return max(0.0, wait - max(0.0, every - main))
 
 
 def _accounted(measurement: dict[str, Any], settings: TimingSettings) -> float:
@@ -355,10 +381,12 @@ def bracket_verdict(
     results = []
     for r in candidate_rounds:
         bracket_ms = float(r["parent_bracket_s"]) * 1e3
-        result = bracket_check(_accounted(r, settings), bracket_ms, overhead)
+        waited = machine_wait_ms(r)  # not the worker's time: its gap is the bracket's rest
+        result = bracket_check(_accounted(r, settings), bracket_ms - waited, overhead)
+        result["parent_bracket_ms"], result["machine_wait_ms"] = bracket_ms, waited
         # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.
         result["trusted_per_call_ms"] = trusted_per_call_ms(
-            bracket_ms, overhead, len(r.get("wall_ms") or []), settings
+            bracket_ms - waited, overhead, len(r.get("wall_ms") or []), settings
         )
         results.append(result)
     return {"overhead_ms": overhead, "rounds": results, "disagrees": all(r["disagrees"] for r in results)}

@@ -404,8 +404,11 @@ class Worker:
         return self._proc.pid if self._proc else None
 
     def scheduler_ns(self) -> dict[str, int] | None:
-        """The kernel's scheduler counts for this worker's process (``_contain.scheduler_ns``)."""
-        return _contain.scheduler_ns(self._proc.pid) if self._proc else None
+        """The kernel's scheduler counts for this worker (``_contain.scheduler_ns``): its main
+        thread, and every thread of every process of its tree."""
+        if self._proc is None:
+            return None
+        return _contain.scheduler_ns(self._proc.pid, [p for p in self.members() if p != self._proc.pid])
 
     # -- containment ------------------------------------------------------------------------------
     @property

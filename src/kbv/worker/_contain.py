@@ -69,24 +69,37 @@ def open_files(pid: int) -> int | None:
         return None
 
 
-def scheduler_ns(pid: int) -> dict[str, int] | None:
-    """What the kernel's scheduler counted for a process (nanoseconds), or None where ``/proc`` does not
-    say: ``main_cpu`` and ``main_wait`` (its main thread's time on a CPU and runnable but waiting for
-    one: ``/proc/<pid>/schedstat``) and ``cpu`` (all its threads' user and system time, ``stat``).
-    Read by the parent around a timed batch, so a gap in the batch's bracket can be told apart: the
-    worker waiting for a CPU (a loaded machine) or the worker computing outside its samples."""
+def scheduler_ns(pid: int, members: list[int] | None = None) -> dict[str, int] | None:
+    """What the kernel's scheduler counted (nanoseconds), or None where ``/proc`` does not say:
+    ``main_cpu`` and ``main_wait``, the time the main thread of ``pid`` spent on a CPU and runnable
+    but waiting for one (``/proc/<pid>/schedstat``), and ``cpu``, the CPU time of ``pid`` and of
+    ``members`` (the worker's other processes): each process's CPU clock, which keeps the time of
+    its threads that have exited, plus the children it has reaped (``stat``, in clock ticks). Read
+    by the parent around a timed batch: a gap in the batch's bracket is then told apart as the
+    worker waiting for a CPU (a loaded machine) or its processes computing outside its samples."""
     try:
         with open(f"/proc/{pid}/schedstat") as handle:
             on_cpu, waiting = (int(x) for x in handle.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    total = sum(_process_cpu_ns(p) for p in {pid, *(members or [])})
+    return {"main_cpu": on_cpu, "main_wait": waiting, "cpu": max(total, on_cpu)}
+
+
+def _process_cpu_ns(pid: int) -> int:
+    """A process's CPU time (all its threads, live or exited) and its reaped children's; 0 where it
+    is gone or closed to us."""
+    try:
+        own = time.clock_gettime_ns(((~pid) << 3) | 2)  # the process's CPU clock (CPUCLOCK_SCHED)
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    except (OSError, ValueError, IndexError):
-        return None
-    return {"main_cpu": on_cpu, "main_wait": waiting, "cpu": ticks * 1_000_000_000 // _CLOCK_TICKS}
+        reaped = (int(fields[13]) + int(fields[14])) * 1_000_000_000 // _CLOCK_TICKS  # cutime, cstime
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+    return own + reaped
 
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_bytes(pid: int) -> int | None:
