@@ -123,9 +123,8 @@ def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it
     with Spares() as spares:
         spares.expect([[spec]])
         spares.launch_expected()
-        spares.settle()  # booted: a timed phase could start now
         worker = spares.take(spec)
-        assert worker.alive() and worker.hello.get("pid") == worker.pid
+        assert worker.alive() and worker.wait_ready().get("pid") == worker.pid
         fresh = spares.take(spec)  # nothing left: a new, unlaunched worker
         assert fresh.pid is None
         worker.close()
@@ -148,6 +147,21 @@ def test_spares_still_booting_are_stopped_for_a_timed_phase_and_boot_after_it() 
         worker = spares.take(spec)
         assert _state(worker.pid) != "T" and worker.wait_ready().get("pid") == worker.pid
         worker.close()
+
+
+def test_a_spare_that_died_while_booting_is_not_handed_out() -> None:
+    import signal
+
+    spec = WorkerSpec(build_key="test-dead-spare", device="cpu", role="reference", budget_s=60)
+    with Spares() as spares:
+        spares.expect([[spec]])
+        spares.launch_expected()
+        dead = spares._launched[next(iter(spares._launched))][0]
+        os.kill(dead.pid, signal.SIGKILL)
+        dead._proc.wait()
+        fresh = spares.take(spec)
+        assert fresh is not dead and fresh.pid is None  # a new worker, launched by the evaluation
+        fresh.close()
 
 
 def _state(pid: int | None) -> str:

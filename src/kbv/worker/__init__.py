@@ -741,9 +741,15 @@ class Spares:
         self._next = [list(specs) for specs in pairs[: self.depth]]
 
     def take(self, spec: WorkerSpec) -> Worker:
-        """A launched spare matching ``spec``, or a new (not yet launched) worker."""
-        ready = self._launched.get(_spec_key(spec))
-        return ready.pop(0) if ready else Worker(spec)
+        """A launched spare matching ``spec`` that is still alive, or a new (not yet launched)
+        worker: a spare that died while booting is closed, and the evaluation starts its own."""
+        ready = self._launched.get(_spec_key(spec), [])
+        while ready:
+            worker = ready.pop(0)
+            if worker.alive():
+                return worker
+            worker.close()
+        return Worker(spec)
 
     def launch_expected(self) -> None:
         """Launch a wave when the next evaluation's workers are not launched yet (else nothing).
@@ -791,17 +797,6 @@ class Spares:
                     if not worker.hello:
                         stack.enter_context(worker.paused())
             yield
-
-    def settle(self) -> None:
-        """Wait until every launched spare has booted; one that failed to boot is dropped (the
-        evaluation that wanted it starts its own)."""
-        for workers in list(self._launched.values()):
-            for worker in list(workers):
-                try:
-                    worker.wait_ready()
-                except WorkerFailed:
-                    worker.close()
-                    workers.remove(worker)
 
     def close(self) -> None:
         for workers in self._launched.values():
