@@ -870,29 +870,31 @@ def test_cuda_side_stream_is_caught() -> None:
 
 
 def test_time_the_worker_waited_for_a_cpu_is_not_counted_against_it() -> None:
-    """A loaded machine: the candidate's main thread waited 46 ms for a CPU in each batch, the trusted
-    batches of the moment 2 ms. The wait is the machine's (the parent read it from /proc), so the
-    rounds agree; a wait its own helper threads caused (CPU they ran meanwhile) earns nothing, and
-    a batch without counts is judged as before."""
+    """A loaded machine: the candidate's main thread waited 46 ms for a CPU in each batch, and a
+    trusted batch of the moment waited 40 ms of its 125. The wait is the machine's (the parent read
+    it from /proc), so the rounds agree. A wait its own helper threads caused (CPU they ran
+    meanwhile) earns nothing; so does a wait beyond the share of its bracket any trusted batch
+    waited (a worker pinned to a busy CPU); a batch without counts is judged as before."""
     s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=30)
 
     def batch(bracket_ms: float, counted: dict | None = None) -> dict:  # 80 ms accounted
         found = {"parent_bracket_s": bracket_ms / 1e3, "wall_ms": [1.0] * 30, "warmup_calls": 50}
         return {**found, "worker_scheduler_ms": counted} if counted is not None else found
 
-    trusted = [batch(87.0, {"main_wait": 2.0, "main_cpu": 80.0, "cpu": 82.0})] * 2
+    quiet = batch(87.0, {"main_wait": 2.0, "main_cpu": 80.0, "cpu": 80.0})
+    busy = batch(125.0, {"main_wait": 40.0, "main_cpu": 80.0, "cpu": 80.0})
+    assert statistics.batch_gap_ms(quiet, s) == statistics.batch_gap_ms(busy, s) == pytest.approx(5.0)
     loaded = {"main_wait": 46.0, "main_cpu": 80.0, "cpu": 83.0}
     assert statistics.machine_wait_ms(loaded) == 0.0  # a dict of counts is not a batch
     assert statistics.machine_wait_ms(batch(131.0, loaded)) == pytest.approx(43.0)
-    waited = statistics.bracket_verdict([batch(131.0, loaded)] * 3, trusted, s)
-    assert not waited["disagrees"] and waited["rounds"][0]["machine_wait_ms"] == pytest.approx(43.0)
+    waited = statistics.bracket_verdict([batch(131.0, loaded)] * 3, [quiet, busy], s)
+    assert not waited["disagrees"]
+    assert waited["rounds"][0]["machine_wait_ms"] == pytest.approx(40.0 / 125.0 * 131.0)  # capped
     assert waited["rounds"][0]["parent_bracket_ms"] == pytest.approx(131.0)
+    # the trusted batches met a quiet machine: a long wait is not believed
+    assert statistics.bracket_verdict([batch(131.0, loaded)] * 3, [quiet], s)["disagrees"]
     helped = {"main_wait": 46.0, "main_cpu": 40.0, "cpu": 90.0}  # its own threads ran 50 ms meanwhile
-    assert statistics.bracket_verdict([batch(131.0, helped)] * 3, trusted, s)["disagrees"]
-    assert statistics.bracket_verdict([batch(131.0)] * 3, trusted, s)["disagrees"]
+    assert statistics.bracket_verdict([batch(131.0, helped)] * 3, [quiet, busy], s)["disagrees"]
+    assert statistics.bracket_verdict([batch(131.0)] * 3, [quiet, busy], s)["disagrees"]
     broken = {"main_wait": float("nan"), "main_cpu": 1.0, "cpu": 1.0}
     assert statistics.machine_wait_ms(batch(131.0, broken)) == 0.0
-    # the trusted batches' own waits come off their gaps too: the overhead is what is left
-    assert statistics.batch_gap_ms(
-        batch(130.0, {"main_wait": 45.0, "main_cpu": 80, "cpu": 80}), s
-    ) == pytest.approx(5.0)

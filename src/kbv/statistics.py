@@ -342,9 +342,11 @@ def machine_wait_ms(measurement: dict[str, Any]) -> float:
     cores shared by a test run waited 46-56 ms of a 92 ms bracket, where the trusted batches of the
     same moment waited 2-40 ms, and ``timing_disagreement`` called it a lie. It is not time the
     worker can have spent computing: its main thread was not running, and what its own helpers ran
-    (which could make the main thread wait on a CPU they share) is taken off. What it may still
-    hide is waiting inside the samples, which the samples already hold: on a loaded machine a
-    worker that under-reports gains at most that, and none on an idle one."""
+    (which could make the main thread wait on a CPU they share) is taken off. A worker can still
+    make its main thread wait without helpers (pinned to a CPU that other processes keep busy), so
+    :func:`bracket_verdict` credits a candidate's batch at most the largest share of its bracket
+    that a trusted batch waited: under-reporting then hides at most what the machine's load, as
+    honest batches met it, explains, and nothing on an idle machine."""
     counted = measurement.get("worker_scheduler_ms")
     if not isinstance(counted, dict):
         return 0.0
@@ -374,14 +376,18 @@ def bracket_verdict(
     candidate round's check with its ``trusted_per_call_ms``; ``disagrees`` only when every round
     disagrees (a lying clock lies in every round, a noise spike hits one) and there was a trusted
     batch to compare with (``overhead_ms`` is None without one)."""
-    gaps = [batch_gap_ms(r, settings) for r in trusted_rounds if "parent_bracket_s" in r]
+    bracketed = [r for r in trusted_rounds if "parent_bracket_s" in r]
+    gaps = [batch_gap_ms(r, settings) for r in bracketed]
     if not gaps or not candidate_rounds:
         return {"overhead_ms": None, "rounds": [], "disagrees": False}
     overhead = max(0.0, max(gaps))
+    # A candidate batch's wait counts up to the largest share of its bracket a trusted batch waited:
+    # the load the machine showed honest batches, not whatever a worker pinned to a busy CPU waits.
+    load = max(machine_wait_ms(r) / max(float(r["parent_bracket_s"]) * 1e3, 1e-9) for r in bracketed)
     results = []
     for r in candidate_rounds:
         bracket_ms = float(r["parent_bracket_s"]) * 1e3
-        waited = machine_wait_ms(r)  # not the worker's time: its gap is the bracket's rest
+        waited = min(machine_wait_ms(r), load * bracket_ms)  # not the worker's time
         result = bracket_check(_accounted(r, settings), bracket_ms - waited, overhead)
         result["parent_bracket_ms"], result["machine_wait_ms"] = bracket_ms, waited
         # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.

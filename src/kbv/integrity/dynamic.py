@@ -804,7 +804,8 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     their gaps too: cached baselines were timed at another moment, and a busy machine's delays must
     not read as a lie (an info finding says so when the re-check explains the gap). Time a worker's
     main thread waited for a CPU that its own threads and processes did not take (counted by the
-    kernel, read by the parent: kbv.statistics.machine_wait_ms) comes off each batch's gap. The candidate is
+    kernel, read by the parent: kbv.statistics.machine_wait_ms) comes off each batch's gap, a
+    candidate batch's at most the largest share of its bracket that a trusted batch waited. The candidate is
     not re-timed: it could tell a re-check from a round and be honest only then. What still
     disagrees corrects the speedup to the slow, trusted per-call figure from the bracket; it sees
     large lies only (about 2 ms + 10 % of a batch beyond the largest trusted gap); it fails when the
