@@ -58,6 +58,13 @@ dynamic = false
 """
 
 
+def fidelity_protocol():
+    """:data:`PROTOCOL`, loaded (through a file, as a user's protocol is)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as handle:
+        handle.write(PROTOCOL)
+    return load_protocol(handle.name)
+
+
 def _pair(candidate_set: str, stem: str):
     problem = load_problem(next(bundled_suite_dir().rglob(f"{stem}.py")))
     check_importable(problem)
@@ -181,9 +188,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as handle:
-        handle.write(PROTOCOL)
-    protocol = load_protocol(handle.name)
+    protocol = fidelity_protocol()
     results = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0),

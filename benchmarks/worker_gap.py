@@ -193,13 +193,13 @@ def _plain_in_subprocess(problem, candidate, calls: int, polled: bool) -> dict |
 def _worker_time_only(problem, candidate, protocol, calls: int, device: str = "cuda") -> dict:
     """Each role's worker sent ``load`` and then one ``time`` request, nothing between."""
     from kbv.evaluation import worker_specs
+    from kbv.performance import _settings_dict  # the request's form of the settings
     from kbv.worker import Worker
 
     specs = dict(
         zip(("reference", "candidate"), worker_specs(problem, candidate, protocol, "cuda"), strict=True)
     )
-    settings = {**dataclasses.asdict(protocol.timing), "repeats": calls, "input_sets": 1}
-    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+    settings = _settings_dict(dataclasses.replace(protocol.timing, repeats=calls, input_sets=1))
     result: dict = {}
     for role, spec in specs.items():
         with Worker(dataclasses.replace(spec, limits=None)) as worker:
@@ -264,15 +264,11 @@ def main() -> int:
     parser.add_argument("--direct", action="store_true", help="a worker's birth and history (see above)")
     args = parser.parse_args()
 
-    from fidelity import CLASSES, PROTOCOL, _pair, _prebuild
-
-    from kbv.protocol import load_protocol
+    from fidelity import CLASSES, _pair, _prebuild, fidelity_protocol
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as handle:
-        handle.write(PROTOCOL)
-    limited = load_protocol(handle.name)
+    limited = fidelity_protocol()
     unlimited = dataclasses.replace(
         limited,
         limits=dataclasses.replace(

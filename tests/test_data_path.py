@@ -139,10 +139,10 @@ def test_spares_still_booting_are_stopped_for_a_timed_phase_and_boot_after_it() 
     with Spares(depth=2) as spares:
         spares.expect([[spec], [greeted]])
         spares.launch_expected()
-        ready = spares._launched[next(k for k in spares._launched if k[0] == "test-quiet-2")][0]
+        ready = _launched(spares, "test-quiet-2")
         ready.wait_ready()
         with spares.quiet():
-            booting = spares._launched[next(k for k in spares._launched if k[0] == "test-quiet")][0]
+            booting = _launched(spares, "test-quiet")
             assert _state(booting.pid) == "T" and _state(ready.pid) != "T"
         worker = spares.take(spec)
         assert _state(worker.pid) != "T" and worker.wait_ready().get("pid") == worker.pid
@@ -156,12 +156,17 @@ def test_a_spare_that_died_while_booting_is_not_handed_out() -> None:
     with Spares() as spares:
         spares.expect([[spec]])
         spares.launch_expected()
-        dead = spares._launched[next(iter(spares._launched))][0]
+        dead = _launched(spares, "test-dead-spare")
         os.kill(dead.pid, signal.SIGKILL)
         dead._proc.wait()
         fresh = spares.take(spec)
         assert fresh is not dead and fresh.pid is None  # a new worker, launched by the evaluation
         fresh.close()
+
+
+def _launched(spares: Spares, build_key: str) -> Worker:
+    """The first spare launched for ``build_key``."""
+    return next(w for key, workers in spares._launched.items() if key[0] == build_key for w in workers)
 
 
 def _state(pid: int | None) -> str:

@@ -10,7 +10,6 @@ from benchmark_scripts import load_script
 
 from kbv.candidates import load_candidate
 from kbv.problems import load_problem
-from kbv.protocol import load_protocol
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -19,11 +18,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def pair_and_protocol(tmp_path):
     script = load_script("worker_gap")
     fidelity = load_script("fidelity")
-    toml = tmp_path / "fidelity.toml"
-    toml.write_text(fidelity.PROTOCOL)
     problem = load_problem(FIXTURES / "problems" / "tiny_linear_relu.py")
     candidate = load_candidate(FIXTURES / "candidates" / "honest" / "linear_relu_fused.py")
-    return script, problem, candidate, load_protocol(toml)
+    return script, problem, candidate, fidelity.fidelity_protocol()
 
 
 def test_time_only_workers_time_both_roles_and_say_how_they_started(pair_and_protocol) -> None:

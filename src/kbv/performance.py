@@ -378,7 +378,7 @@ def _check_cached(
         fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
         # Timed in this evaluation, next to the candidate's rounds: a trusted gap of this moment.
-        checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS if k in fresh}
+        checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS}
         if not checks[name]["accepted"]:
             cached[name] = None
     return checks
@@ -424,7 +424,7 @@ def _bracket_recheck(
         spec = plan.spec(len(plan.round_seeds) - 1) if plan is not None else None
         batches = [_timed_batch(reference, ctx, "fp32", sketch=spec) for _ in range(RECHECK_BATCHES)]
     return {
-        "rounds": [{k: b[k] for k in _GAP_FIELDS if k in b} for b in batches],
+        "rounds": [{k: b[k] for k in _GAP_FIELDS} for b in batches],
         "precision": "fp32",
         "why": "every candidate round's bracket gap exceeded the trusted batches' before the re-check",
     }
@@ -494,9 +494,9 @@ def _timed_batch(
 
 def _scheduler_ms(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:
     """What the kernel counted for the worker during a batch's bracket, in ms: its main thread on a
-    CPU and waiting for one, all its threads' CPU time. Read by the parent from ``/proc``, never the
-    worker's word; a diagnostic for a bracket gap (a loaded machine shows as ``main_wait``), used by
-    no verdict."""
+    CPU and waiting for one, and its whole tree's CPU time. Read by the parent from ``/proc``, never
+    the worker's word; ``timing_disagreement`` takes the machine's share of the wait off the batch's
+    gap (:func:`kbv.statistics.machine_wait_ms`)."""
     if before is None or after is None:
         return None
     return {key: round((after[key] - before[key]) / 1e6, 3) for key in before if key in after}

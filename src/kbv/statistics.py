@@ -338,8 +338,8 @@ def machine_wait_ms(measurement: dict[str, Any]) -> float:
     time its own other threads and processes took meanwhile (``worker_scheduler_ms``, counted by
     the kernel and read by the parent; 0 without them).
 
-    On an overloaded machine this is the bulk of a batch's gap: an honest C++ ReLU's batches on two
-    cores shared by a test run waited 46-56 ms of a 92 ms bracket, where the trusted batches of the
+    On an overloaded machine this is the bulk of a batch's gap: an honest hinge loss's batches on two
+    cores shared by two test runs waited 46-56 ms of a 92 ms bracket, where the trusted batches of the
     same moment waited 2-40 ms, and ``timing_disagreement`` called it a lie. It is not time the
     worker can have spent computing: its main thread was not running, and what its own helpers ran
     (which could make the main thread wait on a CPU they share) is taken off. A worker can still
