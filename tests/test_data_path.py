@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import FOUNDATION, RELU
 
 from kbv.api import evaluate_paths
@@ -356,3 +357,29 @@ def test_a_draw_the_reference_moves_to_a_domain_variant_is_run_by_the_candidate_
         assert max(per_seed.values()) == 2
     else:
         assert set(per_seed.values()) == {1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_redrawn_parameters_reach_the_candidate_through_its_inbox_and_no_handle_goes_to_it(
+    requests_seen, tmp_path: Path
+) -> None:
+    """The reference submitted as the candidate passes `verified` with its parameters redrawn per
+    distribution and written by the parent into an inbox the candidate opened: no parameter file,
+    and still nothing trusted among the candidate's requests."""
+    from conftest import SUITE
+
+    problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
+    candidate = tmp_path / "reference_as_candidate.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cuda", timeout_s=600)
+    assert record.outcome == "passed", (record.error, [(f.check, f.detail[:120]) for f in record.findings])
+    assert record.seeds["parameters"] == "state_dict"
+    to_candidate = [(op, fields) for role, op, fields, _ in requests_seen if role == "candidate"]
+    builds = [fields for op, fields in to_candidate if op == "build" and fields.get("state_inbox")]
+    assert len(builds) >= len([d for d in record.distributions if d.applicable])
+    assert sum(op == "inbox" for op, _ in to_candidate) == len(builds)
+    for op, fields in to_candidate:
+        json.dumps(fields)
+        assert not _keys(fields) & _TRUSTED_KEYS, (op, fields)
+        assert "state_path" not in fields or fields["state_path"] is None, (op, fields)

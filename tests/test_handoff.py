@@ -223,3 +223,148 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
         )[0]
     assert y.is_cuda and y.shape == (4, 1024) and bool((y >= 0).all())
     assert torch.equal(y, again)  # still readable after the worker is gone: the parent owns the copy
+
+
+# ------------------------------------------------------------------------------------------------
+# the parent writing a model's parameters into a worker's own inbox
+
+
+def _named() -> dict[str, torch.Tensor]:
+    return {
+        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": torch.tensor([1.5, -2.0], dtype=torch.float64),
+        "steps": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.empty(0, 5),
+    }
+
+
+def test_an_inbox_layout_aligns_every_tensor_and_its_views_read_them_back() -> None:
+    """What the parent writes at ``inbox_layout``'s offsets, ``inbox_tensors`` reads back by name with
+    its dtype and shape (a CPU byte buffer stands in for the worker's device allocation)."""
+    from kbv import _vmm
+
+    named = _named()
+    items, needed = _handoff.inbox_layout(named)
+    assert [i["name"] for i in items] == list(named)
+    assert all(i["offset_bytes"] % _vmm.ALIGN == 0 for i in items)
+    assert needed >= max(
+        i["offset_bytes"] + named[i["name"]].numel() * named[i["name"]].element_size() for i in items
+    )
+    inbox = torch.zeros(needed, dtype=torch.uint8)
+    for item in items:
+        raw = named[item["name"]].reshape(-1).view(torch.uint8)
+        inbox[item["offset_bytes"] : item["offset_bytes"] + raw.numel()] = raw
+    views = _handoff.inbox_tensors([inbox], items, torch.device("cpu"))
+    assert set(views) == set(named)
+    for name, value in named.items():
+        assert views[name].dtype == value.dtype and torch.equal(views[name], value), name
+
+
+def test_an_inbox_is_only_read_when_one_was_opened() -> None:
+    items, _ = _handoff.inbox_layout(_named())
+    with pytest.raises(ValueError, match="no inbox"):
+        _handoff.inbox_tensors([], items, torch.device("cpu"))
+
+
+def test_a_cpu_worker_opens_no_inbox() -> None:
+    with pytest.raises(ValueError, match="CUDA workers only"):
+        _handoff.open_inbox(64, torch.device("cpu"), "cuda_ipc", [])
+
+
+def _inbox_ipc(nbytes: int, **changes):
+    return {
+        "transport": "cuda_ipc",
+        "items": [
+            _descriptor(dtype="torch.uint8", shape=[nbytes], stride=[1], storage={"size": nbytes}, **changes)
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("description", "fds", "message"),
+    [
+        (None, [], "not described"),
+        ({"transport": "file", "path": "/tmp/x"}, [], "malformed inbox"),
+        ({"transport": "cuda_ipc", "items": []}, [], "malformed inbox"),
+        ("small_ipc", [], "cannot hold"),
+        ("float_ipc", [], "cannot hold"),
+        ({"transport": "cuda_vmm", "fd_index": 0, "size": 64}, [17], "beyond"),
+        ({"transport": "cuda_vmm", "fd_index": 1, "size": 1 << 20}, [17], "descriptor"),
+    ],
+)
+def test_an_inbox_that_cannot_hold_the_parameters_is_refused_before_anything_is_written(
+    description, fds, message
+) -> None:
+    """A worker's inbox description is checked first: too small, of another dtype, malformed, or
+    naming a descriptor that did not come with the reply: nothing is opened, nothing written."""
+    named = _named()
+    items, needed = _handoff.inbox_layout(named)
+    if description == "small_ipc":
+        description = _inbox_ipc(needed - 1)
+    elif description == "float_ipc":
+        description = {"transport": "cuda_ipc", "items": [_descriptor()]}
+    with pytest.raises(HandoffError, match=message):
+        _handoff.fill_inbox(description, fds, named, items, "cuda:0")
+
+
+def test_an_inbox_for_a_cpu_evaluation_is_refused() -> None:
+    named = _named()
+    items, needed = _handoff.inbox_layout(named)
+    with pytest.raises(HandoffError, match="not on CUDA"):
+        _handoff.fill_inbox(_inbox_ipc(needed), [], named, items, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("transport", ["cuda_ipc", "cuda_vmm"])
+def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own(
+    transport: str, tmp_path
+) -> None:
+    """On the GPU the reference hands its redrawn parameters to the parent, the candidate opens an
+    empty inbox and the parent writes them there: the candidate's model then computes what the
+    reference's does, and not what its own seeded initialisation did. An inbox too small for them
+    is the worker's failure, found before anything is written."""
+    from conftest import SUITE
+
+    from kbv.worker import Worker, WorkerFailed, WorkerSpec
+
+    problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
+    candidate = tmp_path / "reference_as_candidate.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    common = {"device": "cuda", "problem_path": str(problem), "init_seed": 1, "handoff": transport}
+
+    def run(worker: Worker, precision: str) -> torch.Tensor:
+        reply = worker.request(
+            "run", distribution="signed", seed=3, precision=precision, out_path=worker.new_path("o")
+        )
+        return worker.receive_outputs(reply["outputs"])[0]
+
+    spec = {"device": "cuda", "budget_s": 300}
+    with (
+        Worker(WorkerSpec(build_key="test-inbox-r", role="reference", **spec)) as reference,
+        Worker(WorkerSpec(build_key="test-inbox-c", role="candidate", **spec)) as subject,
+    ):
+        reference.start()
+        subject.start()
+        if subject.uid is not None and transport == "cuda_ipc":
+            pytest.skip("a candidate under a uid of its own hands over exported VMM memory only")
+        reference.request("load", role="reference", **common)
+        subject.request("load", role="candidate", candidate_path=str(candidate), **common)
+        seeded = run(subject, "native")
+        reply = reference.request(
+            "redraw", distribution="signed", seed=5, out_path=reference.new_path("p"), hand_over=True
+        )
+        named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
+        items, needed = _handoff.inbox_layout(named)
+        small = subject.request("inbox", nbytes=needed // 2)["inbox"]
+        if transport == "cuda_ipc":  # a VMM inbox is rounded up to the driver's granularity
+            with pytest.raises(WorkerFailed, match="cannot hold"):
+                subject.fill_inbox(small, named, items)
+        opened = subject.request("inbox", nbytes=needed)["inbox"]
+        assert opened["transport"] == transport
+        subject.fill_inbox(opened, named, items)
+        assert subject.request("build", init_seed=1, state_inbox=items)["parameters"] == "state_dict"
+        loaded = run(subject, "native")
+        expected = run(reference, "native")
+    assert torch.equal(loaded, expected)
+    assert not torch.allclose(seeded, expected)

@@ -11,7 +11,9 @@ the Unix socket (``SCM_RIGHTS``), and no uid check applies to it
 Worker side: :func:`export` copies tensors into one such allocation and returns an
 :class:`Exported` that keeps it mapped until closed. Parent side: :func:`import_copies` imports a
 descriptor, maps it, copies each described tensor into memory of its own, then unmaps and releases
-it. Nothing flows from the parent to the worker.
+it. The other way, :func:`allocate` gives a worker an empty allocation (an inbox) that the parent
+fills with :func:`import_writes`: the parent writes into the worker's memory; no handle to the
+parent's memory ever reaches a worker.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import ctypes
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,12 +183,12 @@ class Exported:
             self.close()
 
 
-def export(tensors: list[torch.Tensor], device: int) -> tuple[Exported, list[int]]:
-    """Worker side: the tensors' bytes copied, one after another, into a fresh exportable allocation
-    on ``device``; the allocation and each tensor's offset in it. The caller synchronises first."""
+def allocate(size: int, device: int) -> Exported:
+    """Worker side: a fresh exportable allocation of at least ``size`` bytes on ``device`` (rounded up
+    to the driver's granularity), mapped read-write in this process, with its descriptor."""
     cu = _driver()
-    nbytes = [t.numel() * t.element_size() for t in tensors]
-    offsets, size = layout(nbytes, granularity(device))
+    step = granularity(device)
+    size = max(step, (size + step - 1) // step * step)
     handle = ctypes.c_uint64()
     prop = _prop(device)
     _check(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), 0), "create")
@@ -194,41 +197,76 @@ def export(tensors: list[torch.Tensor], device: int) -> tuple[Exported, list[int
     except VmmError:
         cu.cuMemRelease(handle)
         raise
-    for tensor, offset, n in zip(tensors, offsets, nbytes, strict=True):
-        if n:
-            bytes_at(ptr + offset, n, device).copy_(_as_bytes(tensor))
-    torch.cuda.synchronize(device)
     fd = ctypes.c_int(-1)
     result = cu.cuMemExportToShareableHandle(ctypes.byref(fd), ctypes.c_uint64(handle.value), _POSIX_FD, 0)
     if result != 0:
         _unmap(ptr, size)
         cu.cuMemRelease(handle)
         _check(result, "export")
-    return Exported(fd=fd.value, size=size, ptr=ptr, handle=handle.value), offsets
+    return Exported(fd=fd.value, size=size, ptr=ptr, handle=handle.value)
 
 
-def import_copies(
-    fd: int, size: int, items: list[tuple[torch.dtype, list[int], int]], device: int
-) -> list[Any]:
+def export(tensors: list[torch.Tensor], device: int) -> tuple[Exported, list[int]]:
+    """Worker side: the tensors' bytes copied, one after another, into a fresh exportable allocation
+    on ``device``; the allocation and each tensor's offset in it. The caller synchronises first."""
+    nbytes = [t.numel() * t.element_size() for t in tensors]
+    offsets, size = layout(nbytes, 1)
+    exported = allocate(size, device)
+    try:
+        for tensor, offset, n in zip(tensors, offsets, nbytes, strict=True):
+            if n:
+                bytes_at(exported.ptr + offset, n, device).copy_(_as_bytes(tensor))
+        torch.cuda.synchronize(device)
+    except BaseException:
+        exported.close()
+        raise
+    return exported, offsets
+
+
+@contextlib.contextmanager
+def imported(fd: int, size: int, device: int) -> Iterator[int]:
     """Parent side: the allocation behind ``fd`` imported and mapped (``size`` bytes: the driver
-    refuses a mapping larger than the allocation), each ``(dtype, shape, offset)`` copied into a new
-    tensor the parent owns, then unmapped and released. The descriptor stays the caller's to close.
-    The caller has checked that every item lies inside ``size``."""
+    refuses a mapping larger than the allocation); yields its address, then unmaps and releases it.
+    The descriptor stays the caller's to close."""
     cu, handle = _driver(), ctypes.c_uint64()
     _check(cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), _POSIX_FD), "import")
     try:
         ptr = _map(handle.value, size, device)
         try:
-            copies = []
-            for dtype, shape, offset in items:
-                out = torch.empty(shape, dtype=dtype, device=f"cuda:{device}")
-                n = out.numel() * out.element_size()
-                if n:
-                    out.reshape(-1).view(torch.uint8).copy_(bytes_at(ptr + offset, n, device))
-                copies.append(out)
+            yield ptr
             torch.cuda.synchronize(device)  # the copies are complete before the mapping goes
-            return copies
+        except BaseException:
+            with contextlib.suppress(Exception):  # the copies queued so far end before the unmap
+                torch.cuda.synchronize(device)
+            raise
         finally:
             _unmap(ptr, size)
     finally:
         cu.cuMemRelease(handle)
+
+
+def import_copies(
+    fd: int, size: int, items: list[tuple[torch.dtype, list[int], int]], device: int
+) -> list[Any]:
+    """Parent side: each ``(dtype, shape, offset)`` of the allocation behind ``fd`` copied into a new
+    tensor the parent owns (:func:`imported`). The caller has checked that every item lies inside
+    ``size``."""
+    copies = []
+    with imported(fd, size, device) as ptr:
+        for dtype, shape, offset in items:
+            out = torch.empty(shape, dtype=dtype, device=f"cuda:{device}")
+            n = out.numel() * out.element_size()
+            if n:
+                out.reshape(-1).view(torch.uint8).copy_(bytes_at(ptr + offset, n, device))
+            copies.append(out)
+    return copies
+
+
+def import_writes(fd: int, size: int, items: list[tuple[torch.Tensor, int]], device: int) -> None:
+    """Parent side: each ``(tensor, offset)`` written into the allocation behind ``fd`` (a worker's
+    inbox, :func:`allocate`). The caller has checked that every item lies inside ``size``."""
+    with imported(fd, size, device) as ptr:
+        for tensor, offset in items:
+            n = tensor.numel() * tensor.element_size()
+            if n:
+                bytes_at(ptr + offset, n, device).copy_(_as_bytes(tensor))

@@ -11,7 +11,9 @@ scratch directory, read with ``torch.load(weights_only=True)`` and deleted at on
 
 Child side: :func:`hand_over` (bound before the candidate is imported). Parent side: :func:`receive`.
 Neither side ever sends a handle *to* a worker: handles only flow from workers to the parent, so a
-candidate never holds a handle to trusted memory (``docs/architecture.md``, "Outputs stay on the
+candidate never holds a handle to trusted memory. Where the parent gives a CUDA worker many bytes
+(a model's redrawn parameters), the worker opens an empty inbox of its own (:func:`open_inbox`) and
+the parent writes into it (:func:`fill_inbox`) (``docs/architecture.md``, "Outputs stay on the
 device").
 """
 
@@ -146,6 +148,49 @@ def release(keep: list[Any]) -> None:
     keep.clear()
 
 
+def open_inbox(nbytes: int, device: torch.device, transport: str, keep: list[Any]) -> dict[str, Any]:
+    """An empty allocation of at least ``nbytes`` in this worker, for the parent to fill
+    (:func:`fill_inbox`), and its description for the reply. ``keep`` holds it until
+    :func:`inbox_tensors` has read it; a ``cuda_vmm`` inbox's descriptor is listed by
+    :func:`fds_to_send`. The parent writes into the worker's memory; nothing of the parent's is shared."""
+    if device.type != "cuda":
+        raise ValueError("an inbox is for CUDA workers only (a CPU worker is given a file)")
+    index = device.index if device.index is not None else 0
+    if transport == "cuda_vmm":
+        from kbv import _vmm
+
+        exported = _vmm.allocate(max(int(nbytes), 1), index)
+        keep.append(exported)
+        return {"transport": "cuda_vmm", "fd_index": len(fds_to_send(keep)) - 1, "size": exported.size}
+    buffer = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+    keep.append(buffer)
+    return {"transport": "cuda_ipc", "items": [_describe_cuda(buffer)]}
+
+
+def inbox_tensors(
+    keep: list[Any], items: list[dict[str, Any]], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Views of what the parent wrote into this worker's inbox, by name (``items``: name, dtype,
+    shape, offset_bytes, as :func:`inbox_layout` made them). Valid until :func:`release`."""
+    from kbv import _vmm
+
+    if len(keep) != 1:
+        raise ValueError("no inbox was opened for this request")
+    inbox = keep[0]
+    index = device.index if device.index is not None else 0
+    whole = _vmm.bytes_at(inbox.ptr, inbox.size, index) if isinstance(inbox, _vmm.Exported) else inbox
+    views: dict[str, torch.Tensor] = {}
+    for item in items:
+        dtype, shape, offset = (
+            _DTYPES[str(item["dtype"])],
+            [int(n) for n in item["shape"]],
+            int(item["offset_bytes"]),
+        )
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        views[str(item["name"])] = whole[offset : offset + nbytes].view(dtype).reshape(shape)
+    return views
+
+
 def _describe_cuda(tensor: torch.Tensor) -> dict[str, Any]:
     if tensor.numel() == 0:  # nothing to share (an empty storage has no handle)
         return {"dtype": str(tensor.dtype), "shape": list(tensor.shape), "empty": True}
@@ -236,20 +281,94 @@ def _from_cuda(item: Any, device_index: int) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=f"cuda:{device_index}")
     dtype, shape, stride, offset, storage = _checked(item)
     try:
-        shared = torch.UntypedStorage._new_shared_cuda(
-            device_index,
-            base64.b64decode(storage["handle"], validate=True),
-            storage["size"],
-            storage["offset_bytes"],
-            _refcount_name(storage["ref_handle"]),
-            storage["ref_offset"],
-            base64.b64decode(storage["event_handle"], validate=True) if storage.get("event_handle") else b"",
-            storage["event_sync"],
-        )
-        view = torch.empty(0, dtype=dtype, device=f"cuda:{device_index}").set_(shared, offset, shape, stride)
+        view = _open_cuda(storage, device_index, dtype, shape, stride, offset)
         return _clone(view, memory_format=torch.contiguous_format)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise HandoffError(f"the worker's CUDA handle could not be opened ({exc})") from exc
+
+
+def _open_cuda(
+    storage: dict[str, Any],
+    device_index: int,
+    dtype: torch.dtype,
+    shape: list[int],
+    stride: list[int],
+    offset: int,
+) -> torch.Tensor:
+    """A view of a worker's shared storage (checked by :func:`_checked`); the handle closes when
+    the view goes."""
+    shared = torch.UntypedStorage._new_shared_cuda(
+        device_index,
+        base64.b64decode(storage["handle"], validate=True),
+        storage["size"],
+        storage["offset_bytes"],
+        _refcount_name(storage["ref_handle"]),
+        storage["ref_offset"],
+        base64.b64decode(storage["event_handle"], validate=True) if storage.get("event_handle") else b"",
+        storage["event_sync"],
+    )
+    return torch.empty(0, dtype=dtype, device=f"cuda:{device_index}").set_(shared, offset, shape, stride)
+
+
+def inbox_layout(named: dict[str, torch.Tensor]) -> tuple[list[dict[str, Any]], int]:
+    """Where each tensor goes in a worker's inbox (name, dtype, shape, offset_bytes) and the bytes
+    the inbox needs."""
+    from kbv import _vmm
+
+    offsets, needed = _vmm.layout([t.numel() * t.element_size() for t in named.values()], 1)
+    items = [
+        {"name": name, "dtype": str(t.dtype), "shape": list(t.shape), "offset_bytes": offset}
+        for (name, t), offset in zip(named.items(), offsets, strict=True)
+    ]
+    return items, needed
+
+
+def fill_inbox(
+    description: Any, fds: list[int], named: dict[str, torch.Tensor], items: list[dict[str, Any]], device: str
+) -> None:
+    """Parent side: the trusted ``named`` tensors written into the inbox a worker opened
+    (:func:`open_inbox`) at the offsets of ``items``. The worker's description is checked (it must hold
+    every item) before anything is written; the copies are complete and the mapping closed when this
+    returns. Raises :class:`HandoffError` for an inbox that cannot hold them or cannot be opened."""
+    if not isinstance(description, dict) or not device.startswith("cuda"):
+        raise HandoffError("the worker's inbox is not described (or the evaluation is not on CUDA)")
+    needed = max((item["offset_bytes"] + _nbytes(named[item["name"]]) for item in items), default=0)
+    index = _device_index(device)
+    writes = [(named[item["name"]], int(item["offset_bytes"])) for item in items]
+    transport = description.get("transport")
+    if transport == "cuda_vmm":
+        fd, size, _ = _checked_vmm(
+            {**description, "items": [{"dtype": "torch.uint8", "shape": [needed], "offset_bytes": 0}]}, fds
+        )
+        from kbv import _vmm
+
+        try:
+            _vmm.import_writes(fd, size, writes, index)
+        except (_vmm.VmmError, RuntimeError, ValueError) as exc:
+            raise HandoffError(f"the worker's inbox could not be opened ({exc})") from exc
+        return
+    if (
+        transport != "cuda_ipc"
+        or not isinstance(description.get("items"), list)
+        or len(description["items"]) != 1
+    ):
+        raise HandoffError(f"malformed inbox description (transport {transport!r})")
+    dtype, shape, stride, offset, storage = _checked(description["items"][0])
+    if dtype != torch.uint8 or len(shape) != 1 or stride != [1] or shape[0] < needed:
+        raise HandoffError(f"the worker's inbox cannot hold {needed} bytes ({dtype}, shape {shape})")
+    try:
+        whole = _open_cuda(storage, index, dtype, shape, stride, offset)
+        for tensor, at in writes:
+            n = _nbytes(tensor)
+            if n:
+                whole[at : at + n].copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
+        torch.cuda.synchronize(index)  # the copies are complete before the handle closes
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise HandoffError(f"the worker's inbox could not be written ({exc})") from exc
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _from_vmm(description: dict[str, Any], fds: list[int], device_index: int) -> list[Any]:

@@ -59,6 +59,8 @@ class _State:
         # until the parent's next request; and how (``kbv.handoff.TRANSPORTS``, the parent says).
         self.handed: list[Any] = []
         self.handoff = "cuda_ipc"
+        # An empty allocation the parent fills (a model's parameters), kept until the build reads it.
+        self.inbox: list[Any] = []
 
 
 def main(fd: int) -> None:
@@ -86,7 +88,8 @@ def main(fd: int) -> None:
             reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
         reply["worker_seconds"] = time.perf_counter() - started
         _release_cached_memory()
-        _channel.send(sock, reply, fds=_handoff.fds_to_send(state.handed))
+        sent = state.handed + state.inbox if op == "inbox" else state.handed
+        _channel.send(sock, reply, fds=_handoff.fds_to_send(sent))
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
             break  # the CUDA context is unusable now; this process must not be reused
     sock.close()
@@ -187,10 +190,26 @@ def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
         model.load_state_dict(loaded, strict=True)
         parameters = "state_dict"
+    elif request.get("state_inbox") is not None:
+        try:
+            model.load_state_dict(
+                _handoff.inbox_tensors(state.inbox, request["state_inbox"], state.device), strict=True
+            )
+            torch.cuda.synchronize(state.device)  # the copies are done before the inbox goes
+        finally:
+            _handoff.release(state.inbox)
+        parameters = "state_dict"
     state.model = model
     state.model_fp64 = None
     state.model_compiled = None
     return {"parameters": parameters}
+
+
+def _inbox(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """An empty allocation of ``nbytes`` for the parent to write a model's parameters into (CUDA
+    only); the next ``build`` with ``state_inbox`` reads it. The parent never shares its memory."""
+    _handoff.release(state.inbox)
+    return {"inbox": _handoff.open_inbox(int(request["nbytes"]), state.device, state.handoff, state.inbox)}
 
 
 def _parameter_shapes(model: Any) -> dict[str, list[int]]:
@@ -201,12 +220,22 @@ def _parameter_shapes(model: Any) -> dict[str, list[int]]:
 
 
 def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Reference workers only: new parameter values for a distribution, saved for the candidate."""
+    """Reference workers only: new parameter values for a distribution, saved for the candidate, or
+    (``hand_over``, on a GPU) handed to the parent on the device with their names."""
     if state.role != "reference":
         raise PermissionError("only a reference worker redraws parameters")
     new_state = kbv_inputs.redraw_parameters(state.model, request["distribution"], int(request["seed"]))
     state.model.load_state_dict(new_state, strict=False)
     state.model_fp64 = None
+    if request.get("hand_over"):
+        named = state.model.state_dict()
+        values = [_handoff.plain_copy(v, state.device, copy=False) for v in named.values()]
+        return {
+            "names": list(named),
+            "outputs": _handoff.hand_over(
+                values, state.device, request["out_path"], state.handed, state.handoff
+            ),
+        }
     full = {k: v.detach().cpu() for k, v in state.model.state_dict().items()}
     torch.save(full, request["out_path"])
     return {"n_tensors": len(full)}
@@ -404,6 +433,7 @@ _HANDLERS = {
     "load": _load,
     "build": _build,
     "redraw": _redraw,
+    "inbox": _inbox,
     "run": _run,
     "time": _time,
     "identities": _identities,

@@ -257,6 +257,16 @@ class Worker:
         except _handoff.HandoffError as exc:
             raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
 
+    def fill_inbox(self, description: Any, named: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        """Write trusted tensors into the inbox this worker's last reply opened (``kbv.handoff``). An
+        inbox that cannot hold them or cannot be opened is the worker's failure."""
+        from kbv import handoff as _handoff
+
+        try:
+            _handoff.fill_inbox(description, self._fds, named, items, self.spec.device)
+        except _handoff.HandoffError as exc:
+            raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
+
     def new_path(self, stem: str) -> str:
         """A fresh file name in this worker's scratch directory, for tensors it writes."""
         self._counter += 1
