@@ -317,9 +317,7 @@ def test_an_inbox_for_a_cpu_evaluation_is_refused() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("transport", ["cuda_ipc", "cuda_vmm"])
-def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own(
-    transport: str, tmp_path
-) -> None:
+def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own(transport: str) -> None:
     """On the GPU the reference hands its redrawn parameters to the parent, the candidate opens an
     empty inbox and the parent writes them there: the candidate's model then computes what the
     reference's does, and not what its own seeded initialisation did. An inbox too small for them
@@ -329,8 +327,6 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
     from kbv.worker import Worker, WorkerFailed, WorkerSpec
 
     problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
-    candidate = tmp_path / "reference_as_candidate.py"
-    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
     common = {"device": "cuda", "problem_path": str(problem), "init_seed": 1, "handoff": transport}
 
     def run(worker: Worker, precision: str) -> torch.Tensor:
@@ -348,6 +344,10 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
         subject.start()
         if subject.uid is not None and transport == "cuda_ipc":
             pytest.skip("a candidate under a uid of its own hands over exported VMM memory only")
+        # in its scratch: a candidate under a uid of its own cannot enter pytest's root-only tmp_path
+        candidate = subject.scratch / "reference_as_candidate.py"
+        candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+        candidate.chmod(0o644)
         reference.request("load", role="reference", **common)
         subject.request("load", role="candidate", candidate_path=str(candidate), **common)
         seeded = run(subject, "native")
