@@ -125,7 +125,7 @@ def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
     problem = load_problem(path)
     reference = gen.load_module(path)
     draws = gen._domain_draws(problem, reference, "cpu")
-    spec = gen._check(problem, draft, {}, reference, draws, tmp_path, 0)
+    spec = gen._check(problem, draft, {}, reference, draws, tmp_path, 0, "cpu")
     assert spec.status == "generator_error" and "broken" in spec.note
 
 
@@ -401,5 +401,27 @@ def test_domain_draws_are_made_afresh_and_the_same_each_time(tmp_path: Path) -> 
         assert all(
             torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(first, again, strict=True)
         )
-    outputs = list(gen._calls(reference, "Model", draws))
+    outputs = list(gen._calls(reference, "Model", draws, "cpu"))
     assert len(outputs) == len(draws) and torch.equal(outputs[0][0], torch.relu(draws[0]()[0]))
+
+
+def test_the_judged_models_are_made_on_the_draws_device() -> None:
+    """A problem with parameters is judged with its weights where its inputs are (on the H200 the
+    reference's convolution was made on the CPU beside CUDA inputs and the problem left out)."""
+    import types
+
+    made_on = []
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(3))
+            made_on.append(self.weight.device.type)
+
+        def forward(self, x):
+            return x * self.weight
+
+    module = types.SimpleNamespace(Model=Model, ModelNew=Model, get_init_inputs=lambda: [])
+    draws = [lambda: [torch.ones(3, device="meta")]]
+    (out,) = next(gen._calls(module, "ModelNew", draws, "meta", module))
+    assert out[0].device.type == "meta" and made_on == ["meta", "meta"]

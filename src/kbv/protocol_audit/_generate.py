@@ -81,7 +81,7 @@ def problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     sizes = problem.sizes_for(torch.device(device).type)
     reference = load_module(problem.path, sizes=sizes)
     draws = _domain_draws(problem, reference, device)
-    first_outputs = next(_calls(reference, "Model", draws[:1]))
+    first_outputs = next(_calls(reference, "Model", draws[:1], device))
     specs: list[Spec] = []
     for index, draft in enumerate(_drafts(problem, first_outputs, draws[0]())):
         kept = sum(1 for s in specs if s.kind == draft.kind and s.status == "evaluate")
@@ -98,7 +98,7 @@ def problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
                 )
             )
             continue
-        specs.append(_check(problem, draft, sizes, reference, draws, out_dir, index))
+        specs.append(_check(problem, draft, sizes, reference, draws, out_dir, index, device))
     return specs
 
 
@@ -143,6 +143,7 @@ def _check(
     draws: list[Draw],
     out_dir: Path,
     index: int,
+    device: str,
 ) -> Spec:
     base = {"problem": problem.name, "role": draft.role, "kind": draft.kind, "variant": draft.variant}
     try:
@@ -156,18 +157,22 @@ def _check(
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != source:
         path.write_text(source)
-    status, note = _judge(draft, path, reference, draws)
+    status, note = _judge(draft, path, reference, draws, device)
     return Spec(**base, source=source, status=status, note=note, path=str(path))
 
 
-def _judge(draft: _Draft, path: Path, reference: ModuleType, draws: list[Draw]) -> tuple[str, str]:
+def _judge(
+    draft: _Draft, path: Path, reference: ModuleType, draws: list[Draw], device: str
+) -> tuple[str, str]:
     """The generated source against the reference, one draw at a time: at KernelBench sizes (6.4 GB
     inputs) every draw's inputs and outputs held at once would not fit a GPU."""
     failed = "generator_error" if draft.role == "control" else "not_viable"
     same = draft.role == "mutant"  # equivalence is asked of mutants only
     try:
         module = _import(path)
-        calls = zip(_calls(module, "ModelNew", draws, reference), _calls(reference, "Model", draws))
+        calls = zip(
+            _calls(module, "ModelNew", draws, device, reference), _calls(reference, "Model", draws, device)
+        )
         for k, (got, expected) in enumerate(calls):
             shape_note = _structure_difference(got, expected) if k == 0 else ""
             if shape_note:
@@ -207,17 +212,20 @@ def _domain_draws(problem: Problem, module: ModuleType, device: str) -> list[Dra
 
 
 def _calls(
-    module: ModuleType, cls: str, draws: list[Draw], reference: ModuleType | None = None
+    module: ModuleType, cls: str, draws: list[Draw], device: str, reference: ModuleType | None = None
 ) -> Iterator[list[Any]]:
     """One model instance called on every draw in turn (a cache across calls shows), each on inputs
-    of its own (a model that writes its inputs changes nobody else's); the outputs one draw at a time."""
+    of its own (a model that writes its inputs changes nobody else's); the outputs one draw at a time.
+    The model is made on the draws' ``device``, as a worker makes it (on the H200 a convolution's
+    weights were left on the CPU and the problem was left out of the audit)."""
     init = (reference or module).get_init_inputs()
-    torch.manual_seed(0)
-    model = getattr(module, cls)(*init)
-    if reference is not None and isinstance(model, torch.nn.Module):
+    with torch.device(device):
         torch.manual_seed(0)
-        model.load_state_dict(reference.Model(*init).state_dict(), strict=True)
-    model = model.eval() if isinstance(model, torch.nn.Module) else model
+        model = getattr(module, cls)(*init)
+        if reference is not None and isinstance(model, torch.nn.Module):
+            torch.manual_seed(0)
+            model.load_state_dict(reference.Model(*init).state_dict(), strict=True)
+    model = model.to(device).eval() if isinstance(model, torch.nn.Module) else model
     for make in draws:
         with torch.no_grad():
             out = model(*make())
