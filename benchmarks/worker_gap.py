@@ -33,11 +33,18 @@ from the fork server as in an evaluation, sent ``load`` and then at once the sam
 an evaluation sends: no correctness draws before it), ``worker_time_only_fresh`` (the same from a
 fresh interpreter, ``KBV_FORK_SERVER=0``) and ``evaluation_fresh`` (a whole evaluation with every
 worker a fresh interpreter).
+
+The fourteenth session's ``--direct`` run: the birth does not matter (forked and fresh within
+0.2 us) and a worker timed at once carries no offset, but an evaluation's workers do (+11.7 us for
+the candidate, +8.0 us for the eager baseline). ``--history`` bisects what an evaluation does before
+and in its timing requests: both workers started and loaded, then timed after each stage, cumulative
+(:data:`HISTORY_STAGES`, lines in ``OUT/worker_history.jsonl``, a ``plain`` line first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -225,6 +232,86 @@ def _worker_time_only(problem, candidate, protocol, calls: int, device: str = "c
     return result
 
 
+#: ``--history``'s stages, in order, each added to those before it in the same two workers.
+HISTORY_STAGES = (
+    "both_alive",
+    "others_paused",
+    "evaluation_settings",
+    "after_one_draw",
+    "after_six_draws",
+    "after_build",
+)
+
+
+def _worker_history(problem, candidate, protocol, calls: int, device: str = "cuda") -> list[dict]:
+    """Both roles' workers alive together, as in an evaluation, timed after each of
+    :data:`HISTORY_STAGES`: nothing yet; the other worker stopped while one is timed (as
+    ``performance`` does); the evaluation's own timing settings and input sets; one correctness
+    draw each, handed over to this process; five more; both models built again (as the timing
+    phase does first). Each line: the stage, the candidate's and the eager baseline's median."""
+    from kbv.evaluation import timing_input_sets, worker_specs
+    from kbv.performance import _others_paused, _settings_dict
+    from kbv.worker import Worker
+
+    specs = worker_specs(problem, candidate, protocol, device)
+    plain_settings = _settings_dict(dataclasses.replace(protocol.timing, repeats=calls, input_sets=1))
+    own_settings = _settings_dict(dataclasses.replace(protocol.timing, repeats=calls))
+    own_seeds = [7 + k for k in range(timing_input_sets(protocol.timing.input_sets, []))]
+    with (
+        Worker(dataclasses.replace(specs[0], limits=None)) as reference,
+        Worker(dataclasses.replace(specs[1], limits=None)) as subject,
+    ):
+        reference.start()
+        subject.start()
+        for role, worker in (("reference", reference), ("candidate", subject)):
+            fields = {
+                "role": role,
+                "device": device,
+                "problem_path": str(problem.path),
+                "sizes": problem.sizes_for(device),
+                "domain": problem.extras.get("domain", "any"),
+                "init_seed": 1,
+                "structure": None,
+            }
+            if role == "candidate":
+                fields["candidate_path"] = str(candidate.path)
+            worker.request("load", **fields)
+
+        def timed(stage: str, pause: bool, settings: dict, seeds: list[int]) -> dict:
+            line: dict = {"stage": stage}
+            for key, worker in (("candidate_ms", subject), ("eager_ms", reference)):
+                with _others_paused(worker, reference, subject) if pause else contextlib.nullcontext():
+                    reply = worker.request(
+                        "time", distribution="original", seeds=seeds, precision="native", settings=settings
+                    )
+                line[key] = statistics.median(reply["measurement"]["device_ms"])
+            return line
+
+        def draws(n: int) -> None:
+            for k in range(n):
+                for worker in (reference, subject):
+                    reply = worker.request(
+                        "run",
+                        distribution="original",
+                        seed=100 + k,
+                        precision="native",
+                        out_path=worker.new_path("out"),
+                    )
+                    worker.receive_outputs(reply["outputs"])
+
+        lines = [timed("both_alive", False, plain_settings, [7])]
+        lines.append(timed("others_paused", True, plain_settings, [7]))
+        lines.append(timed("evaluation_settings", True, own_settings, own_seeds))
+        draws(1)
+        lines.append(timed("after_one_draw", True, plain_settings, [7]))
+        draws(5)
+        lines.append(timed("after_six_draws", True, plain_settings, [7]))
+        for worker in (reference, subject):
+            worker.request("build", init_seed=2)
+        lines.append(timed("after_build", True, plain_settings, [7]))
+    return lines
+
+
 def _fork_server_off(measure):
     def run():
         os.environ["KBV_FORK_SERVER"] = "0"
@@ -262,6 +349,9 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--stages", action="store_true", help="bisect the worker's setting (see above)")
     parser.add_argument("--direct", action="store_true", help="a worker's birth and history (see above)")
+    parser.add_argument(
+        "--history", action="store_true", help="two workers timed after each stage (see above)"
+    )
     args = parser.parse_args()
 
     from fidelity import CLASSES, _pair, _prebuild, fidelity_protocol
@@ -285,6 +375,8 @@ def main() -> int:
     _prebuild(pairs)
     if args.stages:
         return _run_stages(chosen, pairs, args.calls, out)
+    if args.history:
+        return _run_history(chosen, pairs, limited, args.calls, out)
     for (klass, _, _), (problem, candidate) in zip(chosen, pairs, strict=True):
         ways = {
             "plain": lambda p=problem, c=candidate: _plain_in_subprocess(p, c, args.calls, False),
@@ -305,6 +397,17 @@ def main() -> int:
             line = {"class": klass, "way": way, **(measure() or {"error": "see the log"})}
             print(json.dumps(line), flush=True)
             with (out / "worker_gap.jsonl").open("a") as stream:
+                stream.write(json.dumps(line) + "\n")
+    return 0
+
+
+def _run_history(chosen: list, pairs: list, protocol, calls: int, out: Path) -> int:
+    for (klass, _, _), (problem, candidate) in zip(chosen, pairs, strict=True):
+        plain_line = {"stage": "plain", **(_plain_in_subprocess(problem, candidate, calls, False) or {})}
+        for line in [plain_line, *_worker_history(problem, candidate, protocol, calls)]:
+            line = {"class": klass, **line}
+            print(json.dumps(line), flush=True)
+            with (out / "worker_history.jsonl").open("a") as stream:
                 stream.write(json.dumps(line) + "\n")
     return 0
 

@@ -50,3 +50,10 @@ def test_the_recipe_times_the_input_sets_it_is_given() -> None:
     never = type("NoDraws", (), {"get_inputs": staticmethod(lambda: pytest.fail("drew inputs"))})
     assert target.through_recipe(Recording(), never, 3, calls=4, device="cpu", input_sets=given) > 0
     assert set(seen) == {2.0}
+
+
+def test_history_times_both_roles_after_every_stage_in_the_same_two_workers(pair_and_protocol) -> None:
+    script, problem, candidate, protocol = pair_and_protocol
+    lines = script._worker_history(problem, candidate, protocol, 5, device="cpu")
+    assert [line["stage"] for line in lines] == list(script.HISTORY_STAGES)
+    assert all(line["candidate_ms"] > 0 and line["eager_ms"] > 0 for line in lines)
