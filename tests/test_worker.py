@@ -256,3 +256,41 @@ def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> N
     assert _spec_key(standard[0]) != _spec_key(
         worker_specs(problem, candidate, VERIFIED, "cpu")[0]
     )  # spares do not mix them
+
+
+def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(monkeypatch) -> None:
+    """``close_all`` sends every worker its ``exit`` before it reads any reply or waits for any
+    process, so their exits overlap; each ends gone, its scratch removed, and a later ``close`` (the
+    evaluation's ``with``) does nothing more."""
+    from kbv import channel as _channel
+    from kbv.worker import close_all
+
+    workers = [_candidate_worker(f"close-all-{k}") for k in range(2)]
+    events: list[str] = []
+    send, receive = _channel.send, _channel.receive
+
+    def spy_send(sock, message, fds=()):
+        if message.get("op") == "exit":
+            events.append("ask")
+        return send(sock, message, fds)
+
+    def spy_receive(sock, *args, **kwargs):
+        reply = receive(sock, *args, **kwargs)
+        if reply.get("ok") is True and set(reply) == {"ok"}:
+            events.append("reply")
+        return reply
+
+    try:
+        for worker in workers:
+            _load(worker, "relu_plain.py")
+        monkeypatch.setattr(_channel, "send", spy_send)
+        monkeypatch.setattr(_channel, "receive", spy_receive)
+        close_all(workers)
+        assert events == ["ask", "ask", "reply", "reply"]
+        assert all(not w.alive() and not w.scratch.exists() for w in workers)
+        for worker in workers:
+            worker.close()
+        assert events == ["ask", "ask", "reply", "reply"]  # nothing asked again
+    finally:
+        for worker in workers:
+            worker.close()

@@ -37,7 +37,7 @@ from kbv.records import (
     error_summary,
     protocol_section,
 )
-from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
+from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, close_all, visible_devices, worker_device
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -264,6 +264,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             return _failure_record(ctx, ref_hello, failure)
         _end_containment(ctx, reference, subject, gpu)
         closing = time.monotonic()
+        close_all((subject, reference))  # side by side (the ``with`` then has nothing left to close)
     ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
     ctx.phases["total"] = time.monotonic() - started  # closing the workers included
     outcome = decide_outcome(correct, ctx.findings)

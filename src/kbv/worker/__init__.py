@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +136,8 @@ class Worker:
         #: Descriptors of exported device memory that came with the last reply (``kbv.handoff``).
         self._fds: list[int] = []
         self._private_net = False
+        self._exit_asked = False  # an ``exit`` request sent, its reply not read yet
+        self._closed = False
 
     def __enter__(self) -> Worker:
         return self
@@ -390,13 +392,31 @@ class Worker:
             return None
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._ask_exit()
+        self._await_exit()
+        self.kill()
+        self._clean_up()
+
+    def _ask_exit(self) -> None:
+        """Ask a live worker to exit (its reply is read by :meth:`_await_exit`)."""
+        self._exit_asked = False
         if self._sock is not None and self.alive():
             try:
                 _channel.send(self._sock, {"op": "exit"})
-                _channel.receive(self._sock, time.monotonic() + 2, alive=self.alive)
-            except (OSError, _channel.ChannelClosed, _channel.ChannelTimeout):
+                self._exit_asked = True
+            except OSError:
                 pass
-        self.kill()
+
+    def _await_exit(self) -> None:
+        if self._exit_asked and self._sock is not None:
+            self._exit_asked = False
+            with contextlib.suppress(OSError, _channel.ChannelClosed, _channel.ChannelTimeout):
+                _channel.receive(self._sock, time.monotonic() + 2, alive=self.alive)
+
+    def _clean_up(self) -> None:
+        self._closed = True
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
@@ -719,6 +739,22 @@ def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
         tuple(spec.readable),
         spec.warm_probes,
     )
+
+
+def close_all(workers: Iterable[Worker]) -> None:
+    """Close several workers side by side: each is asked to exit and killed before any is waited
+    for, so their processes (a CUDA context each) end at once instead of one after the other."""
+    workers = list(workers)
+    for worker in workers:
+        worker._ask_exit()
+    for worker in workers:
+        worker._await_exit()
+    for worker in workers:
+        if worker._proc is not None:
+            worker._kill_tree()
+    for worker in workers:
+        worker.kill()  # each already dead: the wait only reaps it
+        worker._clean_up()
 
 
 class Spares:
