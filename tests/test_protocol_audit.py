@@ -425,3 +425,33 @@ def test_the_judged_models_are_made_on_the_draws_device() -> None:
     draws = [lambda: [torch.ones(3, device="meta")]]
     (out,) = next(gen._calls(module, "ModelNew", draws, "meta", module))
     assert out[0].device.type == "meta" and made_on == ["meta", "meta"]
+
+
+def test_a_problem_checked_once_is_read_back_from_the_store_file_and_its_files_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An audit resumed (or only reported) does not run a finished problem's controls and mutants
+    again: the second call reads what the first found from the store file, writes the sources
+    under its own work directory, and runs nothing; a changed problem is checked again."""
+    path = _problem(tmp_path, "torch.relu(x).sum(dim=1, keepdim=True)")
+    problem = load_problem(path)
+    cache = gen.SpecCache(tmp_path / "audit.sqlite")
+    first = gen.problem_specs(problem, "cpu", tmp_path / "work1", cache)
+    assert any(s.status == "evaluate" for s in first)
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a cached problem was checked again")
+
+    monkeypatch.setattr(gen, "_problem_specs", no_runs)
+    again = gen.problem_specs(problem, "cpu", tmp_path / "work2", cache)
+    assert [(s.kind, s.variant, s.status, s.note, s.sha256) for s in again] == [
+        (s.kind, s.variant, s.status, s.note, s.sha256) for s in first
+    ]
+    for spec in again:
+        if spec.path:
+            assert (
+                spec.path.startswith(str(tmp_path / "work2")) and Path(spec.path).read_text() == spec.source
+            )
+    changed = load_problem(_problem(tmp_path, "torch.relu(x).mean(dim=1, keepdim=True)"))
+    with pytest.raises(AssertionError, match="checked again"):
+        gen.problem_specs(changed, "cpu", tmp_path / "work3", cache)

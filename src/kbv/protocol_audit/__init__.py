@@ -58,7 +58,7 @@ def audit_protocols(
     from kbv.execute import make_executor
     from kbv.problems import load_problems
     from kbv.protocol import load_protocol
-    from kbv.protocol_audit._generate import Spec, problem_specs
+    from kbv.protocol_audit._generate import Spec, SpecCache, problem_specs
     from kbv.store import Store, pair_key, record_key
 
     unknown = sorted(set(roles) - set(ROLES))
@@ -73,7 +73,7 @@ def audit_protocols(
     pairs, owners = [], {}
     for problem in loaded:
         try:
-            specs = problem_specs(problem, device, work / device.split(":")[0])
+            specs = problem_specs(problem, device, work / device.split(":")[0], SpecCache(db))
         except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
             result.errors.append(
                 (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

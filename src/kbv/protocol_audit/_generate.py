@@ -12,8 +12,12 @@ never the distributions of the protocol under test.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import importlib.util
+import json
+import sqlite3
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -67,6 +71,71 @@ class Spec:
         }
 
 
+class SpecCache:
+    """What :func:`problem_specs` found per problem, kept in a table of the audit's own store file
+    (``audit_specs``), so that an audit resumed, or only reported (``evaluate=False``), does not run
+    every control and mutant of a finished problem again at its full size: at KernelBench sizes that
+    is 12 draws of every generated source and of the reference, tens of seconds a problem on the
+    H200. The key holds everything the result depends on: the problem's source and sizes, the kind
+    of device, the torch version and the source of the modules that generate, draw and judge."""
+
+    VERSION = 1
+    _MODULES = (
+        "kbv.protocol_audit._generate",
+        "kbv.protocol_audit._sources",
+        "kbv.inputs",
+        "kbv.problems.structure",
+    )
+
+    def __init__(self, db: str | Path) -> None:
+        self.db = Path(db)
+
+    def key(self, problem: Problem, device: str) -> str:
+        kind = torch.device(device).type
+        parts = [
+            f"audit-specs/{self.VERSION}",
+            kind,
+            torch.__version__,
+            json.dumps(problem.sizes_for(kind), sort_keys=True, default=str),
+            problem.source,
+            *(Path(str(sys.modules[name].__file__)).read_text() for name in self._MODULES),
+        ]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def get(self, key: str) -> list[dict[str, Any]] | None:
+        if not self.db.is_file():
+            return None
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_specs'"
+            ).fetchone():
+                return None
+            row = conn.execute("SELECT specs FROM audit_specs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else list(json.loads(row[0]))
+
+    def put(self, key: str, specs: list[Spec]) -> None:
+        items = [
+            {**dataclasses.asdict(spec), "path": Path(spec.path).name if spec.path else ""} for spec in specs
+        ]
+        from kbv.store import Store
+
+        self.db.parent.mkdir(parents=True, exist_ok=True)
+        Store(self.db).close()  # a kbv store first: its table lives beside the store's own
+        with contextlib.closing(sqlite3.connect(self.db)) as conn, conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS audit_specs (key TEXT PRIMARY KEY, specs TEXT NOT NULL)")
+            conn.execute("INSERT OR REPLACE INTO audit_specs VALUES (?, ?)", (key, json.dumps(items)))
+
+
+def _restored(item: dict[str, Any], out_dir: Path) -> Spec:
+    """A cached spec, its source written under this audit's ``out_dir`` where it is not already."""
+    name = item.get("path") or ""
+    path = out_dir / item["problem"] / name if name else None
+    if path is not None and (not path.is_file() or path.read_text() != item["source"]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(item["source"])
+    return Spec(**{**item, "path": str(path) if path is not None else ""})
+
+
 @dataclass
 class _Draft:
     role: str
@@ -76,8 +145,22 @@ class _Draft:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
-    """Every control and mutant of ``problem``, written under ``out_dir/<problem>/`` and checked."""
+def problem_specs(problem: Problem, device: str, out_dir: Path, cache: SpecCache | None = None) -> list[Spec]:
+    """Every control and mutant of ``problem``, written under ``out_dir/<problem>/`` and checked.
+    With ``cache``, a problem already checked by the same code on the same kind of device is not
+    run again: its specs are read back and their files written where they are missing."""
+    if cache is None:
+        return _problem_specs(problem, device, out_dir)
+    key = cache.key(problem, device)
+    known = cache.get(key)
+    if known is not None:
+        return [_restored(item, out_dir) for item in known]
+    specs = _problem_specs(problem, device, out_dir)
+    cache.put(key, specs)
+    return specs
+
+
+def _problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     sizes = problem.sizes_for(torch.device(device).type)
     reference = load_module(problem.path, sizes=sizes)
     draws = _domain_draws(problem, reference, device)
