@@ -333,27 +333,37 @@ def fill_inbox(
     if not isinstance(description, dict) or not device.startswith("cuda"):
         raise HandoffError("the worker's inbox is not described (or the evaluation is not on CUDA)")
     needed = max((item["offset_bytes"] + _nbytes(named[item["name"]]) for item in items), default=0)
-    index = _device_index(device)
     writes = [(named[item["name"]], int(item["offset_bytes"])) for item in items]
-    transport = description.get("transport")
-    if transport == "cuda_vmm":
-        fd, size, _ = _checked_vmm(
-            {**description, "items": [{"dtype": "torch.uint8", "shape": [needed], "offset_bytes": 0}]}, fds
-        )
-        from kbv import _vmm
+    if description.get("transport") == "cuda_vmm":
+        _fill_vmm_inbox(description, fds, writes, needed, _device_index(device))
+    else:
+        _fill_ipc_inbox(description, writes, needed, _device_index(device))
 
-        try:
-            _vmm.import_writes(fd, size, writes, index)
-        except (_vmm.VmmError, RuntimeError, ValueError) as exc:
-            raise HandoffError(f"the worker's inbox could not be opened ({exc})") from exc
-        return
-    if (
-        transport != "cuda_ipc"
-        or not isinstance(description.get("items"), list)
-        or len(description["items"]) != 1
-    ):
-        raise HandoffError(f"malformed inbox description (transport {transport!r})")
-    dtype, shape, stride, offset, storage = _checked(description["items"][0])
+
+def _fill_vmm_inbox(
+    description: dict[str, Any],
+    fds: list[int],
+    writes: list[tuple[torch.Tensor, int]],
+    needed: int,
+    index: int,
+) -> None:
+    claimed = {**description, "items": [{"dtype": "torch.uint8", "shape": [needed], "offset_bytes": 0}]}
+    fd, size, _ = _checked_vmm(claimed, fds)
+    from kbv import _vmm
+
+    try:
+        _vmm.import_writes(fd, size, writes, index)
+    except (_vmm.VmmError, RuntimeError, ValueError) as exc:
+        raise HandoffError(f"the worker's inbox could not be opened ({exc})") from exc
+
+
+def _fill_ipc_inbox(
+    description: dict[str, Any], writes: list[tuple[torch.Tensor, int]], needed: int, index: int
+) -> None:
+    items = description.get("items")
+    if description.get("transport") != "cuda_ipc" or not isinstance(items, list) or len(items) != 1:
+        raise HandoffError(f"malformed inbox description (transport {description.get('transport')!r})")
+    dtype, shape, stride, offset, storage = _checked(items[0])
     if dtype != torch.uint8 or len(shape) != 1 or stride != [1] or shape[0] < needed:
         raise HandoffError(f"the worker's inbox cannot hold {needed} bytes ({dtype}, shape {shape})")
     try:
