@@ -317,7 +317,9 @@ def test_an_inbox_for_a_cpu_evaluation_is_refused() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("transport", ["cuda_ipc", "cuda_vmm"])
-def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own(transport: str) -> None:
+def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the GPU the reference hands its redrawn parameters to the parent, the candidate opens an
     empty inbox and the parent writes them there: the candidate's model then computes what the
     reference's does, and not what its own seeded initialisation did. An inbox too small for them
@@ -328,6 +330,8 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
 
     problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
     common = {"device": "cuda", "problem_path": str(problem), "init_seed": 1, "handoff": transport}
+    if transport == "cuda_ipc":  # where the candidate keeps the parent's uid (the IPC inbox, bounded)
+        monkeypatch.setenv("KBV_WORKER_USER", "off")
 
     def run(worker: Worker, precision: str) -> torch.Tensor:
         reply = worker.request(
@@ -368,3 +372,80 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
         expected = run(reference, "native")
     assert torch.equal(loaded, expected)
     assert not torch.allclose(seeded, expected)
+
+
+# ------------------------------------------------------------------------------------------------
+# a worker's IPC storage bounded by the allocation the driver opened
+
+
+@pytest.mark.parametrize(
+    ("driver_range", "offset", "nbytes", "message"),
+    [
+        ((1000, 4096), 0, 4096, None),
+        ((1000, 4096), 96, 4000, None),
+        ((1000, 4096), 96, 4001, "reaches past its allocation"),
+        ((1000, 4096), 0, 1 << 30, "reaches past its allocation"),
+        ((512, 1 << 20), 0, 64, "reaches past its allocation"),  # the mapping is inside another allocation
+        (None, 0, 64, "could not be bounded"),
+    ],
+)
+def test_a_claimed_storage_must_lie_inside_the_allocation_the_driver_opened(
+    monkeypatch: pytest.MonkeyPatch, driver_range, offset, nbytes, message
+) -> None:
+    """The storage a worker's IPC descriptor claims (offset and size) is held against what the
+    driver says the allocation at the mapping's start is; a driver that cannot say refuses it."""
+    from kbv import _vmm
+
+    def address_range(ptr: int) -> tuple[int, int]:
+        if driver_range is None:
+            raise _vmm.VmmError("address range returned CUresult 1")
+        return driver_range
+
+    monkeypatch.setattr(_vmm, "address_range", address_range)
+    if message is None:
+        _handoff.inside_allocation(1000, offset, nbytes)
+    else:
+        with pytest.raises(HandoffError, match=message):
+            _handoff.inside_allocation(1000, offset, nbytes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_candidate_ipc_descriptor_claiming_more_than_its_allocation_is_refused_before_any_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A candidate worker of the parent's own uid hands its outputs over by IPC. A descriptor whose
+    storage claims 256 MiB past a small output (beyond the allocator's block) is refused before the
+    parent reads anything; the honest descriptor of the same reply is read."""
+    from conftest import FOUNDATION, RELU
+
+    from kbv.worker import Worker, WorkerFailed, WorkerSpec
+
+    monkeypatch.setenv("KBV_WORKER_USER", "off")
+    spec = WorkerSpec(build_key="test-ipc-bound", device="cuda", role="candidate", budget_s=120)
+    with Worker(spec) as worker:
+        worker.start()
+        worker.request(
+            "load",
+            role="candidate",
+            device="cuda",
+            problem_path=str(RELU),
+            candidate_path=str(FOUNDATION / "relu_plain.py"),
+            sizes={"batch_size": 4, "dim": 1024},
+            init_seed=1,
+            handoff="cuda_ipc",
+        )
+        reply = worker.request(
+            "run", distribution="signed", seed=3, precision="native", out_path=worker.new_path("o")
+        )
+        (item,) = reply["outputs"]["items"]
+        claimed = (256 << 20) // 4
+        storage = {**item["storage"], "size": (item["offset"] + claimed) * 4}
+        inflated = {
+            **reply["outputs"],
+            "items": [{**item, "shape": [claimed], "stride": [1], "storage": storage}],
+        }
+        with pytest.raises(WorkerFailed, match="past its allocation"):
+            worker.receive_outputs(inflated)
+        (y,) = worker.receive_outputs(reply["outputs"])
+    assert y.shape == (4, 1024) and bool((y >= 0).all())

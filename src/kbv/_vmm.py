@@ -78,6 +78,7 @@ _SIGNATURES = {
     "cuMemUnmap": (_U64, _SIZE),
     "cuMemAddressFree": (_U64, _SIZE),
     "cuMemRelease": (_U64,),
+    "cuMemGetAddressRange_v2": (_P, _P, _U64),
 }
 
 
@@ -131,6 +132,17 @@ def _unmap(ptr: int, size: int) -> None:
     cu = _driver()
     cu.cuMemUnmap(ctypes.c_uint64(ptr), ctypes.c_size_t(size))
     cu.cuMemAddressFree(ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+
+
+def address_range(ptr: int) -> tuple[int, int]:
+    """The base and size of the device allocation that holds ``ptr`` in this process (one imported
+    from another process's IPC handle included), from the driver, not from what a worker claims."""
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    _check(
+        _driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)),
+        "address range",
+    )
+    return int(base.value), int(size.value)
 
 
 def bytes_at(ptr: int, size: int, device: int) -> torch.Tensor:

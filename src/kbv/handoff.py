@@ -224,7 +224,9 @@ def _b64(data: bytes) -> str:
 # parent side
 
 
-def receive(description: Any, device: str, fds: list[int] | None = None) -> list[Any]:
+def receive(
+    description: Any, device: str, fds: list[int] | None = None, *, bounded: bool = False
+) -> list[Any]:
     """The parent's own copies of the tensors a worker handed over (on ``device``); None stays None.
 
     Every descriptor is checked before use; a CUDA handle (or the exported allocation behind one of
@@ -243,7 +245,9 @@ def receive(description: Any, device: str, fds: list[int] | None = None) -> list
             raise HandoffError("the worker's CUDA hand-over has no item list")
         if not device.startswith("cuda"):
             raise HandoffError("a CUDA hand-over for a CPU evaluation")
-        copies = [None if item is None else _from_cuda(item, _device_index(device)) for item in items]
+        copies = [
+            None if item is None else _from_cuda(item, _device_index(device), bounded) for item in items
+        ]
         torch.cuda.synchronize(_device_index(device))  # the copies are complete before the handles close
         return copies
     if transport == "cuda_vmm":
@@ -273,7 +277,7 @@ def _device_index(device: str) -> int:
     return int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
 
 
-def _from_cuda(item: Any, device_index: int) -> torch.Tensor:
+def _from_cuda(item: Any, device_index: int, bounded: bool = False) -> torch.Tensor:
     if isinstance(item, dict) and item.get("empty") is True:
         dtype, shape = _DTYPES.get(str(item.get("dtype"))), _ints(item.get("shape"))
         if dtype is None or shape is None or all(shape):
@@ -281,7 +285,7 @@ def _from_cuda(item: Any, device_index: int) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=f"cuda:{device_index}")
     dtype, shape, stride, offset, storage = _checked(item)
     try:
-        view = _open_cuda(storage, device_index, dtype, shape, stride, offset)
+        view = _open_cuda(storage, device_index, dtype, shape, stride, offset, bounded=bounded)
         return _clone(view, memory_format=torch.contiguous_format)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise HandoffError(f"the worker's CUDA handle could not be opened ({exc})") from exc
@@ -294,9 +298,12 @@ def _open_cuda(
     shape: list[int],
     stride: list[int],
     offset: int,
+    *,
+    bounded: bool = False,
 ) -> torch.Tensor:
     """A view of a worker's shared storage (checked by :func:`_checked`); the handle closes when
-    the view goes."""
+    the view goes. ``bounded`` (a candidate's handle): the storage's claimed size is checked against
+    the allocation the driver opened, before anything reads or writes it."""
     shared = torch.UntypedStorage._new_shared_cuda(
         device_index,
         base64.b64decode(storage["handle"], validate=True),
@@ -307,7 +314,30 @@ def _open_cuda(
         base64.b64decode(storage["event_handle"], validate=True) if storage.get("event_handle") else b"",
         storage["event_sync"],
     )
+    if bounded:  # torch put the storage ``offset_bytes`` into the mapping of the handle
+        inside_allocation(
+            shared.data_ptr() - storage["offset_bytes"], storage["offset_bytes"], shared.nbytes()
+        )
     return torch.empty(0, dtype=dtype, device=f"cuda:{device_index}").set_(shared, offset, shape, stride)
+
+
+def inside_allocation(mapping: int, offset: int, nbytes: int) -> None:
+    """Refuse a storage that reaches past the allocation the driver opened for its handle. A
+    worker's IPC descriptor states the storage's offset and size itself, and torch maps the whole
+    allocation behind the handle (at ``mapping``) without comparing them with it: a claim past its
+    end would make the parent read, or write into an inbox, whatever this process has mapped next,
+    its own memory included. The allocation is asked of the driver at the mapping's start, which a
+    claim cannot move."""
+    from kbv import _vmm
+
+    try:
+        base, size = _vmm.address_range(mapping)
+    except _vmm.VmmError as exc:
+        raise HandoffError(f"the worker's CUDA handle could not be bounded ({exc})") from exc
+    if base != mapping or offset + nbytes > size:
+        raise HandoffError(
+            f"the worker's CUDA storage reaches past its allocation ({offset + nbytes} of {size} bytes)"
+        )
 
 
 def inbox_layout(named: dict[str, torch.Tensor]) -> tuple[list[dict[str, Any]], int]:
@@ -367,7 +397,7 @@ def _fill_ipc_inbox(
     if dtype != torch.uint8 or len(shape) != 1 or stride != [1] or shape[0] < needed:
         raise HandoffError(f"the worker's inbox cannot hold {needed} bytes ({dtype}, shape {shape})")
     try:
-        whole = _open_cuda(storage, index, dtype, shape, stride, offset)
+        whole = _open_cuda(storage, index, dtype, shape, stride, offset, bounded=True)
         for tensor, at in writes:
             n = _nbytes(tensor)
             if n:

@@ -255,7 +255,9 @@ class Worker:
         )
 
         try:
-            return _handoff.receive(description, self.spec.device, self._fds)
+            # A candidate's IPC descriptor is bounded by the allocation the driver opened.
+            bounded = self.spec.role == "candidate"
+            return _handoff.receive(description, self.spec.device, self._fds, bounded=bounded)
         except _handoff.HandoffError as exc:
             raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
 
