@@ -37,7 +37,8 @@ worker a fresh interpreter).
 The fourteenth session's ``--direct`` run: the birth does not matter (forked and fresh within
 0.2 us) and a worker timed at once carries no offset, but an evaluation's workers do (+11.7 us for
 the candidate, +8.0 us for the eager baseline). ``--history`` bisects what an evaluation does before
-and in its timing requests: both workers started and loaded, then timed after each stage, cumulative
+and in its timing requests (the sketch of every timed call among them): both workers started and
+loaded, then timed after each stage, cumulative
 (:data:`HISTORY_STAGES`, lines in ``OUT/worker_history.jsonl``, a ``plain`` line first).
 """
 
@@ -237,6 +238,7 @@ HISTORY_STAGES = (
     "both_alive",
     "others_paused",
     "evaluation_settings",
+    "sketched",
     "after_one_draw",
     "after_six_draws",
     "after_build",
@@ -246,11 +248,13 @@ HISTORY_STAGES = (
 def _worker_history(problem, candidate, protocol, calls: int, device: str = "cuda") -> list[dict]:
     """Both roles' workers alive together, as in an evaluation, timed after each of
     :data:`HISTORY_STAGES`: nothing yet; the other worker stopped while one is timed (as
-    ``performance`` does); the evaluation's own timing settings and input sets; one correctness
+    ``performance`` does); the evaluation's own timing settings and input sets; every timed call
+    sketched right after it, as an evaluation's timed calls are (``kbv.sketch``); one correctness
     draw each, handed over to this process; five more; both models built again (as the timing
     phase does first). Each line: the stage, the candidate's and the eager baseline's median."""
     from kbv.evaluation import timing_input_sets, worker_specs
     from kbv.performance import _others_paused, _settings_dict
+    from kbv.sketch import omega_for
     from kbv.worker import Worker
 
     specs = worker_specs(problem, candidate, protocol, device)
@@ -277,12 +281,18 @@ def _worker_history(problem, candidate, protocol, calls: int, device: str = "cud
                 fields["candidate_path"] = str(candidate.path)
             worker.request("load", **fields)
 
-        def timed(stage: str, pause: bool, settings: dict, seeds: list[int]) -> dict:
+        def timed(stage: str, pause: bool, settings: dict, seeds: list[int], sketch=None) -> dict:
             line: dict = {"stage": stage}
+            extra = {"sketch": sketch} if sketch is not None else {}
             for key, worker in (("candidate_ms", subject), ("eager_ms", reference)):
                 with _others_paused(worker, reference, subject) if pause else contextlib.nullcontext():
                     reply = worker.request(
-                        "time", distribution="original", seeds=seeds, precision="native", settings=settings
+                        "time",
+                        distribution="original",
+                        seeds=seeds,
+                        precision="native",
+                        settings=settings,
+                        **extra,
                     )
                 line[key] = statistics.median(reply["measurement"]["device_ms"])
             return line
@@ -302,6 +312,8 @@ def _worker_history(problem, candidate, protocol, calls: int, device: str = "cud
         lines = [timed("both_alive", False, plain_settings, [7])]
         lines.append(timed("others_paused", True, plain_settings, [7]))
         lines.append(timed("evaluation_settings", True, own_settings, own_seeds))
+        sketch = {"seed": 99, "omega": [omega_for(0.5)] * 4}  # a round's spec (one omega an output)
+        lines.append(timed("sketched", True, own_settings, own_seeds, sketch))
         draws(1)
         lines.append(timed("after_one_draw", True, plain_settings, [7]))
         draws(5)
