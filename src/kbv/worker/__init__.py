@@ -388,6 +388,10 @@ class Worker:
         if self._proc is None:
             return None
         self._kill_tree()
+        return self._reap()
+
+    def _reap(self) -> int | None:
+        assert self._proc is not None
         try:
             return self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -746,16 +750,17 @@ def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
 def close_all(workers: Iterable[Worker]) -> None:
     """Close several workers side by side: each is asked to exit and killed before any is waited
     for, so their processes (a CUDA context each) end at once instead of one after the other."""
-    workers = list(workers)
+    workers = [w for w in workers if not w._closed]
     for worker in workers:
         worker._ask_exit()
     for worker in workers:
         worker._await_exit()
+    started = [w for w in workers if w._proc is not None]
+    for worker in started:
+        worker._kill_tree()
+    for worker in started:
+        worker._reap()
     for worker in workers:
-        if worker._proc is not None:
-            worker._kill_tree()
-    for worker in workers:
-        worker.kill()  # each already dead: the wait only reaps it
         worker._clean_up()
 
 
