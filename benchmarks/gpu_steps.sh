@@ -123,12 +123,10 @@ step_compare() {
         --db "$OUT/compare.sqlite" --markdown "$OUT/compare_table.md" --json "$OUT/compare_table.json"
 }
 
-step_audit() {  # issue 17's GPU sample, part after part: stored pairs are not evaluated again
+step_audit() {  # issue 17's GPU sample, part after part in one process: stored pairs are not evaluated again
     seed_from_kb audit.sqlite
-    for k in $(seq 1 20); do
-        python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
-            --part "$k/20"
-    done
+    python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
+        --parts 1-20/20
 }
 
 step_audit_report() {  # the whole sample's figures from what the store holds (evaluates nothing)

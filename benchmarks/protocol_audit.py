@@ -13,9 +13,10 @@ with the same command, and ``--report`` prints the whole sample's figures once e
     python benchmarks/protocol_audit.py --kernelbench ../shared/kernelbench --device cuda \\
         --db $OUT/audit.sqlite --report --json $OUT/audit.jsonl
 
-Not run on a GPU yet. Estimate from the H200 costs in benchmarks/README.md (standard ~6 s,
-verified ~12 s per evaluation) and ~14 candidates per problem: about 4 minutes per problem, so
-``--part K/20`` (two problems) per command.
+``--parts K1-K2/N`` runs parts K1 to K2 one after another in one process (the fork server, the
+CUDA context and the device probe are then paid once); a finished part costs little there, since
+what the trusted run found per problem is kept in the store file (``audit_specs``). On the H200 a
+part of two problems took about 2 minutes (``benchmarks/results/gpu-2026-12-02-session14/``).
 
 CPU rehearsal of that sample: ``--device cpu --cpu-sizes`` shrinks each copy's size constants and
 shapes in its source (:func:`shrunk_sizes`), so the whole sample runs on two cores in minutes.
@@ -80,6 +81,20 @@ def parse_part(text: str) -> tuple[int, int]:
     if not 1 <= k <= n:
         raise argparse.ArgumentTypeError(f"--part K/N needs 1 <= K <= N, not {text}")
     return k, n
+
+
+def parse_parts(text: str) -> list[tuple[int, int]]:
+    """``K1-K2/N``: parts K1 to K2 of N, in order (one process for all: the fork server, the CUDA
+    context and the device probe are paid once, not once a part)."""
+    span, _, n = text.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        parts = [(k, int(n)) for k in range(int(first), int(last or first) + 1)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--parts needs K1-K2/N, not {text}") from None
+    if not parts or not all(1 <= k <= n for k, n in parts):
+        raise argparse.ArgumentTypeError(f"--parts K1-K2/N needs 1 <= K1 <= K2 <= N, not {text}")
+    return parts
 
 
 def sample_dir(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = False) -> Path:
@@ -231,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         help="every N-th sample problem from the K-th",
     )
     ap.add_argument(
+        "--parts",
+        type=parse_parts,
+        default=None,
+        metavar="K1-K2/N",
+        help="parts K1 to K2 of N, one after another in this process (instead of --part)",
+    )
+    ap.add_argument(
         "--report",
         action="store_true",
         help="evaluate nothing: the whole sample's figures from what --db holds",
@@ -243,6 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", action="append", default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
     args = ap.parse_args(argv)
+    if args.report or args.kernelbench is None:
+        return _audit_part(args, (1, 1))
+    failed = 0
+    for part in args.parts or [args.part]:
+        try:
+            _audit_part(args, part)
+        except Exception as exc:  # the next part still runs; this one resumes on the next call
+            failed += 1
+            print(f"part {part[0]}/{part[1]} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _audit_part(args: argparse.Namespace, part: tuple[int, int]) -> int:
     from rich.console import Console
 
     from kbv.problems import bundled_suite_dir
@@ -253,10 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = bundled_suite_dir()
     else:
         problems = sample_dir(
-            args.kernelbench,
-            args.db.parent / "audit-sample",
-            (1, 1) if args.report else args.part,
-            cpu_sizes=args.cpu_sizes,
+            args.kernelbench, args.db.parent / "audit-sample", part, cpu_sizes=args.cpu_sizes
         )
     result = audit_protocols(
         problems,

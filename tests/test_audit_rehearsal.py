@@ -120,3 +120,33 @@ def test_a_shape_tuple_shrinks_with_the_integers_it_must_equal() -> None:
     assert sizes["input_shape"] == (sizes["batch_size"],) and "dim" not in sizes  # 1 stays 1
     module = script._load(script.with_constants(HINGE_LIKE, sizes))
     assert module.Model()(*module.get_inputs()).ndim == 0
+
+
+def test_parts_run_one_after_another_in_one_process_and_a_failing_part_does_not_stop_the_rest(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``--parts 2-4/20`` audits parts 2, 3 and 4 in turn; a part that raises is reported and the
+    next one still runs (the exit status says one failed); bad spans are usage errors."""
+    import argparse
+
+    import pytest
+
+    script = load_script("protocol_audit")
+    assert script.parse_parts("2-4/20") == [(2, 20), (3, 20), (4, 20)]
+    assert script.parse_parts("7/20") == [(7, 20)]
+    for bad in ("0-2/20", "3-21/20", "4-2/20", "a-b/20"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            script.parse_parts(bad)
+    seen = []
+
+    def audit_part(args, part):
+        seen.append(part)
+        if part == (3, 20):
+            raise RuntimeError("out of memory")
+        return 0
+
+    monkeypatch.setattr(script, "_audit_part", audit_part)
+    status = script.main(
+        ["--kernelbench", str(tmp_path), "--db", str(tmp_path / "a.sqlite"), "--parts", "2-4/20"]
+    )
+    assert seen == [(2, 20), (3, 20), (4, 20)] and status == 1
