@@ -125,8 +125,14 @@ step_compare() {
 
 step_audit() {  # issue 17's GPU sample, part after part in one process: stored pairs are not evaluated again
     seed_from_kb audit.sqlite
-    python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
-        --parts 1-20/20
+    local k=1 rc
+    while [ "$k" -le 20 ]; do
+        python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
+            --parts "$k-20/20"
+        rc=$?
+        # 100 + K: part K raised; go on from K + 1 in a fresh process (its CUDA context may be broken)
+        if [ "$rc" -gt 100 ] && [ "$rc" -le 120 ]; then k=$(( rc - 100 + 1 )); else break; fi
+    done
 }
 
 step_audit_report() {  # the whole sample's figures from what the store holds (evaluates nothing)

@@ -92,8 +92,8 @@ def parse_parts(text: str) -> list[tuple[int, int]]:
         parts = [(k, int(n)) for k in range(int(first), int(last or first) + 1)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--parts needs K1-K2/N, not {text}") from None
-    if not parts or not all(1 <= k <= n for k, n in parts):
-        raise argparse.ArgumentTypeError(f"--parts K1-K2/N needs 1 <= K1 <= K2 <= N, not {text}")
+    if not parts or not all(1 <= k <= n <= 100 for k, n in parts):
+        raise argparse.ArgumentTypeError(f"--parts K1-K2/N needs 1 <= K1 <= K2 <= N <= 100, not {text}")
     return parts
 
 
@@ -267,14 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report or args.kernelbench is None:
         return _audit_part(args, (1, 1))
-    failed = 0
     for part in args.parts or [args.part]:
         try:
             _audit_part(args, part)
-        except Exception as exc:  # the next part still runs; this one resumes on the next call
-            failed += 1
+        except Exception as exc:
+            # A part's trusted runs happen in this process: one that broke its CUDA context would
+            # break every part after it. So stop, and say which part (PART_FAILED + K): the caller
+            # goes on from part K + 1 in a fresh process (benchmarks/gpu_steps.sh, step audit).
             print(f"part {part[0]}/{part[1]} stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return 1 if failed else 0
+            return PART_FAILED + part[0]
+    return 0
+
+
+#: The exit status of ``--parts`` when part K raised is PART_FAILED + K (K <= 100).
+PART_FAILED = 100
 
 
 def _audit_part(args: argparse.Namespace, part: tuple[int, int]) -> int:

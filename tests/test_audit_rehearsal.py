@@ -122,11 +122,12 @@ def test_a_shape_tuple_shrinks_with_the_integers_it_must_equal() -> None:
     assert module.Model()(*module.get_inputs()).ndim == 0
 
 
-def test_parts_run_one_after_another_in_one_process_and_a_failing_part_does_not_stop_the_rest(
+def test_parts_run_one_after_another_in_one_process_and_a_failing_part_names_where_to_go_on(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """``--parts 2-4/20`` audits parts 2, 3 and 4 in turn; a part that raises is reported and the
-    next one still runs (the exit status says one failed); bad spans are usage errors."""
+    """``--parts 2-4/20`` audits parts 2, 3 and 4 in turn in one process. A part that raises stops
+    the process (its CUDA context may be broken) with the status PART_FAILED + K, from which the
+    caller goes on at K + 1 in a fresh one; bad spans are usage errors."""
     import argparse
 
     import pytest
@@ -146,7 +147,8 @@ def test_parts_run_one_after_another_in_one_process_and_a_failing_part_does_not_
         return 0
 
     monkeypatch.setattr(script, "_audit_part", audit_part)
-    status = script.main(
-        ["--kernelbench", str(tmp_path), "--db", str(tmp_path / "a.sqlite"), "--parts", "2-4/20"]
-    )
-    assert seen == [(2, 20), (3, 20), (4, 20)] and status == 1
+    common = ["--kernelbench", str(tmp_path), "--db", str(tmp_path / "a.sqlite")]
+    assert script.main([*common, "--parts", "2-4/20"]) == script.PART_FAILED + 3
+    assert seen == [(2, 20), (3, 20)]
+    seen.clear()
+    assert script.main([*common, "--parts", "4-5/20"]) == 0 and seen == [(4, 20), (5, 20)]
