@@ -198,6 +198,22 @@ def _plain_in_subprocess(problem, candidate, calls: int, polled: bool) -> dict |
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _load_worker(worker, role: str, problem, candidate, device: str) -> None:
+    """The ``load`` request an evaluation sends a worker of ``role`` (init seed 1, no structure)."""
+    fields = {
+        "role": role,
+        "device": device,
+        "problem_path": str(problem.path),
+        "sizes": problem.sizes_for(device),
+        "domain": problem.extras.get("domain", "any"),
+        "init_seed": 1,
+        "structure": None,
+    }
+    if role == "candidate":
+        fields["candidate_path"] = str(candidate.path)
+    worker.request("load", **fields)
+
+
 def _worker_time_only(problem, candidate, protocol, calls: int, device: str = "cuda") -> dict:
     """Each role's worker sent ``load`` and then one ``time`` request, nothing between."""
     from kbv.evaluation import worker_specs
@@ -212,18 +228,7 @@ def _worker_time_only(problem, candidate, protocol, calls: int, device: str = "c
     for role, spec in specs.items():
         with Worker(dataclasses.replace(spec, limits=None)) as worker:
             worker.start()
-            fields = {
-                "role": role,
-                "device": device,
-                "problem_path": str(problem.path),
-                "sizes": problem.sizes_for(device),
-                "domain": problem.extras.get("domain", "any"),
-                "init_seed": 1,
-                "structure": None,
-            }
-            if role == "candidate":
-                fields["candidate_path"] = str(candidate.path)
-            worker.request("load", **fields)
+            _load_worker(worker, role, problem, candidate, device)
             reply = worker.request(
                 "time", distribution="original", seeds=[7], precision="native", settings=settings
             )
@@ -268,18 +273,7 @@ def _worker_history(problem, candidate, protocol, calls: int, device: str = "cud
         reference.start()
         subject.start()
         for role, worker in (("reference", reference), ("candidate", subject)):
-            fields = {
-                "role": role,
-                "device": device,
-                "problem_path": str(problem.path),
-                "sizes": problem.sizes_for(device),
-                "domain": problem.extras.get("domain", "any"),
-                "init_seed": 1,
-                "structure": None,
-            }
-            if role == "candidate":
-                fields["candidate_path"] = str(candidate.path)
-            worker.request("load", **fields)
+            _load_worker(worker, role, problem, candidate, device)
 
         def timed(stage: str, pause: bool, settings: dict, seeds: list[int], sketch=None) -> dict:
             line: dict = {"stage": stage}

@@ -345,7 +345,7 @@ def inbox_layout(named: dict[str, torch.Tensor]) -> tuple[list[dict[str, Any]], 
     the inbox needs."""
     from kbv import _vmm
 
-    offsets, needed = _vmm.layout([t.numel() * t.element_size() for t in named.values()], 1)
+    offsets, needed = _vmm.layout([_nbytes(t) for t in named.values()], 1)
     items = [
         {"name": name, "dtype": str(t.dtype), "shape": list(t.shape), "offset_bytes": offset}
         for (name, t), offset in zip(named.items(), offsets, strict=True)
