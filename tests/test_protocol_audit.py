@@ -455,3 +455,77 @@ def test_a_problem_checked_once_is_read_back_from_the_store_file_and_its_files_w
     changed = load_problem(_problem(tmp_path, "torch.relu(x).mean(dim=1, keepdim=True)"))
     with pytest.raises(AssertionError, match="checked again"):
         gen.problem_specs(changed, "cpu", tmp_path / "work3", cache)
+
+
+def _same_whole(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The equivalence rule on whole tensors, as it read before it was chunked."""
+    a, b = a.double(), b.double()
+    finite = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(
+        a[~finite].nan_to_num(), b[~finite].nan_to_num()
+    ):
+        return False
+    if not finite.any():
+        return True
+    return bool((a[finite] - b[finite]).abs().max() <= gen.EQUIVALENCE_RTOL * b[finite].abs().max())
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["equal", "within", "beyond_late", "scale_early", "nan_same", "nan_moved", "inf_sign", "all_nan"],
+)
+def test_equivalence_compared_in_chunks_decides_as_on_whole_tensors(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule is applied a chunk at a time (a whole KernelBench output in float64 with its masks
+    ran the trusted run out of device memory on the H200), and decides as the whole-tensor rule:
+    the largest difference anywhere against the largest magnitude anywhere."""
+    monkeypatch.setattr(gen, "EQUIVALENCE_CHUNK", 7)
+    b = torch.linspace(-1.0, 1.0, 60).reshape(6, 10)
+    a = b.clone()
+    if case == "within":
+        a[5, 9] += 5e-7
+    elif case == "beyond_late":
+        a[5, 9] += 1e-5  # in the last chunk only
+    elif case == "scale_early":  # the scale that allows a late difference sits in the first chunk
+        b[0, 0], a[0, 0] = 100.0, 100.0
+        a[5, 9] += 5e-5
+    elif case == "nan_same":
+        a[3, 3] = b[3, 3] = float("nan")
+    elif case == "nan_moved":
+        a[3, 3], b[3, 4] = float("nan"), float("nan")
+    elif case == "inf_sign":
+        a[2, 2], b[2, 2] = float("inf"), float("-inf")
+    elif case == "all_nan":
+        a.fill_(float("nan"))
+        b.fill_(float("nan"))
+    expected = {"equal": True, "within": True, "beyond_late": False, "scale_early": True}.get(case)
+    assert gen._same(a, b) == _same_whole(a, b)
+    if expected is not None:
+        assert gen._same(a, b) is expected
+
+
+def test_a_trusted_run_out_of_device_memory_is_the_harness_failing_not_a_mutant_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the H200 the judge ran out of memory on identity-for-ReLU and called it not viable, which
+    left a live mutant out of the counts. It raises now, the problem is listed by the audit and
+    nothing is cached, so the next call judges it again; a source that raises on its own is still
+    not viable."""
+    path = _problem(tmp_path, "torch.relu(x) * 2.0")
+    problem = load_problem(path)
+    real_calls = gen._calls
+
+    def calls_out_of_memory(module, cls, draws, device, reference=None):
+        if cls == "ModelNew" and "relu_identity" in getattr(module, "__file__", ""):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB.")
+        return real_calls(module, cls, draws, device, reference)
+
+    monkeypatch.setattr(gen, "_calls", calls_out_of_memory)
+    cache = gen.SpecCache(tmp_path / "audit.sqlite")
+    with pytest.raises(gen.JudgeOutOfMemory, match="relu_identity.*ran out of device memory"):
+        gen.problem_specs(problem, "cpu", tmp_path / "work", cache)
+    assert cache.get(cache.key(problem, "cpu")) is None
+    monkeypatch.setattr(gen, "_calls", real_calls)
+    specs = {(s.kind, s.variant): s for s in gen.problem_specs(problem, "cpu", tmp_path / "work", cache)}
+    assert specs[("relu_identity", "torch.relu(x)")].status == "evaluate"
