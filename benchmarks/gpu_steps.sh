@@ -85,6 +85,9 @@ EOF
 
 step_cost() {  # $1: the part, 1 to 3
     seed_from_kb kb_rows.jsonl
+    # Each problem pays its baselines, as a problem's first candidate does: an earlier step of the
+    # same warm machine (the audit) had left two of the sample's baselines cached (fifteenth session).
+    rm -rf "$KBV_CACHE_DIR/baselines"
     python benchmarks/verified_cost.py --kernelbench "$KB" --results "$OUT/kb_rows.jsonl" \
         --part "$1/3" --timeout 100
     python benchmarks/verified_cost.py --results "$OUT/kb_rows.jsonl" --report "$OUT/kb_report.json"

@@ -12,7 +12,9 @@ appended to ``--results`` at once; a second command with the same file skips wha
 sample can be split over several commands (``--part K/N``) and resumed. ``--report`` reads the file
 and writes the summary: per protocol and phase the median and p95 per candidate, the batch's wall
 time per candidate, and the peak resident memory of all kbv processes (sampled every 100 ms)
-against the largest problem's input plus output bytes.
+against the largest problem's input plus output bytes. The figures are a problem's first
+candidate's: run it with no baselines of the sample cached (``gpu_steps.sh``'s cost steps empty
+``$KBV_CACHE_DIR/baselines`` first), or the rows that find theirs cached show ``baseline`` 0.
 
 Evaluates the bundled candidates under `verified` twice with one fresh cache directory: the first
 pass compiles every extension and measures every baseline, the second finds both cached. Reports
