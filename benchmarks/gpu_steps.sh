@@ -141,7 +141,7 @@ step_audit() {  # issue 17's GPU sample, part after part in one process: stored 
 step_audit_report() {  # the whole sample's figures from what the store holds (evaluates nothing)
     seed_from_kb audit.sqlite
     python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
-        --report --json "$OUT/audit_report.jsonl"
+        --report --json "$OUT/audit_report.jsonl" --html "$OUT/audit_report.html"
 }
 
 step_fidelity() {  # resumes from .kb/fidelity.json (copy it back from the archive) when a call cut it

@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--protocol", action="append", default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
+    ap.add_argument(
+        "--html", type=Path, default=None, help="also write the HTML report with the audit's section here"
+    )
     args = ap.parse_args(argv)
     if args.report or args.kernelbench is None:
         _audit_part(args, (1, 1))
@@ -310,6 +313,10 @@ def _audit_part(args: argparse.Namespace, part: tuple[int, int]) -> None:
         print(f"left out: {what}: {message}", file=sys.stderr)
     if args.json:
         args.json.write_text("".join(json.dumps(s, default=list) + "\n" for s in result.summaries))
+    if args.html:
+        from kbv.protocol_audit._html import write_audit_html
+
+        write_audit_html(result, args.html)
 
 
 if __name__ == "__main__":

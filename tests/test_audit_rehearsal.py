@@ -151,3 +151,15 @@ def test_parts_run_one_after_another_in_one_process_and_a_failing_part_names_whe
     assert seen == [(2, 20), (3, 20)]
     seen.clear()
     assert script.main([*common, "--parts", "4-5/20"]) == 0 and seen == [(4, 20), (5, 20)]
+
+
+def test_the_benchmark_writes_the_html_report_with_the_audit_section(tmp_path: Path, monkeypatch) -> None:
+    """``--html`` (the GPU runbook's report step) writes the HTML report with the audit's section
+    beside the terminal table and the JSON summaries."""
+    import kbv.protocol_audit as audit
+
+    script = load_script("protocol_audit")
+    monkeypatch.setattr(audit, "audit_protocols", lambda *a, **k: audit.AuditResult())
+    html = tmp_path / "audit.html"
+    assert script.main(["--db", str(tmp_path / "a.sqlite"), "--report", "--html", str(html)]) == 0
+    assert 'id="protocol-audit"' in html.read_text()

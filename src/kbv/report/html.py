@@ -360,7 +360,8 @@ def _outcome_bars(records: list[Record], plt: Any) -> str:
     ax.set_xlabel("pairs")
     _integer_ticks(ax)
     ax.invert_yaxis()
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if outcomes:  # a report of no records (an audit summarised before any evaluation) has no bars
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("Outcomes per label and protocol", fontsize=10)
     return _png(fig, plt)
 
