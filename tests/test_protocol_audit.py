@@ -529,3 +529,36 @@ def test_a_trusted_run_out_of_device_memory_is_the_harness_failing_not_a_mutant_
     monkeypatch.setattr(gen, "_calls", real_calls)
     specs = {(s.kind, s.variant): s for s in gen.problem_specs(problem, "cpu", tmp_path / "work", cache)}
     assert specs[("relu_identity", "torch.relu(x)")].status == "evaluate"
+
+
+def test_a_report_from_the_store_runs_nothing_and_gives_the_audits_figures_on_another_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--report-only`` reads the environment of the store's records (device name, torch) and what
+    the trusted runs found from the store file: on a machine with another torch, and no worker to
+    probe the device with, it gives the evaluating run's figures and runs nothing. A problem the
+    store holds no trusted run of is listed, not judged."""
+    import kbv.execute
+    from kbv.protocol_audit import audit_protocols
+
+    problem = _problem(tmp_path, "torch.relu(x) * 2.0")
+    db = tmp_path / "audit.sqlite"
+    done = audit_protocols(problem, ["standard", "verified"], device="cpu", db=db, roles=("control",))
+    assert [s["evaluated"] for s in done.summaries] == [1, 1]
+
+    def runs_nothing(*args, **kwargs):
+        raise AssertionError("a report from the store ran something")
+
+    monkeypatch.setattr(gen, "_problem_specs", runs_nothing)
+    monkeypatch.setattr(kbv.execute, "make_executor", runs_nothing)
+    monkeypatch.setattr(torch, "__version__", "0.0.0-elsewhere")
+    report = audit_protocols(
+        problem, ["standard", "verified"], device="cpu", db=db, evaluate=False, roles=("control",)
+    )
+    assert report.env == done.env and not report.errors
+    strip = [{k: v for k, v in s.items() if k != "rows"} for s in done.summaries]
+    assert [{k: v for k, v in s.items() if k != "rows"} for s in report.summaries] == strip
+
+    other = _problem(tmp_path / "o", "torch.relu(x) * 3.0")
+    missing = audit_protocols(other, ["verified"], device="cpu", db=db, evaluate=False, roles=("control",))
+    assert missing.errors and "no trusted run" in missing.errors[0][1] and not missing.specs

@@ -51,9 +51,13 @@ def audit_protocols(
     so the same call again evaluates only what is missing. ``honest``: a directory of the user's own
     honest candidates (named after their problems), counted as controls. ``evaluate=False``
     summarises what the store already holds (an audit cut short) without evaluating anything.
-    ``roles`` keeps only controls or only mutants (both by default): the other rate then reads 0 of 0."""
+    ``roles`` keeps only controls or only mutants (both by default): the other rate then reads 0 of 0.
+
+    With ``evaluate=False`` nothing runs when the store already holds an audit on ``device``'s kind:
+    the environment of its records (device name, torch) and what the trusted runs found are read
+    from the store file, so the report can be made on another machine, without that device."""
     from kbv.candidates import load_candidate, scan_candidates
-    from kbv.devices import release_device_memory
+    from kbv.devices import check_device, release_device_memory
     from kbv.evaluation import default_device
     from kbv.execute import make_executor
     from kbv.problems import load_problems
@@ -70,10 +74,19 @@ def audit_protocols(
     work = Path(work_dir) if work_dir else db.parent / "audit-candidates"
     loaded, load_errors = load_problems(problems)
     result = AuditResult(errors=[(str(f), m) for f, m in load_errors])
+    recorded = None if evaluate else _recorded_env(db, device)
+    if recorded is None:
+        check_device(device)  # a report from the store needs none; anything else needs the device
     pairs, owners = [], {}
     for problem in loaded:
         try:
-            specs = problem_specs(problem, device, work / device.split(":")[0], SpecCache(db))
+            specs = problem_specs(
+                problem,
+                device,
+                work / device.split(":")[0],
+                SpecCache(db),
+                recorded_torch=recorded["torch"] if recorded else None,
+            )
         except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
             result.errors.append(
                 (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -106,7 +119,7 @@ def audit_protocols(
         if evaluate:
             _evaluate(store, pairs, resolved, device, timeout_s, console, result)
         else:
-            result.env = make_executor("sequential", device=device).probe()
+            result.env = recorded or make_executor("sequential", device=device).probe()
         for protocol in resolved:
             wanted = {pair_key(p, c, protocol.with_timeout(timeout_s), result.env) for p, c in pairs}
             records = [
@@ -134,6 +147,24 @@ def audit_protocols(
                 }
             )
     return result
+
+
+def _recorded_env(db: Path, device: str) -> dict[str, Any] | None:
+    """The environment half of the store keys (``kbv.execute.environment``) of the newest record
+    the store holds from ``device``'s kind, or None (no store, or nothing from that kind)."""
+    if not db.is_file():
+        return None
+    from kbv.store import Store
+
+    kind = device.split(":")[0]
+    with Store(db) as store:
+        for record in reversed(store.records()):
+            if (record.device or {}).get("type") == kind:
+                return {
+                    "device_name": str(record.device.get("name", "")),
+                    "torch": str((record.versions or {}).get("torch", "")),
+                }
+    return None
 
 
 def _evaluate(

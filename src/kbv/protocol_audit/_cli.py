@@ -63,7 +63,10 @@ def register(sub: Any) -> None:
     ap.add_argument(
         "--report-only",
         action="store_true",
-        help="evaluate nothing: summarise what --db already holds (an audit cut short)",
+        help=(
+            "evaluate nothing: summarise what --db already holds (an audit cut short); needs no GPU "
+            "when --db holds an audit from --device's kind"
+        ),
     )
     ap.add_argument(
         "--json", action="store_true", help="one JSON object per protocol on stdout (rates, kinds, rows)"
@@ -97,7 +100,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     protocols = args.protocol or ["standard", "verified"]
     for spec in protocols:
         load_protocol(spec)  # an unknown protocol fails here, before any worker (exit 2)
-    check_device(args.device)
+    if not args.report_only:  # a report from the store runs nothing: audit_protocols checks when it must
+        check_device(args.device)
     from rich.console import Console
 
     from kbv.protocol_audit import audit_protocols

@@ -43,6 +43,10 @@ EQUIVALENCE_RTOL = 1e-6
 EQUIVALENCE_CHUNK = 1 << 24
 
 
+class NotJudgedHere(LookupError):
+    """A report from the store found no trusted run of a problem (it runs none itself)."""
+
+
 class JudgeOutOfMemory(RuntimeError):
     """The trusted run of a problem's controls and mutants needed more device memory than was free."""
 
@@ -96,12 +100,14 @@ class SpecCache:
     def __init__(self, db: str | Path) -> None:
         self.db = Path(db)
 
-    def key(self, problem: Problem, device: str) -> str:
+    def key(self, problem: Problem, device: str, torch_version: str | None = None) -> str:
+        """``torch_version``: the one the trusted run used (default: this process's); a report made
+        elsewhere from the store names the version its records carry."""
         kind = torch.device(device).type
         parts = [
             f"audit-specs/{self.VERSION}",
             kind,
-            torch.__version__,
+            torch_version or torch.__version__,
             json.dumps(problem.sizes_for(kind), sort_keys=True, default=str),
             problem.source,
             *(Path(str(sys.modules[name].__file__)).read_text() for name in self._MODULES),
@@ -151,16 +157,31 @@ class _Draft:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def problem_specs(problem: Problem, device: str, out_dir: Path, cache: SpecCache | None = None) -> list[Spec]:
+def problem_specs(
+    problem: Problem,
+    device: str,
+    out_dir: Path,
+    cache: SpecCache | None = None,
+    *,
+    recorded_torch: str | None = None,
+) -> list[Spec]:
     """Every control and mutant of ``problem``, written under ``out_dir/<problem>/`` and checked.
     With ``cache``, a problem already checked by the same code on the same kind of device is not
-    run again: its specs are read back and their files written where they are missing."""
+    run again: its specs are read back and their files written where they are missing.
+    ``recorded_torch`` (a report from the store, which runs nothing): only what the cache holds for
+    that torch version, else :class:`NotJudgedHere`."""
     if cache is None:
         return _problem_specs(problem, device, out_dir)
-    key = cache.key(problem, device)
+    key = cache.key(problem, device, recorded_torch)
     known = cache.get(key)
     if known is not None:
         return [_restored(item, out_dir) for item in known]
+    if recorded_torch is not None:
+        raise NotJudgedHere(
+            f"the store holds no trusted run of it on {torch.device(device).type} with torch "
+            f"{recorded_torch} by this version of the audit's judge: run the audit (not --report-only) "
+            "on that machine"
+        )
     specs = _problem_specs(problem, device, out_dir)
     cache.put(key, specs)
     return specs
