@@ -562,3 +562,35 @@ def test_a_report_from_the_store_runs_nothing_and_gives_the_audits_figures_on_an
     other = _problem(tmp_path / "o", "torch.relu(x) * 3.0")
     missing = audit_protocols(other, ["verified"], device="cpu", db=db, evaluate=False, roles=("control",))
     assert missing.errors and "no trusted run" in missing.errors[0][1] and not missing.specs
+
+
+def test_judged_sources_leave_nothing_behind_in_the_audit_process(tmp_path: Path) -> None:
+    """Every generated source is imported to be judged; left in ``sys.modules``, a ``cached``
+    mutant's first output stayed alive (on the GPU at KernelBench sizes) for the rest of the audit
+    process, one more per problem. After judging, no judged module and no such output remains."""
+    import gc
+    import sys
+    import weakref
+
+    problem = load_problem(_problem(tmp_path, "torch.relu(x) * 2.0"))
+    before = {n for n in sys.modules if n.startswith("kbv_audit_")}
+    kept: list[weakref.ref] = []
+    real_calls = gen._calls
+
+    def watched(module, cls, draws, device, reference=None):
+        for outputs in real_calls(module, cls, draws, device, reference):
+            cached = getattr(module, "_KBV_STATE", {}).get("outputs")
+            for t in cached if isinstance(cached, (list, tuple)) else [cached]:
+                if isinstance(t, torch.Tensor):
+                    kept.append(weakref.ref(t))
+            yield outputs
+
+    gen._calls, saved = watched, gen._calls
+    try:
+        specs = gen.problem_specs(problem, "cpu", tmp_path / "work")
+    finally:
+        gen._calls = saved
+    assert any(s.kind == "cached" for s in specs) and kept
+    assert {n for n in sys.modules if n.startswith("kbv_audit_")} == before
+    assert all(ref() is None for ref in kept), "a cached mutant's output outlived its judging"
+    gc.collect()

@@ -282,6 +282,7 @@ def _judge(
     inputs) every draw's inputs and outputs held at once would not fit a GPU."""
     failed = "generator_error" if draft.role == "control" else "not_viable"
     same = draft.role == "mutant"  # equivalence is asked of mutants only
+    module = None
     try:
         module = _import(path)
         calls = zip(
@@ -314,6 +315,9 @@ def _judge(
             f"raises on the trusted run ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''})",
         )
+    finally:
+        if module is not None:
+            _forget(module)
     if same:
         return "equivalent", "equals the reference on the problem's domain and structure"
     return "evaluate", ""
@@ -370,6 +374,14 @@ def _import(path: Path) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _forget(module: ModuleType) -> None:
+    """Drop a judged source's module and what it holds: left in ``sys.modules``, a ``cached``
+    mutant's first output (6.4 GB for a KernelBench ReLU) stayed on the GPU for the rest of the
+    audit process, one more for every problem, beside the workers of every later evaluation."""
+    sys.modules.pop(module.__name__, None)
+    module.__dict__.clear()  # its functions refer to this dict: clearing frees it now, not at a gc
 
 
 def _structure_difference(got: list[Any], expected: list[Any]) -> str:
