@@ -211,27 +211,25 @@ def test_a_gpu_candidate_worker_is_dropped_as_on_the_cpu_and_then_hands_over_exp
     assert handoff == ("cuda_vmm" if uid is not None else "cuda_ipc")
 
 
-def test_a_wave_of_spares_serves_the_next_evaluations_without_booting_again() -> None:
-    """depth 2: the first launch starts the next two pairs' workers (two alike count twice); the
-    evaluation after finds its worker ready and launches nothing; a pair beyond the wave is not
-    started until the wave is used up."""
+def test_spares_are_kept_launched_depth_pairs_ahead() -> None:
+    """depth 2: the first launch starts the next two pairs' workers (two alike count twice) and not
+    the third's; after one is taken, the next launch tops up to two pairs ahead, so the pair that
+    was beyond the first two is launched while two evaluations still come before it (launched in
+    waves instead, a short evaluation waited for the wave it had just started)."""
     spec = WorkerSpec(build_key="test-wave", device="cpu", role="reference", budget_s=60)
     other = WorkerSpec(build_key="test-wave-2", device="cpu", role="reference", budget_s=60)
     taken = []
     with Spares(depth=2) as spares:
-        spares.expect([[spec], [spec], [other]])  # beyond depth: the third is not part of this wave
+        spares.expect([[spec], [spec], [other]])  # beyond depth: the third is not launched yet
         spares.launch_expected()
+        assert sum(len(w) for w in spares._launched.values()) == 2
         taken.append(spares.take(spec))
         spares.expect([[spec], [other]])
-        spares.launch_expected()  # the next pair's worker is up already: no new wave
-        assert sum(len(w) for w in spares._launched.values()) == 1
+        spares.launch_expected()  # tops up: the other pair's worker now boots ahead of its turn
+        assert sum(len(w) for w in spares._launched.values()) == 2
         taken.append(spares.take(spec))
-        assert all(w.pid for w in taken) and taken[0].pid != taken[1].pid
-        assert spares.take(other).pid is None  # never launched
-        spares.expect([[other]])
-        spares.launch_expected()  # not up: a new wave
         taken.append(spares.take(other))
-        assert taken[-1].pid is not None
+        assert all(w.pid for w in taken) and len({w.pid for w in taken}) == 3
     for worker in taken:
         worker.close()
 
