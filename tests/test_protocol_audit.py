@@ -8,6 +8,7 @@ docs/protocol-audit.md).
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -532,7 +533,7 @@ def test_a_trusted_run_out_of_device_memory_is_the_harness_failing_not_a_mutant_
 
 
 def test_a_report_from_the_store_runs_nothing_and_gives_the_audits_figures_on_another_machine(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--report-only`` reads the environment of the store's records (device name, torch) and what
     the trusted runs found from the store file: on a machine with another torch, and no worker to
@@ -558,6 +559,14 @@ def test_a_report_from_the_store_runs_nothing_and_gives_the_audits_figures_on_an
     assert report.env == done.env and not report.errors
     strip = [{k: v for k, v in s.items() if k != "rows"} for s in done.summaries]
     assert [{k: v for k, v in s.items() if k != "rows"} for s in report.summaries] == strip
+
+    from kbv.cli import main
+
+    args = ["protocol", "audit", "--problems", str(problem), "--device", "cpu", "--db", str(db)]
+    assert main([*args, "--report-only", "--only", "controls", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["evaluated"] for line in out.splitlines()] == [1, 1]
+    assert f"records of {done.env['device_name']} with torch {done.env['torch']}" in err
 
     other = _problem(tmp_path / "o", "torch.relu(x) * 3.0")
     missing = audit_protocols(other, ["verified"], device="cpu", db=db, evaluate=False, roles=("control",))

@@ -124,6 +124,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         render(result.summaries, Console())
     for what, message in result.errors:
         sys.stderr.write(f"kbv: left out: {what}: {message}\n")
+    if args.report_only:
+        sys.stderr.write(
+            f"records of {result.env.get('device_name') or '?'} with torch {result.env.get('torch') or '?'}\n"
+        )
     if args.html:
         from kbv.protocol_audit._html import write_audit_html
 
