@@ -473,7 +473,17 @@ def _same_whole(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize(
     "case",
-    ["equal", "within", "beyond_late", "scale_early", "nan_same", "nan_moved", "inf_sign", "all_nan"],
+    [
+        "equal",
+        "within",
+        "beyond_late",
+        "scale_early",
+        "nan_same",
+        "nan_moved",
+        "inf_sign",
+        "all_nan",
+        "reshaped",
+    ],
 )
 def test_equivalence_compared_in_chunks_decides_as_on_whole_tensors(
     case: str, monkeypatch: pytest.MonkeyPatch
@@ -500,7 +510,15 @@ def test_equivalence_compared_in_chunks_decides_as_on_whole_tensors(
     elif case == "all_nan":
         a.fill_(float("nan"))
         b.fill_(float("nan"))
-    expected = {"equal": True, "within": True, "beyond_late": False, "scale_early": True}.get(case)
+    elif case == "reshaped":  # the same values in another shape are not the same output
+        a = a.reshape(10, 6)
+    expected = {
+        "equal": True,
+        "within": True,
+        "beyond_late": False,
+        "scale_early": True,
+        "reshaped": False,
+    }.get(case)
     assert gen._same(a, b) == _same_whole(a, b)
     if expected is not None:
         assert gen._same(a, b) is expected
