@@ -398,12 +398,7 @@ class Worker:
             return None
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._ask_exit()
-        self._await_exit()
-        self.kill()
-        self._clean_up()
+        close_all([self])
 
     def _ask_exit(self) -> None:
         """Ask a live worker to exit (its reply is read by :meth:`_await_exit`)."""
