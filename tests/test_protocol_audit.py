@@ -281,7 +281,7 @@ def test_wilson_interval_known_values() -> None:
 
 def _record(
     outcome: str,
-    dists: list[tuple[str, bool, float]],
+    dists: list[tuple[str, bool, float]] | list[tuple[str, bool, float, float]],
     findings: tuple[str, ...] = (),
     mode: str = "error_model",
 ) -> Record:
@@ -297,7 +297,10 @@ def _record(
         device={},
         outcome=outcome,
         correct=outcome == "passed",
-        distributions=[DistributionResult(n, True, ok, 0.0, 0.1, tolerance(tol)) for n, ok, tol in dists],
+        distributions=[
+            DistributionResult(n, True, ok, *((0.0, 0.1) if not err else (err[0], err[0])), tolerance(tol))
+            for n, ok, tol, *err in dists
+        ],
         findings=[Finding.fail(f, "") for f in findings],
     )
 
@@ -350,6 +353,18 @@ def test_by_design_needs_the_stated_tolerance_to_cover_the_perturbation() -> Non
         "scaled", _record("passed", [("original", True, 0.0)], mode="allclose")
     )  # rtol 1e-4 only
     assert not by_design("zeros", _record("passed", [("original", True, 1.0)]))  # no bounded perturbation
+
+
+def test_by_design_ignores_distributions_where_the_output_is_exact() -> None:
+    # 9_Matmul_Subtract_Multiply_ReLU on the H200: its output is all zeros on original and signed
+    # inputs (ReLU after subtracting 2), so the fp16 mutant is exact there under a 1e-6 floor, and
+    # within the TF32 error model (2.2e-3) wherever the output is not zero
+    exact_then_admitted = [("original", True, 1e-6, 0.0), ("signed", True, 1e-6, 0.0), ("wide", True, 2.2e-3)]
+    assert by_design("fp16", _record("passed", exact_then_admitted))
+    # a perturbation that shows under a tight tolerance is a miss, whatever the others admit
+    assert not by_design("fp16", _record("passed", [("original", True, 1e-6, 4e-7), ("wide", True, 2.2e-3)]))
+    # exact everywhere: nothing admitted the perturbation (the judge's to leave out, not a design)
+    assert not by_design("fp16", _record("passed", [("original", True, 1e-6, 0.0)]))
     assert caught_by(_record("timeout", [])) == ["timeout"] and caught_by(_record("incorrect", [])) == [
         "structure"
     ]

@@ -60,12 +60,22 @@ def by_design(kind: str, record: Record) -> bool:
     """A passing mutant whose perturbation the protocol's own stated tolerance admits on every
     applicable distribution: a reduced-precision output within ``error_multiple`` times a TF32
     baseline's error, or within a reduction floor. ``allclose`` states ``rtol`` as its relative
-    tolerance (its ``atol`` is what lets tiny outputs pass, a miss)."""
+    tolerance (its ``atol`` is what lets tiny outputs pass, a miss).
+
+    A distribution on which the mutant's output equals the truth exactly shows no perturbation (an
+    output of zeros, as a ReLU after a large negative shift gives on ``[0, 1)`` inputs: a relative
+    perturbation of zero is zero), so its tolerance, however tight, neither admits nor refuses it.
+    At least one distribution must show the perturbation and admit it."""
     size = PERTURBATION.get(kind)
     if size is None:
         return False
-    limits = [_relative_limit(d.tolerance or {}) for d in record.distributions if d.applicable]
+    shown = [d for d in record.distributions if d.applicable and not _exact(d)]
+    limits = [_relative_limit(d.tolerance or {}) for d in shown]
     return bool(limits) and all(limit is not None and limit >= size for limit in limits)
+
+
+def _exact(distribution: Any) -> bool:
+    return distribution.max_abs_err == 0.0 and distribution.rel_err == 0.0
 
 
 def _relative_limit(tolerance: dict[str, Any]) -> float | None:
