@@ -36,10 +36,10 @@ def _x(distribution: str, seed: int = 1234, **kw) -> torch.Tensor:
     return make_inputs(ROWS, distribution, seed, "cpu", **kw)[0]
 
 
-def test_names_are_documented_and_include_the_six():
-    for name in ("original", "signed", "wide", "shifted", "blockwise", "sparse"):
+def test_names_are_documented_and_include_the_seven():
+    for name in ("original", "signed", "wide", "shifted", "blockwise", "sparse", "spiked"):
         assert name in DISTRIBUTIONS and DISTRIBUTIONS[name]
-    assert BASE_DISTRIBUTIONS == ("original", "signed", "wide", "shifted", "blockwise", "sparse")
+    assert BASE_DISTRIBUTIONS == ("original", "signed", "wide", "shifted", "blockwise", "sparse", "spiked")
     with pytest.raises(ValueError, match="unknown input distribution"):
         make_inputs(ROWS, "nope", 1, "cpu")
 
@@ -376,8 +376,48 @@ def test_sparse_is_the_original_draw_except_a_few_wide_values_at_secret_position
     assert shapes == [(1,), (3,), (0,), ()]
 
 
+def test_spiked_is_the_original_draw_except_a_few_values_sized_to_the_tensor():
+    original = _x("original", seed=5)
+    x = _x("spiked", seed=5)
+    n = x.numel()
+    changed = (x != original).reshape(-1).nonzero().flatten()
+    count = inputs._sparse_count(n)
+    assert len(changed) == count == 16
+    values = x.reshape(-1)[changed].double()
+    assert (values > 0).all() or (values < 0).all()  # one sign per tensor: they add up, never cancel
+    top = float(original.double().pow(2).mean().sqrt()) * n / count
+    assert float(values.abs().min()) >= top / 2 * (1 - 1e-6) and float(values.abs().max()) <= top * (1 + 1e-6)
+    # about as much of the sum as everything else
+    assert 0.5 < float(values.abs().sum()) / float(original.double().abs().sum()) < 2
+    sparse_positions = (_x("sparse", seed=5) != original).reshape(-1).nonzero().flatten()
+    assert set(changed.tolist()) != set(sparse_positions.tolist())  # a layout of its own
+    signs = {float(_x("spiked", seed=seed).reshape(-1).min()) < -1 for seed in range(12)}
+    assert signs == {True, False}  # the sign comes from the seed
+    # float16: capped so that a fourth power stays finite
+    half = types.SimpleNamespace(get_inputs=lambda: [torch.rand(256, 256, dtype=torch.float16)])
+    (h,) = make_inputs(half, "spiked", 3, "cpu")
+    assert float(h.abs().max()) <= torch.finfo(torch.float16).max ** 0.25
+    assert torch.isfinite(h.float() ** 4).all()
+
+
+def test_spiked_puts_a_strided_sample_of_a_mean_far_outside_the_reduction_floor():
+    # A kernel that reads every other element of a mean (element j taken as element j - j % 2) is
+    # within 1e-3 of the truth on i.i.d. inputs once the mean covers more than a few million
+    # elements, and 1e-3 is where the float32 reduction floor stops (correctness.reduction_floor).
+    # spiked's values miss or double some of half the sum, so the sample is O(1/sqrt(count)) off.
+    flat = types.SimpleNamespace(get_inputs=lambda: [torch.rand(1 << 20)])
+    for seed in range(20):
+        (x,) = make_inputs(flat, "spiked", seed, "cpu")
+        terms = x.double()
+        sampled = terms[0::2].repeat_interleave(2)
+        assert abs(float(sampled.mean() / terms.mean()) - 1) > 1e-2, seed
+        (iid,) = make_inputs(flat, "original", seed, "cpu")
+        iid_sampled = iid.double()[0::2].repeat_interleave(2)
+        assert abs(float(iid_sampled.mean() / iid.double().mean()) - 1) < 3e-3  # the floor's blind spot
+
+
 def test_sparse_is_bitwise_deterministic_per_seed():
-    for name in ("sparse", "sparse_positive", "sparse_unit"):
+    for name in ("sparse", "sparse_positive", "sparse_unit", "spiked", "spiked_positive", "spiked_unit"):
         a = make_inputs(ROWS, name, 21, "cpu")[0]
         assert torch.equal(a, make_inputs(ROWS, name, 21, "cpu")[0]), name
         assert not torch.equal(a, make_inputs(ROWS, name, 22, "cpu")[0]), name

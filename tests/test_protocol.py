@@ -68,3 +68,14 @@ def test_a_stored_protocol_naming_a_folded_check_reads_with_its_successor() -> N
     stored = {"name": "x", "integrity": {"severity": [["timed_output_check", "warn"]]}}
     protocol = protocol_from_dict(stored)
     assert protocol.integrity.severity_for("timed_call_outputs", "fail") == "warn"
+
+
+def test_the_verified_v3_candidate_is_verified_with_spiked_added() -> None:
+    from dataclasses import replace
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "protocols" / "verified-spiked.toml"
+    candidate = load_protocol(path)
+    assert candidate.correctness.distributions == VERIFIED.correctness.distributions + ("spiked",)
+    # nothing else moves: the audit compares the two on the distribution alone
+    same = replace(candidate, name=VERIFIED.name, version=VERIFIED.version)
+    assert replace(same, correctness=VERIFIED.correctness) == VERIFIED

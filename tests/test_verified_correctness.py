@@ -284,3 +284,25 @@ def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed
     assert record.outcome == "passed"
     assert len(alive_at_next_draw) > 6 and earlier  # every distribution's draws went through it
     assert alive_at_next_draw == [0] * len(alive_at_next_draw)
+
+
+HUBER = ROOT / "tests" / "fixtures" / "problems_verified" / "huber_large.py"
+
+
+def test_spiked_catches_a_strided_mean_that_iid_inputs_hide() -> None:
+    """Reading every other element of a 4M-element mean is within the 9.8e-4 reduction floor on
+    i.i.d. inputs (at 96_HuberLoss's 1.07e9 elements, on every distribution of `verified` v2);
+    `spiked` puts half of the sum in 16-64 values that a strided read misses or doubles."""
+    record = evaluate_paths(
+        HUBER,
+        VERIFIED_FIXTURES / "huber_strided.py",
+        protocol=_only(("original", "signed", "spiked")),
+        device="cpu",
+        master_seed=1,  # fixed draws: on these, original and signed admit the sample (8e-4, 5e-4)
+    )
+    assert record.outcome == "incorrect" and not record.correct
+    assert [d.name for d in record.distributions if not d.passed] == ["spiked"]
+    honest = evaluate_paths(
+        HUBER, VERIFIED_FIXTURES / "huber_block_sums.py", protocol=_only(("original", "spiked")), device="cpu"
+    )
+    assert honest.outcome == "passed", [(d.name, d.rel_err, d.tolerance) for d in honest.distributions]

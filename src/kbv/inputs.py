@@ -11,10 +11,10 @@ seeded from the same seed (integer, bool and plain values keep the problem's own
 Names
 -----
 A distribution name is a *base* name (``original``, ``signed``, ``wide``, ``shifted``,
-``blockwise``, ``sparse``) optionally followed by a domain suffix: ``_positive`` (every value > 0) or
-``_unit`` (every value in the open interval (0, 1)). :func:`domain_fallback` walks ``X -> X_positive ->
-X_unit -> None``; the pipeline uses it when the reference output is non-finite under ``X`` but finite
-on the original inputs, and records the variant's name.
+``blockwise``, ``sparse``, ``spiked``) optionally followed by a domain suffix: ``_positive`` (every
+value > 0) or ``_unit`` (every value in the open interval (0, 1)). :func:`domain_fallback` walks
+``X -> X_positive -> X_unit -> None``; the pipeline uses it when the reference output is non-finite
+under ``X`` but finite on the original inputs, and records the variant's name.
 """
 
 from __future__ import annotations
@@ -63,7 +63,19 @@ SPARSE_PER = 4096
 SPARSE_MIN = 8
 SPARSE_MAX = 64
 
-BASE_DISTRIBUTIONS: tuple[str, ...] = ("original", "signed", "wide", "shifted", "blockwise", "sparse")
+#: ``spiked`` magnitudes never exceed the dtype's largest value to this power, so a fourth power of
+#: one stays finite (float32: 1.4e9; float16: 16).
+SPIKED_MAX_ROOT = 4
+
+BASE_DISTRIBUTIONS: tuple[str, ...] = (
+    "original",
+    "signed",
+    "wide",
+    "shifted",
+    "blockwise",
+    "sparse",
+    "spiked",
+)
 
 _BASE_DOCS: dict[str, str] = {
     "original": "the problem's own get_inputs() under a fresh seed, unchanged",
@@ -81,6 +93,11 @@ _BASE_DOCS: dict[str, str] = {
     "sparse": "the original draw everywhere except a few elements (numel/4096, clamped to [8, 64]) at "
     "secret seeded positions, which get wide values (random signs, magnitudes log-uniform over "
     "[1e-4, 1e4]); a kernel that samples any fixed small set of positions sees only original values",
+    "spiked": "the original draw everywhere except as many elements as sparse alters, at other secret "
+    "positions, which get one random sign per tensor and magnitudes uniform in [M/2, M], M = the "
+    "original draw's RMS x numel / count: together they carry about as much of a whole-tensor sum as "
+    "all the other elements, so a kernel that reads a subset of them (a stride, some rows) is off by "
+    "O(1/sqrt(count)) even on a mean over 1e9 elements, where the float32 reduction floor admits 1e-3",
 }
 
 _DOMAIN_SUFFIX: dict[str, str] = {"positive": "_positive", "unit-interval": "_unit"}
@@ -334,6 +351,29 @@ def _fill_sparse(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: i
     flat[torch.tensor(positions, dtype=torch.long, device=y.device)] = values
 
 
+def _fill_spiked(
+    y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool, dtype: torch.dtype
+) -> None:
+    """``sparse``'s layout with values sized to the tensor: ``sparse``'s 64 values up to 1e4 are
+    1e-4 of a mean over 1e9 elements, so a kernel that skips half of the elements stays inside the
+    reduction floor there (96_HuberLoss on the H200); these carry about half of the sum at any size."""
+    flat = y.view(-1)
+    n = flat.numel()
+    flat.copy_(x.reshape(-1))
+    if positive:
+        flat.abs_()
+    if n == 0:
+        return
+    rng = random.Random(derive_seed(seed, "spiked-layout", n))
+    count = _sparse_count(n)
+    positions = sorted(rng.sample(range(n), count))
+    sign = 1.0 if positive or rng.random() < 0.5 else -1.0
+    limit = torch.finfo(dtype).max ** (1.0 / SPIKED_MAX_ROOT)
+    magnitude = min(float(_rms(x)) * n / count, limit)  # one host sync per tensor
+    values = torch.empty(count, dtype=y.dtype, device=y.device).uniform_(0.5, 1.0, generator=gen)
+    flat[torch.tensor(positions, dtype=torch.long, device=y.device)] = values.mul_(sign * magnitude)
+
+
 def _apply_domain(y: torch.Tensor, domain: str) -> torch.Tensor:
     if domain in ("any", "positive"):
         if domain == "positive":
@@ -368,6 +408,8 @@ def _transform(x: torch.Tensor, base: str, domain: str, seed: int) -> torch.Tens
         _fill_blockwise(y, x.to(work_dtype), gen, seed, positive)
     elif base == "sparse":
         _fill_sparse(y, x.to(work_dtype), gen, seed, positive)
+    elif base == "spiked":
+        _fill_spiked(y, x.to(work_dtype), gen, seed, positive, x.dtype)
     else:  # pragma: no cover - split_distribution rejects unknown names
         raise ValueError(base)
     y = _apply_domain(y, domain)
