@@ -2,6 +2,7 @@
 seeds each time; every run that does not pass is printed with its distributions and findings.
 
     python benchmarks/honest_stability.py --runs 15 [--device cpu] [--set honest_cpu] [--match NAME ...]
+        [--protocol verified|PATH.toml]
     python benchmarks/honest_stability.py --device cuda --runs 3 --kernelbench ../shared/kernelbench/level1
 
 Honest kernels must pass in every run (an RL reward that rejects correct code by luck teaches the
@@ -95,6 +96,9 @@ def main() -> int:
     parser.add_argument(
         "--match", action="append", help="keep only candidates whose file name contains this (repeatable)"
     )
+    parser.add_argument(
+        "--protocol", default="verified", help="a built-in name or a protocol TOML (default: verified)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.kernelbench:
@@ -113,7 +117,7 @@ def main() -> int:
         started = time.monotonic()
         for _ in range(args.runs):
             run_started = time.monotonic()
-            record = evaluate_paths(problem, candidate, protocol="verified", device=args.device)
+            record = evaluate_paths(problem, candidate, protocol=args.protocol, device=args.device)
             seconds = round(time.monotonic() - run_started, 1)
             outcomes[str(record.outcome)] = outcomes.get(str(record.outcome), 0) + 1
             flagged = [(f.check, f.severity, f.detail[:160]) for f in record.findings if f.severity != "info"]

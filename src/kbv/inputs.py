@@ -354,9 +354,10 @@ def _fill_sparse(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: i
 def _fill_spiked(
     y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool, dtype: torch.dtype
 ) -> None:
-    """``sparse``'s layout with values sized to the tensor: ``sparse``'s 64 values up to 1e4 are
-    1e-4 of a mean over 1e9 elements, so a kernel that skips half of the elements stays inside the
-    reduction floor there (96_HuberLoss on the H200); these carry about half of the sum at any size."""
+    """``sparse``'s count of values at positions of its own, sized to the tensor: ``sparse``'s 64
+    values of up to 1e4 are about 1e-4 of a Huber mean over 1e9 elements, so a kernel that skips
+    half of the elements stays inside the reduction floor there (96_HuberLoss on the H200); these
+    carry about half of the sum at any size."""
     flat = y.view(-1)
     n = flat.numel()
     flat.copy_(x.reshape(-1))
