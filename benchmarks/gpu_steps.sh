@@ -126,12 +126,14 @@ step_compare() {
         --db "$OUT/compare.sqlite" --markdown "$OUT/compare_table.md" --json "$OUT/compare_table.json"
 }
 
+# AUDIT_ARGS: more arguments for both audit steps, e.g. the protocols to compare (default
+# standard and verified): AUDIT_ARGS="--protocol verified --protocol benchmarks/protocols/verified-spiked.toml"
 step_audit() {  # issue 17's GPU sample, part after part in one process: stored pairs are not evaluated again
     seed_from_kb audit.sqlite
     local k=1 rc
     while [ "$k" -le 20 ]; do
         python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
-            --parts "$k-20/20"
+            --parts "$k-20/20" ${AUDIT_ARGS:-}
         rc=$?
         # 100 + K: part K raised; go on from K + 1 in a fresh process (its CUDA context may be broken)
         if [ "$rc" -gt 100 ] && [ "$rc" -le 120 ]; then k=$(( rc - 100 + 1 )); else break; fi
@@ -141,7 +143,7 @@ step_audit() {  # issue 17's GPU sample, part after part in one process: stored 
 step_audit_report() {  # the whole sample's figures from what the store holds (evaluates nothing)
     seed_from_kb audit.sqlite
     python benchmarks/protocol_audit.py --kernelbench "$KB" --device cuda --db "$OUT/audit.sqlite" \
-        --report --json "$OUT/audit_report.jsonl" --html "$OUT/audit_report.html"
+        --report --json "$OUT/audit_report.jsonl" --html "$OUT/audit_report.html" ${AUDIT_ARGS:-}
 }
 
 step_fidelity() {  # resumes from .kb/fidelity.json (copy it back from the archive) when a call cut it
