@@ -336,19 +336,32 @@ def _sparse_count(n: int) -> int:
     return min(SPARSE_MAX, max(SPARSE_MIN, n // SPARSE_PER), max(1, n // 8), n)
 
 
-def _fill_sparse(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
+def _original_but_a_few(
+    y: torch.Tensor, x: torch.Tensor, seed: int, positive: bool, layout: str
+) -> tuple[torch.Tensor, torch.Tensor, random.Random] | None:
+    """``y`` (flattened) holding the original draw, the seeded positions ``sparse`` and ``spiked``
+    alter (``_sparse_count`` of them, drawn in O(k) whatever the size), and the layout's generator
+    for any further choice; None for an empty tensor."""
     flat = y.view(-1)
     n = flat.numel()
     flat.copy_(x.reshape(-1))
     if positive:
         flat.abs_()
     if n == 0:
+        return None
+    rng = random.Random(derive_seed(seed, layout, n))
+    positions = sorted(rng.sample(range(n), _sparse_count(n)))
+    return flat, torch.tensor(positions, dtype=torch.long, device=y.device), rng
+
+
+def _fill_sparse(y: torch.Tensor, x: torch.Tensor, gen: torch.Generator, seed: int, positive: bool) -> None:
+    picked = _original_but_a_few(y, x, seed, positive, "sparse-layout")
+    if picked is None:
         return
-    rng = random.Random(derive_seed(seed, "sparse-layout", n))
-    positions = sorted(rng.sample(range(n), _sparse_count(n)))  # O(k), whatever n is
+    flat, positions, _ = picked
     values = torch.empty(len(positions), dtype=y.dtype, device=y.device)
     _fill_wide(values, gen, positive)
-    flat[torch.tensor(positions, dtype=torch.long, device=y.device)] = values
+    flat[positions] = values
 
 
 def _fill_spiked(
@@ -358,21 +371,15 @@ def _fill_spiked(
     values of up to 1e4 are about 1e-4 of a Huber mean over 1e9 elements, so a kernel that skips
     half of the elements stays inside the reduction floor there (96_HuberLoss on the H200); these
     carry about half of the sum at any size."""
-    flat = y.view(-1)
-    n = flat.numel()
-    flat.copy_(x.reshape(-1))
-    if positive:
-        flat.abs_()
-    if n == 0:
+    picked = _original_but_a_few(y, x, seed, positive, "spiked-layout")
+    if picked is None:
         return
-    rng = random.Random(derive_seed(seed, "spiked-layout", n))
-    count = _sparse_count(n)
-    positions = sorted(rng.sample(range(n), count))
+    flat, positions, rng = picked
     sign = 1.0 if positive or rng.random() < 0.5 else -1.0
     limit = torch.finfo(dtype).max ** (1.0 / SPIKED_MAX_ROOT)
-    magnitude = min(float(_rms(x)) * n / count, limit)  # one host sync per tensor
-    values = torch.empty(count, dtype=y.dtype, device=y.device).uniform_(0.5, 1.0, generator=gen)
-    flat[torch.tensor(positions, dtype=torch.long, device=y.device)] = values.mul_(sign * magnitude)
+    magnitude = min(float(_rms(x)) * flat.numel() / len(positions), limit)  # one host sync per tensor
+    values = torch.empty(len(positions), dtype=y.dtype, device=y.device).uniform_(0.5, 1.0, generator=gen)
+    flat[positions] = values.mul_(sign * magnitude)
 
 
 def _apply_domain(y: torch.Tensor, domain: str) -> torch.Tensor:
