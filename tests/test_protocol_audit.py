@@ -104,6 +104,35 @@ def test_reordered_sums_agree_with_torch_and_sequential_is_short_only(tmp_path: 
     assert specs[("reordered", "blocked")].status == "evaluate"
 
 
+def test_blocked_order_copies_nothing_as_large_as_its_input_and_differs_from_one_sum() -> None:
+    """36_RMSNorm_'s 64-long reduction of a 7 GiB input: the blocked control once padded it to
+    256 (28 GiB more) and ran out of memory on the H200. Blocks are now views of the input."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    namespace: dict[str, object] = {}
+    exec(src.REDUCE_HELPER, namespace)  # noqa: S102 - kbv's own helper, no candidate code
+    reduce = namespace["_kbv_reduce"]
+    sizes: list[int] = []
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() != input_storage:
+                sizes.append(out.numel())
+            return out
+
+    x = torch.randn(8, 64, 33, 17)
+    input_storage = x.untyped_storage().data_ptr()  # views of the input are not new memory
+    with Sizes():
+        got = reduce(x, 1, True, op="mean", order="blocked")  # type: ignore[operator]
+    torch.testing.assert_close(got, x.mean(1, keepdim=True), rtol=1e-5, atol=1e-6)
+    assert sizes and max(sizes) <= x.numel() // 8, sizes  # 8 partials per row at most, no copy
+    rows = torch.randn(4096, 64)
+    blocked = reduce(rows, 1, op="sum", order="blocked")  # type: ignore[operator]
+    assert (blocked != rows.sum(1)).any()  # another float32 order, not the reference's own
+    torch.testing.assert_close(blocked, rows.sum(1), rtol=1e-5, atol=1e-5)
+
+
 def test_helper_classes_are_renamed_and_tf32_control_restores_flags(tmp_path: Path) -> None:
     source = (
         "import torch.nn as nn\nclass Block(nn.Module):\n    pass\nclass Model(nn.Module):\n"

@@ -182,7 +182,14 @@ SHORT_REDUCTION = 256
 #: long as the reduction (1e9 steps for a KernelBench loss) before the audit could say so.
 LONG_REDUCTION_ERROR = "KbvLongReduction"
 
+# The blocked order sums views of the input along the reduced dimension. It used to pad the
+# reduction to a multiple of 256 after a permuted copy: 36_RMSNorm_'s 64-long reduction of a 7 GiB
+# input then needed 28 GiB more, and on the H200 that honest control ran out of memory under
+# `verified`'s caching probe (seventeenth session). A control must not cost more than an honest
+# kernel would.
 REDUCE_HELPER = f'''
+
+import math as _kbv_math
 
 import torch as _kbv_torch
 
@@ -195,15 +202,17 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
     """torch.sum / torch.mean over ``dim`` in another honest float32 order."""
     dims = tuple(range(x.dim())) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
     dims = tuple(d % max(x.dim(), 1) for d in dims)
-    rest = [d for d in range(x.dim()) if d not in dims]
-    y = x.permute(*rest, *dims).reshape(*[x.shape[d] for d in rest], -1) if x.dim() else x.reshape(1)
-    length = y.shape[-1]
+    if len(dims) == 1 and order == "blocked" and x.dim():
+        y, axis = x, dims[0]  # blocks are views along the dimension itself: no copy of the input
+    else:
+        rest = [d for d in range(x.dim()) if d not in dims]
+        y = x.permute(*rest, *dims).reshape(*[x.shape[d] for d in rest], -1) if x.dim() else x.reshape(1)
+        axis = y.dim() - 1
+    length = y.shape[axis]
     if order == "reversed":
         total = y.flip(-1).sum(-1)
     elif order == "blocked":
-        pad = (-length) % 256
-        blocks = _kbv_torch.nn.functional.pad(y, (0, pad)).unflatten(-1, (-1, 256))
-        total = blocks.sum(-1).sum(-1)  # one float32 partial per 256-element block, then the partials
+        total = _kbv_blocked_sum(y, axis, length)
     else:  # sequential: one float32 accumulator, element after element
         if length > {SHORT_REDUCTION}:
             raise {LONG_REDUCTION_ERROR}(int(length))
@@ -215,6 +224,18 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
     if keepdim:
         for d in sorted(dims):
             total = total.unsqueeze(d)
+    return total
+
+
+def _kbv_blocked_sum(y, axis, length):
+    """One float32 partial per block along ``axis`` (views: nothing is copied or padded), then
+    the partials, then what is left over. Blocks of {SHORT_REDUCTION}; a shorter reduction is cut
+    into about sqrt(length) blocks, so its order still differs from one plain sum."""
+    size = {SHORT_REDUCTION} if length > {SHORT_REDUCTION} else _kbv_math.isqrt(max(length - 1, 0)) + 1
+    whole = length // size
+    total = y.narrow(axis, 0, whole * size).unflatten(axis, (whole, size)).sum(axis + 1).sum(axis)
+    if whole * size < length:
+        total = total + y.narrow(axis, whole * size, length - whole * size).sum(axis)
     return total
 '''
 
