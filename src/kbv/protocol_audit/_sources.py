@@ -191,8 +191,6 @@ REDUCE_HELPER = f'''
 
 import math as _kbv_math
 
-import torch as _kbv_torch
-
 
 class {LONG_REDUCTION_ERROR}(Exception):
     """A sequential float32 sum longer than {SHORT_REDUCTION}: refused before it starts."""
@@ -212,7 +210,7 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
     if order == "reversed":
         total = y.flip(-1).sum(-1)
     elif order == "blocked":
-        total = _kbv_blocked_sum(y, axis, length)
+        total = _kbv_blocked_sum(y, axis)
     else:  # sequential: one float32 accumulator, element after element
         if length > {SHORT_REDUCTION}:
             raise {LONG_REDUCTION_ERROR}(int(length))
@@ -227,10 +225,11 @@ def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
     return total
 
 
-def _kbv_blocked_sum(y, axis, length):
+def _kbv_blocked_sum(y, axis):
     """One float32 partial per block along ``axis`` (views: nothing is copied or padded), then
     the partials, then what is left over. Blocks of {SHORT_REDUCTION}; a shorter reduction is cut
     into about sqrt(length) blocks, so its order still differs from one plain sum."""
+    length = y.shape[axis]
     size = {SHORT_REDUCTION} if length > {SHORT_REDUCTION} else _kbv_math.isqrt(max(length - 1, 0)) + 1
     whole = length // size
     total = y.narrow(axis, 0, whole * size).unflatten(axis, (whole, size)).sum(axis + 1).sum(axis)
