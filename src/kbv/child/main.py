@@ -88,6 +88,10 @@ def main(fd: int) -> None:
             reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
         reply["worker_seconds"] = time.perf_counter() - started
         _release_cached_memory()
+        if request.get("steps"):  # a profiling run asked where the request's time went
+            reply.setdefault("steps_s", {})["release"] = (
+                time.perf_counter() - started - reply["worker_seconds"]
+            )
         sent = state.handed + state.inbox if op == "inbox" else state.handed
         _channel.send(sock, reply, fds=_handoff.fds_to_send(sent))
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
@@ -314,9 +318,11 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
     mix = request.get("mix_seed")
+    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
     args = _make_inputs(
         state, request["distribution"], int(request["seed"]), precision, None if mix is None else int(mix)
     )
+    steps.mark("inputs")
     model = _model_for(state, precision)
     memory = _memory_before(state) if request.get("measure_memory") else None
     # Only a trusted worker's account of its own operators is asked for (and believed).
@@ -326,20 +332,44 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     outputs = _as_outputs(outputs)
     if state.device.type == "cuda":
         torch.cuda.synchronize()
+    steps.mark("forward")
     if memory is not None:
         memory = _memory_after(state, memory)
     types = _type_names(outputs)
     # A trusted reference's outputs are handed over as they are; a candidate's are copied first.
     copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
     del args, outputs
+    steps.mark("copy")
     reply = {
         "types": types,
         "memory": memory,
         "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed, state.handoff),
     }
+    steps.mark("hand_over")
     if operators is not None:
         reply["tf32_operators"] = operators
+    if steps.on:
+        reply["steps_s"] = steps.seconds
     return reply
+
+
+class _Steps:
+    """Seconds per step of one request, when a profiling run asks (``steps``): each mark waits for
+    the device, so a step's queued GPU work is its own. Off, it costs nothing and waits for nothing."""
+
+    def __init__(self, on: bool, cuda: bool) -> None:
+        self.on, self._cuda = on, cuda
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if not self.on:
+            return
+        if self._cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[name] = now - self._last
+        self._last = now
 
 
 def _forward_recording(model: Any, args: list[Any]) -> tuple[Any, dict[str, Any] | None]:
