@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kbv import correctness
 from kbv.correctness import (
     baseline_error,
     check_structure,
@@ -325,3 +326,52 @@ def test_judge_distribution_not_applicable_and_empty():
     assert not empty.passed and not empty.applicable and "no draws" in empty.note
     flagged = judge_distribution("signed", [{**_draw(True, 0.0, 0.0), "applicable": False}], settings)
     assert not flagged.applicable and not flagged.passed
+
+
+def _masked_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | None = None) -> dict:
+    """error_stats with the all-finite shortcut off: every chunk through the masked path."""
+    import unittest.mock
+
+    with unittest.mock.patch.object(correctness, "_finite_chunk_stats", return_value=None):
+        return correctness.error_stats(a, t, close)
+
+
+@pytest.mark.parametrize(
+    "a_dtype,t_dtype",
+    [(torch.float32, torch.float64), (torch.float16, torch.float64), (torch.float32, torch.float32)],
+)
+def test_all_finite_shortcut_gives_the_masked_paths_statistics(monkeypatch, a_dtype, t_dtype) -> None:
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 1000)  # several chunks, a short last one
+    g = torch.Generator().manual_seed(3)
+    t = (torch.randn(4321, generator=g, dtype=torch.float64) * 5).to(t_dtype)
+    a = (t.to(torch.float64) + 1e-3 * torch.randn(4321, generator=g, dtype=torch.float64)).to(a_dtype)
+    close = (1e-4, 1e-4)
+    fast, masked = correctness.error_stats(a, t, close), _masked_stats(a, t, close)
+    assert fast["mismatch"] == masked["mismatch"] == 0
+    assert fast["close_fail"] == masked["close_fail"] > 0
+    for key in ("peak", "max_abs", "sum_sq_diff", "sum_sq_t"):
+        assert fast[key] == pytest.approx(masked[key], rel=1e-12), key
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["candidate", "truth", "both"])
+def test_a_chunk_with_a_non_finite_value_is_judged_by_the_masked_path(monkeypatch, bad, where) -> None:
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 100)
+    t = torch.linspace(-3, 3, 350, dtype=torch.float64)
+    a = t.to(torch.float32) + 1e-4
+    if where in ("candidate", "both"):
+        a[123] = bad
+    if where in ("truth", "both"):
+        t[123] = bad
+    got, want = correctness.error_stats(a, t), _masked_stats(a, t)
+    assert got == want
+    assert got["mismatch"] == (0 if where == "both" else 1)
+
+
+def test_a_sum_of_squares_that_overflows_falls_back_to_the_masked_path() -> None:
+    t = torch.tensor([1e200, -1e200, 3.0], dtype=torch.float64)
+    a = t.clone()
+    a[2] = 4.0
+    assert correctness._finite_chunk_stats(a, t) is None  # (1e200)^2 overflows
+    stats = correctness.error_stats(a, t)
+    assert stats["mismatch"] == 0 and stats["max_abs"] == 1.0 and stats["peak"] == 1e200

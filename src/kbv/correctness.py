@@ -110,6 +110,14 @@ def error_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | N
     close_fail = torch.zeros((), dtype=torch.int64, device=device)
     peak, max_abs, sum_sq_diff, sum_sq_t = zero.clone(), zero.clone(), zero.clone(), zero.clone()
     for ac, tc in flat_chunks(a, t):
+        finite = None if a.is_complex() or t.is_complex() else _finite_chunk_stats(ac, tc)
+        if finite is not None:
+            peak, max_abs = torch.maximum(peak, finite[0]), torch.maximum(max_abs, finite[1])
+            sum_sq_diff += finite[2]
+            sum_sq_t += finite[3]
+            if close is not None:
+                close_fail += (~torch.isclose(_as_f64(ac), _as_f64(tc), rtol=close[1], atol=close[0])).sum()
+            continue
         ac, tc = _as_f64(ac), _as_f64(tc)
         t_inf = torch.isinf(tc)
         bad = (torch.isnan(ac) != torch.isnan(tc)) | (torch.isinf(ac) != t_inf) | (t_inf & (ac != tc))
@@ -133,6 +141,28 @@ def error_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | N
         "sum_sq_t": float(sum_sq_t),
         "n": t.numel(),
     }
+
+
+def _finite_chunk_stats(ac: torch.Tensor, tc: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(max|t|, max|a - t|, sum (a - t)^2, sum t^2) of one chunk in float64, in five passes without
+    masks, when every element of both is finite; None otherwise (the caller's masked path decides).
+
+    The two sums of squares are the test: a NaN or an infinity in ``a`` or ``t`` makes one of them
+    NaN or infinite (nothing in a sum turns them finite again), and a sum that overflows only sends
+    the chunk to the masked path. On the H200 the masked path's dozen float64 temporaries cost
+    0.2-0.3 s a draw on a 1.6e9-element output; the common, all-finite chunk needs none of them."""
+    if not tc.numel():
+        return None
+    # float32 against float64 is promoted element by element: no float64 copy of the candidate's chunk
+    promoted = ac.is_floating_point() and torch.float64 in (ac.dtype, tc.dtype)
+    diff = torch.sub(ac if promoted else _as_f64(ac), tc)
+    t64 = tc if tc.dtype == torch.float64 else _as_f64(tc)
+    sum_sq_diff, sum_sq_t = torch.dot(diff, diff), torch.dot(t64, t64)
+    if not bool(torch.isfinite(sum_sq_diff) & torch.isfinite(sum_sq_t)):
+        return None
+    inf = float("inf")
+    peak, max_abs = torch.linalg.vector_norm(t64, ord=inf), torch.linalg.vector_norm(diff, ord=inf)
+    return peak, max_abs, sum_sq_diff, sum_sq_t
 
 
 def _relative_norm(stats: dict[str, Any]) -> float:
