@@ -61,7 +61,7 @@ def install(trace: Trace) -> None:
     outputs, inbox = Worker.receive_outputs, Worker.fill_inbox
 
     def send_request(self: Worker, op: str, **fields: Any) -> None:
-        if op == "run":
+        if op in ("run", "expected"):
             fields["steps"] = True
         pending = self.__dict__.setdefault("_trace_pending", [])
         pending.append((op, fields.get("precision"), time.monotonic()))
@@ -162,6 +162,8 @@ def main() -> int:
             flush=True,
         )
         return record
+
+    traced.uses_spares = True  # type: ignore[attr-defined]  # workers prespawned, as in verified_cost.py
 
     for name in args.protocol or ["standard", "verified"]:
         with contextlib.suppress(KeyboardInterrupt):

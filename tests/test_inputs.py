@@ -434,3 +434,35 @@ def test_sparse_catches_a_sampler_of_any_fixed_positions_on_most_draws():
         for i, window in enumerate(windows):
             caught[i] += _relu_sampler_caught(x, window)
     assert all(c >= 190 for c in caught), caught
+
+
+@pytest.mark.parametrize("distribution", ["original", "signed", "wide", "blockwise", "sparse", "spiked"])
+@pytest.mark.parametrize("mix_seed", [None, 99])
+def test_an_upcast_float32_draw_is_the_float64_draw(distribution: str, mix_seed: int | None) -> None:
+    """The reference makes a draw's float64 inputs by upcasting its float32 ones (one generation for
+    the truth and the baseline): bitwise what ``make_draw(precision="fp64")`` makes, structure kept."""
+
+    def get_inputs() -> list:
+        sym = torch.rand(16, 16)
+        return [
+            torch.rand(4, 32),
+            [torch.rand(3), 7],
+            sym + sym.T,
+            torch.randint(0, 5, (6,)),
+            torch.rand(8).half(),
+        ]
+
+    problem = types.SimpleNamespace(get_inputs=get_inputs)
+    structure = [None, None, {"symmetric": True}, None, None]
+    narrow = inputs.make_draw(problem, distribution, 5, "cpu", structure=structure, mix_seed=mix_seed)
+    wide = inputs.make_draw(
+        problem, distribution, 5, "cpu", precision="fp64", structure=structure, mix_seed=mix_seed
+    )
+    flat_up, flat_wide = [], []
+    inputs._map_tensors(inputs.upcast_draw(narrow), lambda t: flat_up.append(t) or t)
+    inputs._map_tensors(wide, lambda t: flat_wide.append(t) or t)
+    assert len(flat_up) == len(flat_wide) == 5
+    for a, b in zip(flat_up, flat_wide, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert flat_up[-1].dtype == torch.float64 and flat_up[-2].dtype == torch.int64
+    assert inputs.draw_bytes(narrow) == 4 * 128 + 4 * 3 + 4 * 256 + 8 * 6 + 2 * 8

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import RELU
 
 from kbv.worker import Worker, WorkerFailed, WorkerSpec
@@ -181,6 +182,47 @@ def test_reference_worker_refuses_to_redraw_for_candidates() -> None:
         _load(worker, "relu_plain.py")
         with pytest.raises(WorkerFailed, match="only a reference worker"):
             worker.request("redraw", distribution="signed", seed=1, out_path=worker.new_path("p"))
+
+
+def test_only_the_reference_worker_computes_a_draws_truth() -> None:
+    with _candidate_worker("plain3") as worker:
+        _load(worker, "relu_plain.py")
+        with pytest.raises(WorkerFailed, match="only the trusted reference worker"):
+            worker.request(
+                "expected", distribution="signed", seed=1, precision="fp32", out_path=worker.new_path("e")
+            )
+
+
+def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs() -> None:
+    """``expected``: one generation of the inputs for the float64 truth and the baseline; the
+    baseline's error computed in the reference worker equals the parent's from two ``run`` requests,
+    and only the truth is handed over."""
+    from kbv.correctness import baseline_error
+
+    spec = WorkerSpec(build_key="test-expected", device="cpu", role="reference", budget_s=60.0)
+    with Worker(spec) as worker:
+        worker.start()
+        worker.request(
+            "load",
+            role="reference",
+            device="cpu",
+            problem_path=str(RELU),
+            sizes={"batch_size": 4, "dim": 64},
+            init_seed=1,
+        )
+        worker.request("build", init_seed=1)
+        fields = {"distribution": "signed", "seed": 5, "mix_seed": None}
+        reply = worker.request("expected", precision="fp32", out_path=worker.new_path("e"), **fields)
+        (truth,) = worker.receive_outputs(reply["outputs"])
+        separate = {
+            precision: worker.receive_outputs(
+                worker.request("run", precision=precision, out_path=worker.new_path("r"), **fields)["outputs"]
+            )
+            for precision in ("fp32", "fp64")
+        }
+    assert truth.dtype == torch.float64 and torch.equal(truth, separate["fp64"][0])
+    assert reply["baseline_outputs"] == [[[4, 64], "float32"]] and reply["types"] == ["torch.Tensor"]
+    assert reply["baseline_error"] == baseline_error(separate["fp32"], separate["fp64"])
 
 
 def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:

@@ -371,6 +371,9 @@ class Session:
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
     device_lock: Any = None  # the evaluation's DeviceLock: candidate processes killed for holding it
+    # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
+    # alone (the two forwards of a 7.5 GB-input problem would not fit beside each other).
+    side_by_side: bool = True
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:
@@ -429,6 +432,7 @@ def _dynamic_findings(
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.transients,
         device_lock=gpu,
+        side_by_side=not ctx.gpu_held.startswith("alone"),
     )
     try:
         result = dynamic.run_dynamic_checks(session)
@@ -815,12 +819,13 @@ def _reference_outputs(
         on_cuda = ctx.device.startswith("cuda")
         # Asked once: a forward that refuses the recorder runs twice each time it is asked.
         record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
-        precision = "tf32" if on_cuda else "fp32"
-        baseline = _run(reference, distribution, seed, precision, mix_seed=mix_seed, record_operators=record)
+        fields = _run_fields(reference, distribution, seed, "tf32" if on_cuda else "fp32", mix_seed=mix_seed)
         if record:
-            ctx.tf32_operators_asked, ctx.tf32_operators = True, baseline.get("tf32_operators")
-        truth = _run(reference, distribution, seed, "fp64", mix_seed=mix_seed)
-        expected = _error_model_expected(baseline, truth)
+            fields["record_operators"] = True
+        reply = reference.request("expected", **fields)
+        if record:
+            ctx.tf32_operators_asked, ctx.tf32_operators = True, reply.get("tf32_operators")
+        expected = _error_model_expected(reference, reply)
     ctx.expected.put(key, expected)
     return expected
 
@@ -834,17 +839,43 @@ def _dispatcher_sees_all(problem: Problem) -> bool:
     return not any(marker in problem.source for marker in _OUTSIDE_DISPATCHER)
 
 
-def _error_model_expected(baseline: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
-    """What judging a draw under the error model needs: the float64 truth, the baseline's own error
-    against it (computed once here, not per judged output) and the baseline's shapes and dtypes.
-    The baseline's values are not kept (stand-ins on the meta device hold shape and dtype), so a
-    cached draw costs the truth's memory only."""
-    try:
-        base_err = correctness.baseline_error(baseline["outputs"], truth["outputs"])
-    except ValueError as exc:  # the reference disagrees with itself across precisions: the problem's fault
-        raise HarnessError(f"the reference's fp32 and float64 outputs differ in structure ({exc})") from exc
-    stand_ins = {**baseline, "outputs": [correctness.stand_in(o) for o in baseline["outputs"]]}
-    return {"reference": stand_ins, "baseline": stand_ins, "truth": truth, "baseline_err": base_err}
+def _error_model_expected(reference: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+    """What judging a draw under the error model needs, from the reference's ``expected`` reply: the
+    float64 truth, the baseline's own error against it (computed in the reference worker, which held
+    both; judging reads it once, not per output judged) and the baseline's shapes and dtypes (its
+    values never leave the worker: stand-ins on the meta device hold shape and dtype), so a cached
+    draw costs the truth's memory only."""
+    error = reply.get("baseline_error")
+    if not isinstance(error, dict):
+        raise HarnessError("the reference worker sent no baseline error")
+    if (
+        "structure_error" in error
+    ):  # the reference disagrees with itself across precisions: the problem's fault
+        raise HarnessError(
+            f"the reference's fp32 and float64 outputs differ in structure ({error['structure_error']})"
+        )
+    truth = {
+        "outputs": reference.receive_outputs(reply.get("outputs")),
+        "types": reply["truth_types"],
+        "memory": None,
+    }
+    stand_ins = {
+        "outputs": [_stand_in(described) for described in reply["baseline_outputs"]],
+        "types": reply["types"],
+        "memory": None,
+    }
+    return {"reference": stand_ins, "baseline": stand_ins, "truth": truth, "baseline_err": error}
+
+
+def _stand_in(described: Any) -> torch.Tensor | None:
+    """A meta tensor of the shape and dtype the reference described (``[shape, "float32"]``), or None."""
+    if described is None:
+        return None
+    shape, name = described
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise HarnessError(f"the reference worker described an output of unknown dtype {name!r}")
+    return torch.empty([int(n) for n in shape], dtype=dtype, device="meta")
 
 
 def _all_finite(outputs: list[Any]) -> bool:

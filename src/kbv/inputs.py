@@ -534,6 +534,21 @@ def make_draw(
     return restore_structure([mix_values(a, b) for a, b in zip(args, other)], structure)
 
 
+def upcast_draw(args: list) -> list:
+    """A draw made with ``precision="fp32"`` as :func:`make_draw` makes it with ``precision="fp64"``:
+    every floating tensor upcast (float32 values are exact in float64), everything else as it is. The
+    reference computes a draw's baseline and its float64 truth from one generation of its inputs."""
+    return [_map_tensors(a, lambda t: t.to(torch.float64) if t.is_floating_point() else t) for a in args]
+
+
+def draw_bytes(args: list) -> int:
+    """Bytes of every tensor of a draw, nested ones included."""
+    sizes: list[int] = []
+    for a in args:
+        _map_tensors(a, lambda t: sizes.append(t.numel() * t.element_size()) or t)
+    return sum(sizes)
+
+
 def mix_values(a: Any, b: Any) -> Any:
     """Draw A at the positions a value-sample cache key most likely reads (the first and last 64
     elements and the middle one of a floating tensor), draw B everywhere else; other values are A's."""
