@@ -15,7 +15,8 @@
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
 #   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 trace ref-plain ref-tf32 stability
+# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 trace acceptance
+#        problems_audit ref-plain ref-tf32 stability
 #        stability_suite compare fidelity launch gap demo audit audit_report ipc
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -99,6 +100,14 @@ step_trace() {
     # shellcheck disable=SC2086
     python benchmarks/request_trace.py --kernelbench "$KB" --out "$OUT/trace.jsonl" --timeout 100 \
         --problems ${TRACE_PROBLEMS:-45_Gemm_Sigmoid_LogSumExp 17_Conv2d_InstanceNorm_Divide 47_Sum_reduction_over_a_dimension 19_ReLU 100_HingeLoss 40_LayerNorm 1_MLP}
+}
+
+step_acceptance() {  # issue 11's target: the bundled GPU candidates and fixtures in <= 5 minutes
+    python benchmarks/gpu_acceptance.py --out "$OUT/acceptance"
+}
+
+step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audited in <= 6 minutes
+    python -m kbv.cli problems audit "$KB" --device cuda --json > "$OUT/problems_audit.jsonl"
 }
 
 step_ref() {  # $1: plain or tf32; $2: seconds of budget for new evaluations
@@ -187,7 +196,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|handover|memtrace|structure|fused|relu|trace|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
+        tests|containment|handover|memtrace|structure|fused|relu|trace|acceptance|problems_audit|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
             export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -199,7 +208,7 @@ run_step() {  # $1: name, $2: seconds
 default_limit() {
     case "$1" in
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
-        relu) echo 90 ;; trace) echo 240 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
+        relu) echo 90 ;; trace) echo 240 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; stability_suite) echo 240 ;; ipc) echo 150 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kbv import correctness
+from kbv import correctness, error_stats
 from kbv.correctness import (
     baseline_error,
     check_structure,
@@ -332,7 +332,7 @@ def _masked_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] |
     """error_stats with the all-finite shortcut off: every chunk through the masked path."""
     import unittest.mock
 
-    with unittest.mock.patch.object(correctness, "_finite_chunk_stats", return_value=None):
+    with unittest.mock.patch.object(error_stats, "_finite_chunk_stats", return_value=None):
         return correctness.error_stats(a, t, close)
 
 
@@ -341,7 +341,7 @@ def _masked_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] |
     [(torch.float32, torch.float64), (torch.float16, torch.float64), (torch.float32, torch.float32)],
 )
 def test_all_finite_shortcut_gives_the_masked_paths_statistics(monkeypatch, a_dtype, t_dtype) -> None:
-    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 1000)  # several chunks, a short last one
+    monkeypatch.setattr(error_stats, "CHUNK_ELEMENTS", 1000)  # several chunks, a short last one
     g = torch.Generator().manual_seed(3)
     t = (torch.randn(4321, generator=g, dtype=torch.float64) * 5).to(t_dtype)
     a = (t.to(torch.float64) + 1e-3 * torch.randn(4321, generator=g, dtype=torch.float64)).to(a_dtype)
@@ -356,7 +356,7 @@ def test_all_finite_shortcut_gives_the_masked_paths_statistics(monkeypatch, a_dt
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("where", ["candidate", "truth", "both"])
 def test_a_chunk_with_a_non_finite_value_is_judged_by_the_masked_path(monkeypatch, bad, where) -> None:
-    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(error_stats, "CHUNK_ELEMENTS", 100)
     t = torch.linspace(-3, 3, 350, dtype=torch.float64)
     a = t.to(torch.float32) + 1e-4
     if where in ("candidate", "both"):
@@ -372,6 +372,6 @@ def test_a_sum_of_squares_that_overflows_falls_back_to_the_masked_path() -> None
     t = torch.tensor([1e200, -1e200, 3.0], dtype=torch.float64)
     a = t.clone()
     a[2] = 4.0
-    assert correctness._finite_chunk_stats(a, t) is None  # (1e200)^2 overflows
+    assert error_stats._finite_chunk_stats(a, t) is None  # (1e200)^2 overflows
     stats = correctness.error_stats(a, t)
     assert stats["mismatch"] == 0 and stats["max_abs"] == 1.0 and stats["peak"] == 1e200

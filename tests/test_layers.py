@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.samples",
             "kbv.sketch",
             "kbv._sketch_kernel",
+            "kbv.error_stats",
             "kbv.inputs",
             "kbv.telemetry",
             "kbv.problems",

@@ -156,25 +156,31 @@ def test_a_forward_that_refuses_the_recorder_still_runs_and_gives_no_account(tmp
 
 
 class _FakeReference:
-    """A reference worker's side of ``run`` requests, recorded: what the parent asked for."""
+    """A reference worker's side of ``expected`` requests (a draw's baseline and truth), recorded:
+    what the parent asked for."""
 
     def __init__(self, account: dict | None) -> None:
         self.account = account
-        self.asked: list[tuple[str, bool]] = []
+        self.asked: list[tuple[str, str, bool]] = []
 
     def new_path(self, what: str) -> str:
         return f"/nonexistent/{what}"
 
     def request(self, op: str, **fields) -> dict:
-        self.asked.append((fields["precision"], bool(fields.get("record_operators"))))
-        reply = {"types": ["torch.Tensor"], "outputs": fields["precision"]}
+        self.asked.append((op, fields["precision"], bool(fields.get("record_operators"))))
+        reply = {
+            "types": ["torch.Tensor"],
+            "truth_types": ["torch.Tensor"],
+            "baseline_outputs": [[[4], "float32"]],
+            "baseline_error": {"outputs": [], "elementwise": 0.0, "norm": 0.0, "finite_match": True},
+            "outputs": "truth",
+        }
         if fields.get("record_operators") and self.account is not None:
             reply["tf32_operators"] = self.account
         return reply
 
-    def receive_outputs(self, precision: str) -> list:
-        dtype = torch.float64 if precision == "fp64" else torch.float32
-        return [torch.ones(4, dtype=dtype)]
+    def receive_outputs(self, described: str) -> list:
+        return [torch.ones(4, dtype=torch.float64)]
 
 
 @pytest.mark.parametrize("account", [{"sensitive": [], "operators": 1}, None])
@@ -196,5 +202,5 @@ def test_the_parent_asks_for_the_account_once_per_evaluation_on_the_gpu(account:
     reference = _FakeReference(account)
     for seed in (1, 2, 3):
         evaluation._reference_outputs(ctx, reference, "original", seed)  # type: ignore[arg-type]
-    assert reference.asked == [("tf32", True), ("fp64", False)] + [("tf32", False), ("fp64", False)] * 2
+    assert reference.asked == [("expected", "tf32", True)] + [("expected", "tf32", False)] * 2
     assert ctx.tf32_operators == account and ctx.tf32_operators_asked

@@ -368,13 +368,13 @@ SHARED_DRAW_SHARE = 1 / 16
 def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """What judging one draw needs, from the trusted reference alone: the float64 truth and the
     realistic baseline (``precision``: TF32 on a GPU, fp32 on the CPU) on the same inputs, the
-    baseline's error against the truth computed here (``kbv.correctness.baseline_error``), and only
+    baseline's error against the truth computed here (``kbv.error_stats.baseline_error``), and only
     the truth handed over; the baseline's outputs never leave this process (their shapes and dtypes
     do). The float64 inputs are an upcast copy of the float32 draw, made before either forward runs,
     so a forward that writes into its inputs cannot change the other's."""
     if state.role != "reference":
         raise PermissionError("only the trusted reference worker computes a draw's truth")
-    from kbv import correctness  # the trusted side's judge: imported by the reference worker only
+    from kbv.error_stats import baseline_error  # numbers, not a verdict (the reference worker only)
 
     mix = request.get("mix_seed")
     draw = (request["distribution"], int(request["seed"]), None if mix is None else int(mix))
@@ -404,7 +404,7 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     kept_truth = [_handoff.plain_copy(o, state.device, copy=False) for o in truth]
     kept_baseline = [_handoff.plain_copy(o, state.device, copy=False) for o in baseline]
     try:
-        error: dict[str, Any] = correctness.baseline_error(kept_baseline, kept_truth)
+        error: dict[str, Any] = baseline_error(kept_baseline, kept_truth)
     except ValueError as exc:  # the problem's fault: the parent says so
         error = {"structure_error": str(exc)}
     steps.mark("baseline_error")

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from kbv.correctness import error_stats, flat_chunks
 from kbv.devices import release_device_memory
+from kbv.error_stats import error_stats, flat_chunks
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
 from kbv.problems._loader import Problem
 from kbv.problems.structure import describe_structure

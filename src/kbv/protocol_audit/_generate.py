@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kbv import inputs as kbv_inputs
-from kbv.correctness import error_stats
+from kbv.error_stats import error_stats
 from kbv.problems import Problem, load_module
 from kbv.problems.structure import input_structure
 from kbv.protocol_audit import _sources as src
@@ -410,7 +410,7 @@ def _same_outputs(got: list[Any], expected: list[Any]) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     """Equal within ``EQUIVALENCE_RTOL`` of the output's scale, NaN and inf positions alike. Judged on
-    the correctness check's own statistics (:func:`kbv.correctness.error_stats`, float64 chunk by
+    the correctness check's own statistics (:func:`kbv.error_stats.error_stats`, float64 chunk by
     chunk): a whole KernelBench output in float64, with its masks and their indices, once asked for
     a 64 GiB allocation on the H200."""
     if not isinstance(b, torch.Tensor):
