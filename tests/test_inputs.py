@@ -465,4 +465,7 @@ def test_an_upcast_float32_draw_is_the_float64_draw(distribution: str, mix_seed:
     for a, b in zip(flat_up, flat_wide, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert flat_up[-1].dtype == torch.float64 and flat_up[-2].dtype == torch.int64
+    flat_narrow: list = []
+    inputs._map_tensors(narrow, lambda t: flat_narrow.append(t) or t)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(flat_up, flat_narrow, strict=True))  # copies
     assert inputs.draw_bytes(narrow) == 4 * 128 + 4 * 3 + 4 * 256 + 8 * 6 + 2 * 8

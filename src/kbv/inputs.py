@@ -536,16 +536,27 @@ def make_draw(
 
 def upcast_draw(args: list) -> list:
     """A draw made with ``precision="fp32"`` as :func:`make_draw` makes it with ``precision="fp64"``:
-    every floating tensor upcast (float32 values are exact in float64), everything else as it is. The
-    reference computes a draw's baseline and its float64 truth from one generation of its inputs."""
-    return [_map_tensors(a, lambda t: t.to(torch.float64) if t.is_floating_point() else t) for a in args]
+    every floating tensor upcast (float32 values are exact in float64), everything else as it is.
+    Every tensor is a copy (even one already float64, or an integer one), so a forward that writes
+    into its inputs leaves the draw's other copy as drawn. The reference computes a draw's baseline
+    and its float64 truth from one generation of its inputs."""
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float64, copy=True) if t.is_floating_point() else t.clone()
+
+    return [_map_tensors(a, copy) for a in args]
 
 
 def draw_bytes(args: list) -> int:
     """Bytes of every tensor of a draw, nested ones included."""
     sizes: list[int] = []
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.numel() * t.element_size())
+        return t
+
     for a in args:
-        _map_tensors(a, lambda t: sizes.append(t.numel() * t.element_size()) or t)
+        _map_tensors(a, add)
     return sum(sizes)
 
 

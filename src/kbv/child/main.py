@@ -379,10 +379,12 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     mix = request.get("mix_seed")
     draw = (request["distribution"], int(request["seed"]), None if mix is None else int(mix))
     steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
-    args: list[Any] | None = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
-    wide = kbv_inputs.upcast_draw(args)
-    if kbv_inputs.draw_bytes(args) > SHARED_DRAW_SHARE * _device_bytes(state):
+    narrow = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
+    wide = kbv_inputs.upcast_draw(narrow)
+    args: list[Any] | None = narrow
+    if kbv_inputs.draw_bytes(narrow) > SHARED_DRAW_SHARE * _device_bytes(state):
         args = None  # freed for the float64 forward, drawn again for the baseline
+    del narrow
     steps.mark("inputs")
     _set_precision_flags("fp64")
     with torch.no_grad():
