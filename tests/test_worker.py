@@ -225,6 +225,19 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
     assert reply["baseline_error"] == baseline_error(separate["fp32"], separate["fp64"])
 
 
+def test_a_run_says_where_its_time_went_only_when_asked() -> None:
+    with _candidate_worker("steps") as worker:
+        _load(worker, "relu_plain.py")
+        fields = {"distribution": "original", "seed": 3, "precision": "native"}
+        plain = worker.request("run", out_path=worker.new_path("o"), **fields)
+        worker.receive_outputs(plain["outputs"])
+        asked = worker.request("run", out_path=worker.new_path("o"), steps=True, **fields)
+        worker.receive_outputs(asked["outputs"])
+    assert "steps_s" not in plain
+    assert set(asked["steps_s"]) == {"inputs", "forward", "copy", "hand_over", "release"}
+    assert all(s >= 0 for s in asked["steps_s"].values())
+
+
 def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:
     import pickle
 
