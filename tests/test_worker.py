@@ -225,6 +225,32 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
     assert reply["baseline_error"] == baseline_error(separate["fp32"], separate["fp64"])
 
 
+def test_a_forward_that_fails_in_float64_says_so(tmp_path: Path) -> None:
+    problem = tmp_path / "float32_inside.py"
+    problem.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        return self.lin(x) + self.lin(torch.zeros(x.shape[0], 8))  # float32 always\n"
+        "def get_inputs():\n"
+        "    return [torch.rand(4, 8)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n"
+    )
+    spec = WorkerSpec(build_key="test-expected-f64", device="cpu", role="reference", budget_s=60.0)
+    with Worker(spec) as worker, pytest.raises(WorkerFailed) as info:
+        worker.start()
+        worker.request("load", role="reference", device="cpu", problem_path=str(problem), init_seed=1)
+        worker.request(
+            "expected", distribution="original", seed=1, precision="fp32", out_path=worker.new_path("e")
+        )
+    assert info.value.kind == "runtime_error"
+    assert info.value.message.startswith("in float64 (the verified protocol's truth): ")
+
+
 def test_a_run_says_where_its_time_went_only_when_asked() -> None:
     with _candidate_worker("steps") as worker:
         _load(worker, "relu_plain.py")

@@ -387,8 +387,15 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     del narrow
     steps.mark("inputs")
     _set_precision_flags("fp64")
-    with torch.no_grad():
-        truth = _as_outputs(_model_for(state, "fp64")(*wide))
+    try:
+        with torch.no_grad():
+            truth = _as_outputs(_model_for(state, "fp64")(*wide))
+    except Exception as exc:  # e.g. a forward that makes float32 tensors of its own
+        if _classify(exc, "expected") == "cuda_error":
+            raise  # keeps its kind: it ends this worker
+        raise RuntimeError(
+            f"in float64 (the verified protocol's truth): {_message(exc, 'expected')}"
+        ) from exc
     del wide
     steps.mark("forward_fp64")
     if args is None:
