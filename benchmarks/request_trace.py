@@ -6,11 +6,12 @@
 Evaluates the named problems of ``verified_cost.py``'s KernelBench sample (the reference itself as
 the candidate) as one kbv batch per protocol, as ``verified_cost.py`` does, and records every
 request the parent sends to a worker: its role and operation, the parent's wall seconds from send
-to reply, the worker's own seconds, and for ``run`` requests the worker's steps (inputs, forward,
-the candidate's copy, the hand-over, the allocator's release; each waits for the device, so the
-profile costs a few synchronisations per request). It also records the parent's own work: opening
-and copying handed-over outputs (``receive_outputs``), writing a parameter inbox, and judging
-(``compare_*``, ``baseline_error``), each ended by a device synchronisation. One JSON line per event,
+to reply, the worker's own seconds, and for ``run`` and ``expected`` requests the worker's steps
+(inputs, forwards, the candidate's copy, the baseline's error, the hand-over, the allocator's
+release; each waits for the device, so the profile costs a few synchronisations per request). It
+also records the parent's own work: opening and copying handed-over outputs (``receive_outputs``),
+writing a parameter inbox, and judging (``compare_*``, ``timed_reference``), each ended by a device
+synchronisation. One JSON line per event,
 then one summary line per evaluation: seconds per category and the record's ``phases_s``.
 """
 
@@ -54,7 +55,7 @@ def _sync() -> None:
 
 def install(trace: Trace) -> None:
     """Wrap the parent's side of the worker channel and the judging functions."""
-    from kbv import correctness, evaluation
+    from kbv import correctness
     from kbv.worker import Worker
 
     send, receive = Worker.send_request, Worker.receive_reply
@@ -97,9 +98,9 @@ def install(trace: Trace) -> None:
     Worker.receive_reply = receive_reply  # type: ignore[method-assign]
     Worker.receive_outputs = timed("receive_outputs", outputs, lambda a: a[0].spec.role)  # type: ignore[method-assign]
     Worker.fill_inbox = timed("fill_inbox", inbox, lambda a: a[0].spec.role)  # type: ignore[method-assign]
-    for name in ("compare_error_model", "compare_allclose", "baseline_error", "timed_reference"):
+    # kbv.evaluation calls them through the module (``correctness.compare_...``): patched there.
+    for name in ("compare_error_model", "compare_allclose", "timed_reference"):
         setattr(correctness, name, timed(name, getattr(correctness, name)))
-    evaluation.correctness = correctness  # (the module object: already the patched one)
 
 
 def summarise(events: list[dict[str, Any]]) -> dict[str, float]:
@@ -156,7 +157,7 @@ def main() -> int:
         trace.label, trace.events = {"protocol": protocol.name, "problem": problem.name}, []
         record = evaluate(problem, candidate, protocol, device, **kwargs)
         summary = {"what": "summary", "outcome": record.outcome, "phases_s": record.phases_s}
-        trace.add(**summary, seconds=summarise(trace.events[:]))
+        trace.add(**summary, seconds=summarise(trace.events))
         print(
             f"{protocol.name} {problem.name}: {record.outcome} {record.phases_s.get('total', 0):.2f} s",
             flush=True,

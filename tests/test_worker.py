@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,18 @@ def _load(worker: Worker, name: str) -> dict:
         candidate_path=str(FIXTURES / name),
         init_seed=1,
     )
+
+
+@contextlib.contextmanager
+def _reference_worker(name: str, problem: Path, sizes: dict | None = None) -> Iterator[Worker]:
+    """A trusted reference worker on the CPU with ``problem`` loaded (and its model built)."""
+    spec = WorkerSpec(build_key=f"test-{name}", device="cpu", role="reference", budget_s=60.0)
+    with Worker(spec) as worker:
+        worker.start()
+        worker.request(
+            "load", role="reference", device="cpu", problem_path=str(problem), sizes=sizes or {}, init_seed=1
+        )
+        yield worker
 
 
 def test_env_allowlist_drops_secrets(tmp_path: Path) -> None:
@@ -199,18 +213,7 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
     and only the truth is handed over."""
     from kbv.correctness import baseline_error
 
-    spec = WorkerSpec(build_key="test-expected", device="cpu", role="reference", budget_s=60.0)
-    with Worker(spec) as worker:
-        worker.start()
-        worker.request(
-            "load",
-            role="reference",
-            device="cpu",
-            problem_path=str(RELU),
-            sizes={"batch_size": 4, "dim": 64},
-            init_seed=1,
-        )
-        worker.request("build", init_seed=1)
+    with _reference_worker("expected", RELU, {"batch_size": 4, "dim": 64}) as worker:
         fields = {"distribution": "signed", "seed": 5, "mix_seed": None}
         reply = worker.request("expected", precision="fp32", out_path=worker.new_path("e"), **fields)
         (truth,) = worker.receive_outputs(reply["outputs"])
@@ -240,10 +243,7 @@ def test_a_forward_that_fails_in_float64_says_so(tmp_path: Path) -> None:
         "def get_init_inputs():\n"
         "    return []\n"
     )
-    spec = WorkerSpec(build_key="test-expected-f64", device="cpu", role="reference", budget_s=60.0)
-    with Worker(spec) as worker, pytest.raises(WorkerFailed) as info:
-        worker.start()
-        worker.request("load", role="reference", device="cpu", problem_path=str(problem), init_seed=1)
+    with _reference_worker("expected-f64", problem) as worker, pytest.raises(WorkerFailed) as info:
         worker.request(
             "expected", distribution="original", seed=1, precision="fp32", out_path=worker.new_path("e")
         )

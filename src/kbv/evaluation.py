@@ -848,9 +848,7 @@ def _error_model_expected(reference: Worker, reply: dict[str, Any]) -> dict[str,
     error = reply.get("baseline_error")
     if not isinstance(error, dict):
         raise HarnessError("the reference worker sent no baseline error")
-    if (
-        "structure_error" in error
-    ):  # the reference disagrees with itself across precisions: the problem's fault
+    if "structure_error" in error:  # the reference disagrees with itself across precisions
         raise HarnessError(
             f"the reference's fp32 and float64 outputs differ in structure ({error['structure_error']})"
         )

@@ -350,12 +350,7 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         "memory": memory,
         "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed, state.handoff),
     }
-    steps.mark("hand_over")
-    if operators is not None:
-        reply["tf32_operators"] = operators
-    if steps.on:
-        reply["steps_s"] = steps.seconds
-    return reply
+    return _finished(reply, steps, operators)
 
 
 #: Input bytes up to which the reference keeps a draw's float32 inputs while its float64 forward
@@ -426,6 +421,12 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             kept_truth, state.device, request["out_path"], state.handed, state.handoff
         ),
     }
+    return _finished(reply, steps, operators)
+
+
+def _finished(reply: dict[str, Any], steps: _Steps, operators: dict[str, Any] | None) -> dict[str, Any]:
+    """A forward's reply once its outputs are handed over: with the trusted reference's account of
+    its operators when it was asked for, and the request's steps when a profiling run asked."""
     steps.mark("hand_over")
     if operators is not None:
         reply["tf32_operators"] = operators

@@ -198,57 +198,42 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.draw(0)
             sub, ref = self.session.subject, self.session.reference
-            # Side by side where the GPU has room for both forwards: each observation counts its own
-            # process's threads and children, and the reference's runs while the candidate's waits
-            # out its delay (its reply is read even when the candidate's failed: a reply left unread
-            # would answer the next request).
-            if not getattr(self.session, "side_by_side", False):
-                cand = self.request(
-                    sub,
-                    "probe_observe",
-                    inputs=spec,
-                    delay_s=OBSERVE_DELAY_S,
-                    out_path=sub.new_path("probe-observe"),
-                )
-                refr = self.request(
-                    ref,
-                    "probe_observe",
-                    inputs=spec,
-                    delay_s=0.0,
-                    hand_outputs=False,
-                    out_path=ref.new_path("probe-observe"),
-                )
-                return self._observation(spec, sub, cand, refr)
-            sub.send_request(
-                "probe_observe", inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe")
-            )
-            ref.send_request(
-                "probe_observe",
-                inputs=spec,
-                delay_s=0.0,
-                hand_outputs=False,
-                out_path=ref.new_path("probe-observe"),
-            )
-            try:
-                cand = self._answer(sub, sub.receive_reply)
-            finally:
-                refr = self._answer(ref, ref.receive_reply)
-            return self._observation(spec, sub, cand, refr)
+            candidate_fields = {
+                "inputs": spec,
+                "delay_s": OBSERVE_DELAY_S,
+                "out_path": sub.new_path("probe-observe"),
+            }
+            reference_fields = {
+                "inputs": spec,
+                "delay_s": 0.0,
+                "hand_outputs": False,
+                "out_path": ref.new_path("probe-observe"),
+            }
+            if getattr(self.session, "side_by_side", False):
+                # Where the GPU has room for both forwards: each observation counts its own process's
+                # threads and children, and the reference's runs while the candidate's waits out its
+                # delay. Its reply is read even when the candidate's failed: a reply left unread
+                # would answer the next request.
+                sub.send_request("probe_observe", **candidate_fields)
+                ref.send_request("probe_observe", **reference_fields)
+                try:
+                    cand = self._answer(sub, sub.receive_reply)
+                finally:
+                    refr = self._answer(ref, ref.receive_reply)
+            else:
+                cand = self.request(sub, "probe_observe", **candidate_fields)
+                refr = self.request(ref, "probe_observe", **reference_fields)
+            first, late = self.handed(sub, cand)
+            # Only the difference is kept: the outputs themselves would hold device memory all phase.
+            return {
+                "spec": spec,
+                "candidate": cand,
+                "reference": refr,
+                "late_diff": _max_diff(first, late),
+                "first_tensors": [isinstance(t, torch.Tensor) for t in first],
+            }
 
         return self.once("observe", compute)
-
-    def _observation(
-        self, spec: dict[str, Any], sub: Any, cand: dict[str, Any], refr: dict[str, Any]
-    ) -> dict[str, Any]:
-        first, late = self.handed(sub, cand)
-        # Only the difference is kept: the outputs themselves would hold device memory all phase.
-        return {
-            "spec": spec,
-            "candidate": cand,
-            "reference": refr,
-            "late_diff": _max_diff(first, late),
-            "first_tensors": [isinstance(t, torch.Tensor) for t in first],
-        }
 
     def cache_probe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
