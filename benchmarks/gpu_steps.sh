@@ -94,12 +94,14 @@ step_cost() {  # $1: the part, 1 to 3
     python benchmarks/verified_cost.py --results "$OUT/kb_rows.jsonl" --report "$OUT/kb_report.json"
 }
 
-# TRACE_PROBLEMS: the cost sample's problems to profile request by request (issue 11)
+# TRACE_PROBLEMS: the cost sample's problems to profile request by request (issue 11);
+# TRACE_ARGS: more arguments, e.g. "--protocol standard --protocol benchmarks/protocols/x.toml"
 step_trace() {
     rm -rf "$KBV_CACHE_DIR/baselines"  # each problem pays its baselines, as in the cost steps
     # shellcheck disable=SC2086
     python benchmarks/request_trace.py --kernelbench "$KB" --out "$OUT/trace.jsonl" --timeout 100 \
-        --problems ${TRACE_PROBLEMS:-45_Gemm_Sigmoid_LogSumExp 17_Conv2d_InstanceNorm_Divide 47_Sum_reduction_over_a_dimension 19_ReLU 100_HingeLoss 40_LayerNorm 1_MLP}
+        --problems ${TRACE_PROBLEMS:-45_Gemm_Sigmoid_LogSumExp 17_Conv2d_InstanceNorm_Divide 47_Sum_reduction_over_a_dimension 19_ReLU 100_HingeLoss 40_LayerNorm 1_MLP} \
+        ${TRACE_ARGS:-}
 }
 
 step_acceptance() {  # issue 11's target: the bundled GPU candidates and fixtures in <= 5 minutes

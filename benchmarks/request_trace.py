@@ -6,9 +6,11 @@
 Evaluates the named problems of ``verified_cost.py``'s KernelBench sample (the reference itself as
 the candidate) as one kbv batch per protocol, as ``verified_cost.py`` does, and records every
 request the parent sends to a worker: its role and operation, the parent's wall seconds from send
-to reply, the worker's own seconds, and for ``run`` and ``expected`` requests the worker's steps
+to reply, the worker's own seconds, and for ``run``, ``expected`` and ``time`` requests the worker's steps
 (inputs, forwards, the candidate's copy, the baseline's error, the hand-over, the allocator's
-release; each waits for the device, so the profile costs a few synchronisations per request). It
+release; for ``time``: the input sets, the timed calls, their sketches, and warm-up with flushes
+and synchronisations; each waits for the device, so the profile costs a few synchronisations per
+request). It
 also records the parent's own work: opening and copying handed-over outputs (``receive_outputs``),
 writing a parameter inbox, and judging (``compare_*``, ``timed_reference``), each ended by a device
 synchronisation. One JSON line per event,
@@ -62,7 +64,7 @@ def install(trace: Trace) -> None:
     outputs, inbox = Worker.receive_outputs, Worker.fill_inbox
 
     def send_request(self: Worker, op: str, **fields: Any) -> None:
-        if op in ("run", "expected"):
+        if op in ("run", "expected", "time"):
             fields["steps"] = True
         pending = self.__dict__.setdefault("_trace_pending", [])
         pending.append((op, fields.get("precision"), time.monotonic()))

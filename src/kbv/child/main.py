@@ -521,18 +521,26 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     _set_precision_flags(precision)
     settings = timing_settings_from_dict(request["settings"])
     seeds = [int(s) for s in request["seeds"]]
+    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
     input_sets = _timing_inputs(state, request["distribution"], seeds, precision)
+    steps.mark("inputs")
     model = _model_for(state, precision)
     last: list[Any] = [None] * len(input_sets)
     spec = request.get("sketch")
     sketches: list[list[dict[str, Any]]] = []
+    sketch_s = [0.0]
 
     def call(k: int) -> None:
         last[k] = model(*input_sets[k])
 
     def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
         assert spec is not None  # passed to the recipe only with a spec
+        started = time.perf_counter()
         sketches.append(_sketch.sketch_outputs(_as_outputs(last[i % len(input_sets)]), spec, state.device))
+        if steps.on:
+            if state.device.type == "cuda":
+                torch.cuda.synchronize()
+            sketch_s[0] += time.perf_counter() - started
 
     flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
     with torch.no_grad():
@@ -547,6 +555,15 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     reply: dict[str, Any] = {"measurement": measurement.to_dict()}
     if spec is not None:
         reply["sketches"] = sketches
+    if steps.on:
+        steps.mark("measure")
+        timed_s = sum(measurement.wall_ms) / 1e3
+        # the recipe's seconds split: the timed calls, their sketches, and the rest (warm-up, the L2
+        # flushes, the synchronisations around each call)
+        steps.seconds["timed_calls"] = timed_s
+        steps.seconds["sketches"] = sketch_s[0]
+        steps.seconds["warmup_flush_sync"] = steps.seconds.pop("measure") - timed_s - sketch_s[0]
+        reply["steps_s"] = steps.seconds
     return reply
 
 
