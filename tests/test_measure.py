@@ -63,16 +63,24 @@ def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Pat
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     candidate = record.timing["candidate"]
     assert record.timing["recipe"] == "flush-rotate-events-median"
-    assert len(candidate["rounds"]) == 3  # interleaved with the baselines, A B A B A B
+    # interleaved with the baselines, A B A B A B, then more pairs while a median is imprecise
+    precision = record.timing["precision"]
+    assert 3 <= len(candidate["rounds"]) == precision["rounds"] <= 9
+    assert precision["met"] == (precision["worst"] <= 0.02) and (precision["met"] or precision["rounds"] == 9)
     for r in candidate["rounds"]:
         assert r["device_ms"] and r["wall_ms"] and r["parent_bracket_s"] > sum(r["wall_ms"]) / 1000
+        assert len(r["device_ms"]) <= 10
+    # the first batch warms up for warmup_seconds, the later ones by warmup_calls alone
+    assert [r["warmup_budget_s"] for r in candidate["rounds"]] == [0.05] + [0.0] * (
+        len(candidate["rounds"]) - 1
+    )
     assert (
         candidate["summary"]["ci95_low"]
         <= candidate["summary"]["median"]
         <= candidate["summary"]["ci95_high"]
     )
     interval = record.timing["speedup_intervals"]["eager_fp32"]
-    assert interval["paired"] and len(interval["per_round"]) == 3
+    assert interval["paired"] and len(interval["per_round"]) == len(candidate["rounds"])
     assert record.speedup["best"] == record.speedup["eager_fp32"] and "eager_tf32" not in record.speedup
     assert "eager_tf32" in record.timing["baselines_not_measured"]  # the same code as eager_fp32 on the CPU
     assert record.memory["candidate_peak_bytes"] is None  # no device memory to account on the CPU
@@ -435,3 +443,69 @@ def test_timing_input_sets_shrink_only_for_inputs_too_large_to_rotate() -> None:
     assert timing_input_sets(3, [1_600_000_000]) == 1  # 6.4 GB in + 6.4 GB out per set
     assert timing_input_sets(3, [TIMING_SETS_BYTES // 16]) == 2  # two sets of a quarter each fit
     assert timing_input_sets(3, []) == 3  # no floating input: nothing to size
+
+
+def _series(*rounds: list[float]) -> list[dict]:
+    return [{"device_ms": list(r)} for r in rounds]
+
+
+def test_rounds_go_on_until_every_timed_series_is_precise_or_max_rounds() -> None:
+    s = TimingSettings(repeats=10, rounds=3, max_rounds=9, precision=0.02)
+    stable, noisy = [1.0, 1.001, 0.999] * 3 + [1.0], [1.0, 3.0, 0.5, 2.5, 1.5, 4.0, 0.8, 2.2, 1.1, 3.3]
+    # fewer than ``rounds``: always another
+    assert measure._another_round(
+        s, {"candidate": _series(stable, stable), "eager_fp32": _series(stable, stable)}
+    )
+    three = {"candidate": _series(stable, stable, stable), "eager_fp32": _series(stable, stable, stable)}
+    assert not measure._another_round(s, three)  # all precise after three
+    noisy_baseline = {**three, "eager_fp32": _series(noisy, noisy, noisy)}
+    assert measure._another_round(s, noisy_baseline)  # a noisy baseline asks for more
+    nine = {"candidate": _series(*[noisy] * 9)}
+    assert not measure._another_round(s, nine)  # but never beyond max_rounds
+    assert not measure._another_round(TimingSettings(rounds=3), {"candidate": _series(noisy, noisy, noisy)})
+    reached = measure._precision_reached(s, noisy_baseline)
+    assert reached["rounds"] == 3 and not reached["met"] and reached["worst"] > 0.02
+
+
+def test_a_cached_baseline_pairs_with_a_candidate_timed_for_more_rounds() -> None:
+    s = TimingSettings(repeats=3, rounds=3, max_rounds=9, precision=0.02, bootstrap_resamples=200)
+    cached = {"source": "cache", "rounds": _series([2.0, 2.0, 2.0], [2.0, 2.1, 2.0], [2.0, 1.9, 2.0])}
+    measured = {"source": "measured", "rounds": _series(*[[4.0, 4.0, 4.0]] * 5)}
+    timing = {
+        "candidate": {"rounds": _series(*[[1.0, 1.0, 1.0]] * 5)},
+        "baselines": {"eager_fp32": cached, "eager_tf32": measured},
+    }
+    speedup, intervals = measure.speedups(timing, s)
+    assert speedup == {"eager_fp32": 2.0, "eager_tf32": 4.0, "best": 2.0}
+    assert intervals["eager_fp32"]["per_round"] == [] and not intervals["eager_fp32"]["paired"]
+    assert intervals["eager_tf32"]["per_round"] == [4.0] * 5 and intervals["eager_tf32"]["paired"]
+
+
+def test_a_round_beyond_the_first_ones_gets_the_references_sketches_when_it_starts(tmp_path: Path) -> None:
+    """Rounds timed only until precise are sketched when they start, from the reference's outputs
+    asked for again; each has a seed of its own, so a sketch replayed from an earlier round is
+    wrong there."""
+    asked: list[int] = []
+    settings = TimingSettings(repeats=4, input_sets=2, rounds=1, max_rounds=3, precision=0.02)
+    ctx = _mctx(sketch_seed=7, timed_reference=_timed_reference(asked))
+    ctx.settings = settings
+    plan = measure._SketchPlan(ctx)
+    assert len(plan.round_seeds) == 3 and len(set(plan.round_seeds)) == 3
+    assert len(plan.targets) == 1 and sorted(asked) == [11, 22]
+    right = lambda i: _TRUTHS[[11, 22][i % 2]].float()  # noqa: E731
+    spec = plan.spec(2)  # rounds 1 and 2 sketched now, one reference per input set asked again
+    assert (
+        len(plan.targets) == 3 and sorted(asked) == [11, 11, 22, 22] and spec["seed"] == plan.round_seeds[2]
+    )
+    plan.judge(
+        2,
+        measure._timed_batch(
+            _FakeWorker(tmp_path, "candidate", [1.0] * 4, outputs=right), ctx, "native", sketch=spec
+        ),
+    )
+    assert plan.summary()["wrong_calls"] == 0
+    # sketches taken under round 0's seed do not pass as round 1's
+    replayed = _FakeWorker(tmp_path, "candidate", [1.0] * 4, outputs=right)
+    batch = measure._timed_batch(replayed, ctx, "native", sketch=plan.spec(0))
+    plan.judge(1, batch)
+    assert plan.summary()["wrong_calls"] == 4

@@ -731,6 +731,58 @@ def test_a_claimed_warmup_count_cannot_stretch_the_account() -> None:
     assert statistics.warmup_bound_ms(graph, 0.01, n_input_sets=3) > 2 * 50.0  # two warm-ups, three captures
 
 
+def test_a_later_batch_is_credited_only_the_warmup_it_was_asked_for() -> None:
+    """A worker's later batches warm up by ``warmup_calls`` alone (``rewarm_seconds`` 0): the bracket
+    check credits such a batch the warm-up it was asked for (``warmup_budget_s``, the parent's), so
+    a candidate cannot hide 50 ms of work in a warm-up it never had to run."""
+    s = settings(warmup_calls=3, warmup_seconds=0.05, repeats=10, rewarm_seconds=0.0)
+    assert statistics.warmup_budget_s(s, first_batch=True) == 0.05
+    assert statistics.warmup_budget_s(s, first_batch=False) == 0.0
+    assert statistics.warmup_budget_s(replace(s, rewarm_seconds=-1.0), first_batch=False) == 0.05
+
+    def batch(bracket_ms: float, budget: float | None) -> dict:  # 10 calls of 1 ms, 3 warm-up calls
+        found = {"parent_bracket_s": bracket_ms / 1e3, "wall_ms": [1.0] * 10, "warmup_calls": 3}
+        return found if budget is None else {**found, "warmup_budget_s": budget}
+
+    # the first batch is credited its 50 ms budget, a later one 3 calls (the bound: 4 medians)
+    assert statistics.batch_gap_ms(batch(61.0, 0.05), s) == pytest.approx(1.0)
+    assert statistics.batch_gap_ms(batch(14.0, 0.0), s) == pytest.approx(1.0)
+    # a batch stored before the field was timed with warmup_seconds
+    assert statistics.batch_gap_ms(batch(61.0, None), s) == pytest.approx(1.0)
+    # 45 ms hidden in a later round: a gap, where the first round's budget would have covered it
+    trusted = [batch(61.0, 0.05), batch(14.0, 0.0)]
+    hiding = statistics.bracket_verdict([batch(58.0, 0.0)] * 3, trusted, s)
+    assert hiding["disagrees"] and hiding["rounds"][0]["trusted_per_call_ms"] > 4.0
+    assert not statistics.bracket_verdict([batch(14.0, 0.0)] * 3, trusted, s)["disagrees"]
+
+
+def test_median_precision_is_the_relative_half_width_of_the_median_interval() -> None:
+    assert statistics.median_precision([2.0] * 10) == 0.0
+    assert statistics.median_precision([]) == float("inf")
+    noisy = [1.0, 3.0, 0.5, 2.5, 1.5, 4.0, 0.8, 2.2, 1.1, 3.3]
+    stable = [1.0, 1.001, 0.999, 1.0005, 0.9995] * 2
+    assert statistics.median_precision(noisy) > 0.2 > 0.002 > statistics.median_precision(stable)
+    # the interval narrows with more samples of the same spread
+    assert statistics.median_precision(noisy * 9) < statistics.median_precision(noisy)
+
+
+def test_unpaired_speedup_pools_rounds_of_either_count() -> None:
+    r = statistics.unpaired_speedup([[2.0, 2.0]] * 3, [[1.0, 1.0]] * 5, resamples=200)
+    assert r["speedup"] == 2.0 and r["ci95_low"] == r["ci95_high"] == 2.0
+    assert r["per_round"] == [] and r["n_rounds"] == 5
+    base = [[10.0, 10.5, 9.5], [10.1, 9.9, 10.4], [10.3, 9.7, 10.0]]
+    cand = [[5.0, 5.5, 4.8], [5.2, 4.9, 5.0]]
+    noisy = statistics.unpaired_speedup(base, cand, resamples=300)
+    assert (
+        noisy["ci95_low"] <= noisy["speedup"] <= noisy["ci95_high"] and noisy["ci95_low"] < noisy["ci95_high"]
+    )
+    assert statistics.unpaired_speedup(base, cand, resamples=300) == noisy  # seeded
+    with pytest.raises(ValueError, match="at least one round"):
+        statistics.unpaired_speedup([], [[1.0]])
+    with pytest.raises(ValueError, match="positive"):
+        statistics.unpaired_speedup([[1.0]], [[0.0]])
+
+
 @pytest.mark.parametrize(
     "bad, reason",
     [

@@ -103,31 +103,35 @@ def measure_pair(
     ctx.build()
     names, skipped = measured_baselines(tuple(settings.baselines), ctx.device, ctx.tf32_operators)
     plan = _SketchPlan(ctx) if ctx.checks_timed_outputs else None
+    warmups = _Warmups(settings)
     cached = {name: _cache_read(ctx, name) for name in names}
-    cache_checks = _check_cached(ctx, reference, cached, subject, plan)
+    cache_checks = _check_cached(ctx, reference, cached, subject, plan, warmups)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
     baseline_started = time.monotonic()
     baseline_seconds = 0.0
     try:
-        for r in range(max(1, settings.rounds)):
+        while _another_round(settings, rounds):
+            r = len(rounds["candidate"])
             spec = plan.spec(r) if plan is not None else None
             for name in to_measure:
                 worker = compile_worker if name == "compile" else reference
                 assert worker is not None
+                precision = BASELINE_PRECISION[name]
                 # A baseline sketches every timed call as the candidate does (the same request but
                 # for the precision), so the sketches cost both sides alike in the parent's bracket.
                 with _others_paused(worker, reference, subject, compile_worker):
-                    batch = _timed_batch(worker, ctx, BASELINE_PRECISION[name], sketch=spec)
+                    batch = _timed_batch(worker, ctx, precision, spec, warmups.budget(worker, precision))
                 rounds[name].append(batch)
                 baseline_seconds += batch["parent_bracket_s"]
                 if plan is not None:
                     plan.calibrate(name, r, batch)
             with _others_paused(subject, reference, subject, compile_worker):
-                rounds["candidate"].append(_timed_batch(subject, ctx, "native", sketch=spec))
+                batch = _timed_batch(subject, ctx, "native", spec, warmups.budget(subject, "native"))
+            rounds["candidate"].append(batch)
             if plan is not None:
-                plan.judge(r, rounds["candidate"][-1])
+                plan.judge(r, batch)
     finally:
         if compile_worker is not None:
             compile_worker.close()
@@ -146,7 +150,7 @@ def measure_pair(
             baselines[name] = {**hit, "source": "cache"}
         if name in cache_checks:
             baselines[name]["cache_check"] = cache_checks[name]
-    recheck = _bracket_recheck(ctx, reference, subject, rounds["candidate"], baselines, plan)
+    recheck = _bracket_recheck(ctx, reference, subject, rounds["candidate"], baselines, plan, warmups)
     if recheck is not None:
         baseline_seconds += sum(r["parent_bracket_s"] for r in recheck["rounds"])
     timing = {
@@ -155,6 +159,8 @@ def measure_pair(
         "candidate": _entry(rounds["candidate"], settings, source="measured"),
         "baselines": baselines,
     }
+    if settings.precision > 0:
+        timing["precision"] = _precision_reached(settings, rounds)
     if skipped:
         timing["baselines_not_measured"] = skipped
     if recheck is not None:
@@ -167,6 +173,55 @@ def measure_pair(
             timing["speedup_intervals"] = {}
             timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
     return timing, speedup
+
+
+def _another_round(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether the rounds go on: until ``rounds`` were timed, then, with ``precision`` set, while a
+    series timed in this evaluation has a median less precise than that and ``max_rounds`` allows.
+    Cached baselines are not timed again, so only the candidate's precision counts beside them."""
+    done = len(rounds["candidate"])
+    if done < max(1, settings.rounds):
+        return True
+    if settings.precision <= 0 or done >= settings.max_rounds:
+        return False
+    return _worst_precision(settings, rounds) > settings.precision
+
+
+def _worst_precision(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> float:
+    return max(
+        kbv_timing.median_precision(
+            [x for batch in series for x in batch["device_ms"]], resamples=settings.bootstrap_resamples
+        )
+        for series in rounds.values()
+    )
+
+
+def _precision_reached(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """What the record says of the rounds timed until precise (``timing.precision``)."""
+    worst = _worst_precision(settings, rounds)
+    return {
+        "rounds": len(rounds["candidate"]),
+        "min_rounds": max(1, settings.rounds),
+        "max_rounds": max(settings.rounds, settings.max_rounds),
+        "target": settings.precision,
+        "worst": worst,
+        "met": worst <= settings.precision,
+    }
+
+
+class _Warmups:
+    """The warm-up budget of each batch: ``warmup_seconds`` for a worker's first batch of a precision
+    in this evaluation, ``rewarm_seconds`` for its later ones (:func:`kbv.statistics.warmup_budget_s`)."""
+
+    def __init__(self, settings: TimingSettings) -> None:
+        self.settings = settings
+        self.seen: set[tuple[int, str]] = set()
+
+    def budget(self, worker: Worker, precision: str) -> float:
+        key = (id(worker), precision)
+        first = key not in self.seen
+        self.seen.add(key)
+        return kbv_timing.warmup_budget_s(self.settings, first)
 
 
 class _SketchPlan:
@@ -186,7 +241,12 @@ class _SketchPlan:
     def __init__(self, ctx: MeasureContext) -> None:
         assert ctx.timed_reference is not None and ctx.sketch_seed is not None
         picker = random.Random(ctx.sketch_seed)
-        self.round_seeds = [picker.getrandbits(63) for _ in range(max(1, ctx.settings.rounds))]
+        settings = ctx.settings
+        self.round_seeds = [
+            picker.getrandbits(63) for _ in range(max(1, settings.rounds, settings.max_rounds))
+        ]
+        self.ctx = ctx
+        first = range(max(1, settings.rounds))
         # One input set's reference at a time: its sketches for every round are taken and its
         # tensors dropped before the next set's are computed (all sets' float64 truths at once held
         # 56 GB in the parent on the H200 for an 8.5 GB output). The map's frequency per output
@@ -198,12 +258,7 @@ class _SketchPlan:
             ref = ctx.timed_reference(seed)
             if not self.omegas:
                 self.omegas = [kbv_sketch.omega_for(float(rms)) for rms in ref["rms"]]
-            by_set.append(
-                [
-                    [_target_sketch(t, round_seed, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
-                    for round_seed in self.round_seeds
-                ]
-            )
+            by_set.append(self._sketches(ref, first))
             self.references.append(
                 {
                     **{k: v for k, v in ref.items() if k != "targets"},
@@ -211,14 +266,31 @@ class _SketchPlan:
                 }
             )
             del ref
-        # Per round, per input set, per output: the reference's sketch.
-        self.targets = [[sketches[r] for sketches in by_set] for r in range(len(self.round_seeds))]
+        # Per round, per input set, per output: the reference's sketch (the rounds after the first
+        # ``rounds``, timed only until precise, get theirs when they start: :meth:`spec`).
+        self.targets = [[sketches[r] for sketches in by_set] for r in first]
         self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
         self.wrong: list[dict[str, Any]] = []
         self.baselines: dict[str, dict[str, Any]] = {}
 
+    def _sketches(self, ref: dict[str, Any], rounds: range) -> list[list[dict[str, Any]]]:
+        """Per round of ``rounds``, per output: the sketch of one input set's reference."""
+        return [
+            [_target_sketch(t, self.round_seeds[r], i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
+            for r in rounds
+        ]
+
     def spec(self, r: int) -> dict[str, Any]:
-        """What every ``time`` request of round ``r`` carries: the same for every worker."""
+        """What every ``time`` request of round ``r`` carries: the same for every worker. A round
+        beyond those sketched so far gets the reference's sketches first, from its outputs asked for
+        again (the pipeline's cache holds them, or the reference worker computes them anew)."""
+        if r >= len(self.targets):
+            assert self.ctx.timed_reference is not None
+            new = range(len(self.targets), r + 1)
+            by_set = []
+            for seed in self.ctx.seeds:
+                by_set.append(self._sketches(self.ctx.timed_reference(seed), new))
+            self.targets += [[sketches[i] for sketches in by_set] for i in range(len(new))]
         return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
 
     def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[dict[str, Any]]:
@@ -363,6 +435,7 @@ def _check_cached(
     cached: dict[str, dict[str, Any] | None],
     subject: Worker | None = None,
     plan: _SketchPlan | None = None,
+    warmups: _Warmups | None = None,
 ) -> dict[str, Any]:
     """One fresh batch per cached eager baseline; a cache entry that disagrees is dropped (set to
     None in ``cached``, so it is measured again in interleaved rounds and the cache rewritten). The
@@ -371,9 +444,14 @@ def _check_cached(
     for name, hit in list(cached.items()):
         if hit is None or name == "compile":  # the compiled baseline needs its own worker: trusted as cached
             continue
+        precision = BASELINE_PRECISION[name]
         with _others_paused(reference, subject):
             fresh = _timed_batch(
-                reference, ctx, BASELINE_PRECISION[name], sketch=plan.spec(0) if plan else None
+                reference,
+                ctx,
+                precision,
+                plan.spec(0) if plan else None,
+                warmups.budget(reference, precision) if warmups else None,
             )
         fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
@@ -385,7 +463,14 @@ def _check_cached(
 
 
 #: What :func:`kbv.statistics.batch_gap_ms` needs of a batch, and what the scheduler counted during it.
-_GAP_FIELDS = ("parent_bracket_s", "wall_ms", "device_ms", "warmup_calls", "worker_scheduler_ms")
+_GAP_FIELDS = (
+    "parent_bracket_s",
+    "wall_ms",
+    "device_ms",
+    "warmup_calls",
+    "warmup_budget_s",
+    "worker_scheduler_ms",
+)
 
 
 def trusted_batches(baselines: dict[str, Any]) -> list[dict[str, Any]]:
@@ -407,6 +492,7 @@ def _bracket_recheck(
     candidate_rounds: list[dict[str, Any]],
     baselines: dict[str, Any],
     plan: _SketchPlan | None = None,
+    warmups: _Warmups | None = None,
 ) -> dict[str, Any] | None:
     """When every candidate round's bracket leaves more unexplained than any trusted batch did, time
     :data:`RECHECK_BATCHES` trusted batches now (the candidate stopped; they sketch their calls as
@@ -421,8 +507,11 @@ def _bracket_recheck(
     if not verdict["disagrees"]:
         return None
     with _others_paused(reference, subject):
-        spec = plan.spec(len(plan.round_seeds) - 1) if plan is not None else None
-        batches = [_timed_batch(reference, ctx, "fp32", sketch=spec) for _ in range(RECHECK_BATCHES)]
+        spec = plan.spec(len(candidate_rounds) - 1) if plan is not None else None
+        batches = [
+            _timed_batch(reference, ctx, "fp32", spec, warmups.budget(reference, "fp32") if warmups else None)
+            for _ in range(RECHECK_BATCHES)
+        ]
     return {
         "rounds": [{k: b[k] for k in _GAP_FIELDS} for b in batches],
         "precision": "fp32",
@@ -446,12 +535,16 @@ def _timed_batch(
     ctx: MeasureContext,
     precision: str,
     sketch: dict[str, Any] | None = None,
+    warmup_s: float | None = None,
 ) -> dict[str, Any]:
     """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
     checked before anything uses them: impossible ones are the worker's failure (for the candidate,
     a ``runtime_error`` outcome), never an exception inside the statistics. With ``sketch`` (a
     round's :meth:`_SketchPlan.spec`) every timed call is sketched and the reply's sketches are under
-    ``sketches`` in the result, for the plan to judge and remove."""
+    ``sketches`` in the result, for the plan to judge and remove. ``warmup_s`` is the batch's warm-up
+    budget (default ``warmup_seconds``); the result keeps it as ``warmup_budget_s``, which the bracket
+    check reads (:func:`kbv.statistics.batch_settings`)."""
+    budget = ctx.settings.warmup_seconds if warmup_s is None else float(warmup_s)
     before = telemetry.gpu_state(ctx.device)
     extra: dict[str, Any] = {"sketch": sketch} if sketch is not None else {}
     scheduled = worker.scheduler_ns()
@@ -461,7 +554,7 @@ def _timed_batch(
         distribution="original",
         seeds=ctx.seeds,
         precision=precision,
-        settings=_settings_dict(ctx.settings),
+        settings={**_settings_dict(ctx.settings), "warmup_seconds": budget},
         **extra,
     )
     bracket_s = time.monotonic() - started
@@ -483,6 +576,7 @@ def _timed_batch(
     assert isinstance(raw, dict)
     measurement = dict(raw)
     measurement["parent_bracket_s"] = bracket_s
+    measurement["warmup_budget_s"] = budget
     measurement["worker_scheduler_ms"] = _scheduler_ms(scheduled, scheduled_after)
     measurement["gpu_before"], measurement["gpu_after"] = before, after
     throttled = sorted({*((before or {}).get("throttled") or []), *((after or {}).get("throttled") or [])})
@@ -533,7 +627,11 @@ def speedups(timing: dict[str, Any], settings: TimingSettings) -> tuple[dict[str
     intervals: dict[str, Any] = {}
     for name, entry in timing["baselines"].items():
         base_rounds = [r["device_ms"] for r in entry["rounds"]]
-        paired = kbv_timing.paired_speedup(base_rounds, cand_rounds, resamples=settings.bootstrap_resamples)
+        # a cached baseline's rounds were timed at another moment, perhaps as many as the candidate's
+        ratio = (
+            kbv_timing.paired_speedup if len(base_rounds) == len(cand_rounds) else kbv_timing.unpaired_speedup
+        )
+        paired = ratio(base_rounds, cand_rounds, resamples=settings.bootstrap_resamples)
         result[name] = paired.get("speedup")
         intervals[name] = {k: paired.get(k) for k in ("ci95_low", "ci95_high", "per_round")}
         intervals[name]["paired"] = entry.get("source") == "measured"

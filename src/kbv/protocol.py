@@ -85,6 +85,16 @@ class TimingSettings:
     baselines: tuple[str, ...] = ("eager_fp32",)
     # Pairs of (baseline, candidate) rounds measured alternately; 1 means no interleaving.
     rounds: int = 1
+    # More rounds, up to max_rounds, while any series measured in this evaluation (the candidate, a
+    # baseline) has a median whose bootstrap 95% interval is wider than +-precision of it (relative);
+    # precision 0 (or max_rounds <= rounds) times exactly ``rounds``. Noisy calls get the samples
+    # they need, stable ones stop early (docs/timing.md, "Rounds until precise").
+    max_rounds: int = 0
+    precision: float = 0.0
+    # Warm-up budget of a worker's later batches of one precision in an evaluation (their first
+    # batch warms up for warmup_seconds); at least warmup_calls calls either way. Negative: the
+    # same as warmup_seconds.
+    rewarm_seconds: float = -1.0
     bootstrap_resamples: int = 1000
     # Reuse baseline measurements whose key (problem, inputs, device, driver, torch, these settings)
     # matches; interleaving then applies only to the first candidate that measured them.
@@ -154,9 +164,12 @@ STANDARD = Protocol(
 )
 
 # Version 2: the reduction floor (issue 12) and structure-preserving hidden inputs.
+# Version 3: rounds of 10 timed calls, 3 to 9 of them until each series' median is known within 2%,
+# and later batches warmed up by warmup_calls alone (issue 11; docs/timing.md, "Rounds until
+# precise"). Version 2 timed 3 rounds of 30 calls.
 VERIFIED = Protocol(
     name="verified",
-    version=2,
+    version=3,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,
@@ -167,11 +180,14 @@ VERIFIED = Protocol(
     ),
     timing=TimingSettings(
         recipe="flush-rotate-events-median",
-        repeats=30,
+        repeats=10,
         l2_flush=True,
         input_sets=3,
         baselines=("eager_fp32", "eager_tf32"),
         rounds=3,
+        max_rounds=9,
+        precision=0.02,
+        rewarm_seconds=0.0,
     ),
     # A draw that failed once on the same inputs its re-runs passed is a demonstrated wrong output:
     # under verified it fails (docs/correctness.md, "Failing draws are confirmed").

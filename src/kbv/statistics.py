@@ -193,6 +193,53 @@ def paired_speedup(
     }
 
 
+def unpaired_speedup(
+    baseline_rounds: Sequence[Sequence[float]],
+    candidate_rounds: Sequence[Sequence[float]],
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`paired_speedup` for rounds that were not measured side by side and need not be as many
+    (a cached baseline against a candidate timed until precise): the bootstrap draws each side's
+    rounds on its own, then samples within each drawn round. ``per_round`` is empty."""
+    base = [_as_array(r) for r in baseline_rounds]
+    cand = [_as_array(r) for r in candidate_rounds]
+    if not base or not cand or any(r.size == 0 for r in base + cand):
+        raise ValueError("unpaired_speedup needs at least one round of at least one sample on each side")
+    if any(np.any(r <= 0) for r in base + cand):
+        raise ValueError("timing samples must be positive to form a speedup")
+    base_median = float(np.median(np.concatenate(base)))
+    cand_median = float(np.median(np.concatenate(cand)))
+    rng = np.random.default_rng(seed)
+    boot = np.empty(resamples)
+    for j in range(resamples):
+        b = np.concatenate(
+            [
+                base[r][rng.integers(0, base[r].size, base[r].size)]
+                for r in rng.integers(0, len(base), len(base))
+            ]
+        )
+        c = np.concatenate(
+            [
+                cand[r][rng.integers(0, cand[r].size, cand[r].size)]
+                for r in rng.integers(0, len(cand), len(cand))
+            ]
+        )
+        boot[j] = np.median(b) / np.median(c)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {
+        "speedup": base_median / cand_median,
+        "ci95_low": float(low),
+        "ci95_high": float(high),
+        "per_round": [],
+        "baseline_median": base_median,
+        "candidate_median": cand_median,
+        "n_rounds": len(cand),
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+
 def wall_vs_device_disagreement(measurement: Measurement, overhead_ms: float) -> dict[str, Any]:
     """Compare the device-wide wall clock with the device timer; flag work the events missed.
 
@@ -362,7 +409,41 @@ def machine_wait_ms(measurement: dict[str, Any]) -> float:
 def _accounted(measurement: dict[str, Any], settings: TimingSettings) -> float:
     wall = [float(x) for x in measurement.get("wall_ms") or []]
     claimed_warmup = int(measurement.get("warmup_calls", 0) or 0)
-    return accounted_batch_ms(wall, claimed_warmup, settings, max(1, settings.input_sets))
+    return accounted_batch_ms(
+        wall, claimed_warmup, batch_settings(measurement, settings), max(1, settings.input_sets)
+    )
+
+
+def batch_settings(measurement: dict[str, Any], settings: TimingSettings) -> TimingSettings:
+    """The settings one batch was timed under: the protocol's, with the warm-up budget the parent
+    asked for that batch (``warmup_budget_s``, written by the parent: a worker's later batches warm
+    up for ``rewarm_seconds``). A batch without it (cached before the field) had ``warmup_seconds``."""
+    budget = measurement.get("warmup_budget_s")
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not math.isfinite(budget):
+        return settings
+    return dataclasses.replace(settings, warmup_seconds=max(0.0, float(budget)))
+
+
+def warmup_budget_s(settings: TimingSettings, first_batch: bool) -> float:
+    """The warm-up budget of a worker's batch: ``warmup_seconds`` for its first batch of a precision
+    in an evaluation, ``rewarm_seconds`` (where set) for the later ones: the model, its inputs and
+    the GPU's clocks were warm already, and ``warmup_calls`` calls still run."""
+    if first_batch or settings.rewarm_seconds < 0:
+        return settings.warmup_seconds
+    return min(settings.warmup_seconds, settings.rewarm_seconds)
+
+
+def median_precision(samples_ms: Sequence[float], resamples: int = 1000, seed: int = 0) -> float:
+    """Half the width of the bootstrap 95% interval of the samples' median, relative to the median
+    (``inf`` for no samples or a median of 0): what ``TimingSettings.precision`` is held against."""
+    arr = _as_array(samples_ms)
+    if arr.size == 0:
+        return math.inf
+    median = float(np.median(arr))
+    if median <= 0:
+        return math.inf
+    low, high = np.percentile(_bootstrap_medians(arr, resamples, np.random.default_rng(seed)), [2.5, 97.5])
+    return float(high - low) / 2 / median
 
 
 def bracket_verdict(
@@ -392,7 +473,7 @@ def bracket_verdict(
         result["parent_bracket_ms"], result["machine_wait_ms"] = bracket_ms, waited
         # The per-call time from the bracket and the recipe alone: the worker's warm-up count is its word.
         result["trusted_per_call_ms"] = trusted_per_call_ms(
-            bracket_ms - waited, overhead, len(r.get("wall_ms") or []), settings
+            bracket_ms - waited, overhead, len(r.get("wall_ms") or []), batch_settings(r, settings)
         )
         results.append(result)
     return {"overhead_ms": overhead, "rounds": results, "disagrees": all(r["disagrees"] for r in results)}
