@@ -950,3 +950,36 @@ def test_time_the_worker_waited_for_a_cpu_is_not_counted_against_it() -> None:
     assert statistics.bracket_verdict([batch(131.0)] * 3, [quiet, busy], s)["disagrees"]
     broken = {"main_wait": float("nan"), "main_cpu": 1.0, "cpu": 1.0}
     assert statistics.machine_wait_ms(batch(131.0, broken)) == 0.0
+
+
+def _looped_ratio_interval(base: list, cand: list, resamples: int, seed: int) -> tuple[float, float]:
+    """The two-level bootstrap written as a plain loop (rounds drawn together, then samples within)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    base_a, cand_a = [np.asarray(r) for r in base], [np.asarray(r) for r in cand]
+    ratios = []
+    for _ in range(resamples):
+        rounds = rng.integers(0, len(base_a), len(base_a))
+        b = np.concatenate([base_a[r][rng.integers(0, base_a[r].size, base_a[r].size)] for r in rounds])
+        c = np.concatenate([cand_a[r][rng.integers(0, cand_a[r].size, cand_a[r].size)] for r in rounds])
+        ratios.append(np.median(b) / np.median(c))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+@pytest.mark.parametrize("sizes", [(10, 10, 10), (10, 7, 30, 3)])
+def test_the_vectorised_bootstrap_agrees_with_the_plain_loop(sizes: tuple[int, ...]) -> None:
+    """Rounds of equal and of unequal sizes (a batch cut by ``max_seconds``): the interval is the
+    loop's, up to resampling noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    base = [list(2.0 + 0.2 * rng.standard_normal(n) + 0.1 * i) for i, n in enumerate(sizes)]
+    cand = [list(1.0 + 0.1 * rng.standard_normal(n) + 0.05 * i) for i, n in enumerate(sizes)]
+    fast = paired_speedup(base, cand, resamples=4000, seed=3)
+    low, high = _looped_ratio_interval(base, cand, resamples=4000, seed=9)
+    assert fast["ci95_low"] == pytest.approx(low, rel=0.01) and fast["ci95_high"] == pytest.approx(
+        high, rel=0.01
+    )
+    assert fast["ci95_low"] < fast["speedup"] < fast["ci95_high"]

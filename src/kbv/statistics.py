@@ -158,39 +158,17 @@ def paired_speedup(
     ratio of pooled medians. With one round only the sample level varies. ``per_round`` holds each
     round's own median ratio; a spread among them shows drift the pooled number hides.
     """
-    base = [_as_array(r) for r in baseline_rounds]
-    cand = [_as_array(r) for r in candidate_rounds]
-    if len(base) != len(cand) or not base:
+    base, cand = _ratio_rounds(baseline_rounds, candidate_rounds)
+    if len(base) != len(cand):
         raise ValueError(
             f"paired_speedup needs the same, non-zero number of rounds on both sides; "
             f"got {len(base)} baseline and {len(cand)} candidate rounds"
         )
-    if any(r.size == 0 for r in base + cand):
-        raise ValueError("every round needs at least one sample")
-    if any(np.any(r <= 0) for r in base + cand):
-        raise ValueError("timing samples must be positive to form a speedup")
-    base_median = float(np.median(np.concatenate(base)))
-    cand_median = float(np.median(np.concatenate(cand)))
     rng = np.random.default_rng(seed)
-    boot = np.empty(resamples)
-    k = len(base)
-    for j in range(resamples):
-        rounds = rng.integers(0, k, size=k)
-        b = np.concatenate([base[r][rng.integers(0, base[r].size, base[r].size)] for r in rounds])
-        c = np.concatenate([cand[r][rng.integers(0, cand[r].size, cand[r].size)] for r in rounds])
-        boot[j] = np.median(b) / np.median(c)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return {
-        "speedup": base_median / cand_median,
-        "ci95_low": float(low),
-        "ci95_high": float(high),
-        "per_round": [float(np.median(b) / np.median(c)) for b, c in zip(base, cand, strict=True)],
-        "baseline_median": base_median,
-        "candidate_median": cand_median,
-        "n_rounds": k,
-        "resamples": resamples,
-        "seed": seed,
-    }
+    picks = rng.integers(0, len(base), size=(resamples, len(base)))
+    boot = _two_level_medians(base, picks, rng) / _two_level_medians(cand, picks, rng)
+    per_round = [float(np.median(b) / np.median(c)) for b, c in zip(base, cand, strict=True)]
+    return _ratio_result(base, cand, boot, per_round, resamples, seed)
 
 
 def unpaired_speedup(
@@ -202,36 +180,68 @@ def unpaired_speedup(
     """:func:`paired_speedup` for rounds that were not measured side by side and need not be as many
     (a cached baseline against a candidate timed until precise): the bootstrap draws each side's
     rounds on its own, then samples within each drawn round. ``per_round`` is empty."""
+    base, cand = _ratio_rounds(baseline_rounds, candidate_rounds)
+    rng = np.random.default_rng(seed)
+    base_picks = rng.integers(0, len(base), size=(resamples, len(base)))
+    cand_picks = rng.integers(0, len(cand), size=(resamples, len(cand)))
+    boot = _two_level_medians(base, base_picks, rng) / _two_level_medians(cand, cand_picks, rng)
+    return _ratio_result(base, cand, boot, [], resamples, seed)
+
+
+def _ratio_rounds(
+    baseline_rounds: Sequence[Sequence[float]], candidate_rounds: Sequence[Sequence[float]]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     base = [_as_array(r) for r in baseline_rounds]
     cand = [_as_array(r) for r in candidate_rounds]
-    if not base or not cand or any(r.size == 0 for r in base + cand):
-        raise ValueError("unpaired_speedup needs at least one round of at least one sample on each side")
+    if not base or not cand:
+        raise ValueError("a speedup needs at least one round on each side")
+    if any(r.size == 0 for r in base + cand):
+        raise ValueError("every round needs at least one sample")
     if any(np.any(r <= 0) for r in base + cand):
         raise ValueError("timing samples must be positive to form a speedup")
+    return base, cand
+
+
+def _two_level_medians(rounds: list[np.ndarray], picks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per resample (a row of ``picks``: the rounds drawn), the median of as many samples drawn with
+    replacement within each drawn round as it holds, pooled. Vectorised: rounds of unequal sizes are
+    padded with NaN, which the median leaves out."""
+    sizes = np.array([r.size for r in rounds])
+    width = int(sizes.max())
+    padded = np.full((len(rounds), width), np.nan)
+    for i, r in enumerate(rounds):
+        padded[i, : r.size] = r
+    out = np.empty(picks.shape[0])
+    per_chunk = max(1, _BOOTSTRAP_CHUNK_ELEMENTS // (picks.shape[1] * width))
+    for lo in range(0, picks.shape[0], per_chunk):
+        chosen = picks[lo : lo + per_chunk]
+        n = sizes[chosen][..., None]  # samples of each drawn round
+        within = np.minimum((rng.random((*chosen.shape, width)) * n).astype(np.int64), width - 1)
+        values = padded[chosen[..., None], within]
+        if np.all(sizes == width):
+            out[lo : lo + per_chunk] = np.median(values.reshape(len(chosen), -1), axis=1)
+        else:
+            values = np.where(np.arange(width) < n, values, np.nan)
+            out[lo : lo + per_chunk] = np.nanmedian(values.reshape(len(chosen), -1), axis=1)
+    return out
+
+
+def _ratio_result(
+    base: list[np.ndarray],
+    cand: list[np.ndarray],
+    boot: np.ndarray,
+    per_round: list[float],
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
     base_median = float(np.median(np.concatenate(base)))
     cand_median = float(np.median(np.concatenate(cand)))
-    rng = np.random.default_rng(seed)
-    boot = np.empty(resamples)
-    for j in range(resamples):
-        b = np.concatenate(
-            [
-                base[r][rng.integers(0, base[r].size, base[r].size)]
-                for r in rng.integers(0, len(base), len(base))
-            ]
-        )
-        c = np.concatenate(
-            [
-                cand[r][rng.integers(0, cand[r].size, cand[r].size)]
-                for r in rng.integers(0, len(cand), len(cand))
-            ]
-        )
-        boot[j] = np.median(b) / np.median(c)
     low, high = np.percentile(boot, [2.5, 97.5])
     return {
         "speedup": base_median / cand_median,
         "ci95_low": float(low),
         "ci95_high": float(high),
-        "per_round": [],
+        "per_round": per_round,
         "baseline_median": base_median,
         "candidate_median": cand_median,
         "n_rounds": len(cand),
