@@ -432,3 +432,57 @@ def test_the_stream_marker_is_the_earliest_spin_kernel_and_leaves_the_kernel_lis
     assert _probes._stream_mark([relu]) == (None, [relu])
     timeless = types.SimpleNamespace(name="void at::cuda::spin_kernel(long)", device_resource_id=7)
     assert _probes._stream_mark([relu, timeless]) == (None, [relu, timeless])  # no verdict, no error
+
+
+class _ObservingWorker:
+    """Answers probe_observe requests in order, logging when each is sent and read."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def new_path(self, prefix: str) -> str:
+        return f"/scratch/{self.name}/{prefix}"
+
+    def send_request(self, op: str, **fields) -> None:
+        self.log.append((self.name, "send", op))
+
+    def receive_reply(self) -> dict:
+        self.log.append((self.name, "reply"))
+        return {"outputs": {"outputs": ["first", "late"], "sizes": [1, 1]}}
+
+    def receive_outputs(self, outputs: list) -> list:
+        return [torch.zeros(3) for _ in outputs]
+
+
+@pytest.mark.parametrize("device, ahead", [("cuda", True), ("cpu", False)])
+def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_out_its_delay(
+    device: str, ahead: bool
+) -> None:
+    """On a GPU the reference's answers to the cache probe's draws are computed between the two
+    observations' replies, and the cache probe then asks about the same draws; on the CPU the
+    reference's outputs pass through a file, so nothing of it runs beside the candidate."""
+    log: list = []
+    seeds = iter(range(100, 200))
+    session = SimpleNamespace(
+        subject=_ObservingWorker("candidate", log),
+        reference=_ObservingWorker("reference", log),
+        device=device,
+        side_by_side=True,
+        probe_distribution="signed",
+        draw_spec=lambda k: {"distribution": "signed", "seed": k},
+        fresh_seed=lambda purpose: next(seeds),
+        reference_outputs=lambda spec: log.append(("expected", spec)) or {},
+    )
+    ctx = dynamic.DynamicContext(session)
+    ctx.observe()
+    expected = [entry[1] for entry in log if entry[0] == "expected"]
+    assert log[:3] == [
+        ("candidate", "send", "probe_observe"),
+        ("reference", "send", "probe_observe"),
+        ("reference", "reply"),
+    ]
+    assert log[-1] == ("candidate", "reply")
+    assert expected == (ctx.cache_specs() if ahead else [])
+    assert [s["seed"] for s in ctx.cache_specs()] == [100, 101, 101, 100] and ctx.cache_specs()[3][
+        "mix_seed"
+    ] == 101

@@ -375,3 +375,33 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
     finally:
         for worker in workers:
             worker.close()
+
+
+@pytest.mark.parametrize(
+    "role, free_gb, released",
+    [
+        ("reference", 100, False),  # 20 GB kept, 100 GB free: room for a peer's request as large
+        ("reference", 30, True),  # less than twice what it keeps is free: handed back
+        ("candidate", 100, True),  # a candidate's cache counts against its device limit: always
+    ],
+)
+def test_a_worker_hands_back_a_large_cache_unless_it_is_the_reference_with_room(
+    monkeypatch: pytest.MonkeyPatch, role: str, free_gb: int, released: bool
+) -> None:
+    from kbv.child import main as child_main
+
+    gb = 1 << 30
+    emptied: list[bool] = []
+    monkeypatch.setattr(child_main, "_ROLE", role)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 30 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 10 * gb)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free_gb * gb, 141 * gb))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    child_main._release_cached_memory()
+    assert bool(emptied) == released
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 25 * gb)  # 5 GB cached: kept by all
+    emptied.clear()
+    child_main._release_cached_memory()
+    assert not emptied
