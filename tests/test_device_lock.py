@@ -129,6 +129,31 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
     assert hold("cpu", [4096 * 393216]) == ""
 
 
+def test_both_observations_run_at_once_unless_the_gpu_held_alone_has_no_room_for_them() -> None:
+    """Alone for a 1e9-element loss (8.6 GB of inputs), the two workers' observations still run side
+    by side; for KernelBench's 1.6e9-element ReLU (6.4 GB in, 6.4 GB out) one after the other; and
+    before the first draw told the outputs' sizes, one after the other too."""
+    from types import SimpleNamespace
+
+    from kbv import evaluation
+    from kbv.problems.structure import InputStructure
+
+    hello = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
+
+    def side_by_side(inputs: list[int], outputs: list[int] | None) -> bool:
+        ctx = SimpleNamespace(
+            device="cuda", structure=InputStructure(invariants=[], numels=inputs), output_numels=outputs
+        )
+        ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        return evaluation._side_by_side(ctx)  # type: ignore[arg-type]
+
+    loss = [32768 * 32768] * 2
+    relu = [4096 * 393216]
+    assert side_by_side([4096 * 4096] * 2, None)  # shared: always
+    assert side_by_side(loss, [1]) and not side_by_side(loss, None)
+    assert not side_by_side(relu, relu)
+
+
 def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_first_draw() -> None:
     """KernelBench's 63_conv_standard_2D has a small input and an 8.5 GB output: its inputs alone
     left it sharing the GPU, where it ran out of memory beside another evaluation. The first draw's

@@ -509,3 +509,66 @@ def test_a_round_beyond_the_first_ones_gets_the_references_sketches_when_it_star
     batch = measure._timed_batch(replayed, ctx, "native", sketch=plan.spec(0))
     plan.judge(1, batch)
     assert plan.summary()["wrong_calls"] == 4
+
+
+def test_a_baseline_much_slower_than_another_after_the_first_round_is_timed_no_further() -> None:
+    s = TimingSettings(repeats=3, rounds=3, dominated_factor=1.5)
+    first = {"eager_fp32": _series([10.0, 10.2, 9.9]), "eager_tf32": _series([4.0, 4.1, 3.9])}
+    stopped = measure._dominated(s, first)
+    assert set(stopped) == {"eager_fp32"} and "eager_tf32" in stopped["eager_fp32"]
+    close = {"eager_fp32": _series([5.0, 5.1, 4.9]), "eager_tf32": _series([4.0, 4.1, 3.9])}
+    assert measure._dominated(s, close) == {}  # 1.25x: either could be the best, both go on
+    assert measure._dominated(TimingSettings(rounds=3), first) == {}  # off unless the protocol sets it
+    assert (
+        measure._dominated(s, {"eager_fp32": first["eager_fp32"]}) == {}
+    )  # one baseline: nothing to compare
+    # its one round against the candidate's three: unpaired, the best is the one still timed
+    timing = {
+        "candidate": {"rounds": _series(*[[2.0, 2.0, 2.0]] * 3)},
+        "baselines": {
+            "eager_fp32": {"source": "measured", "rounds": first["eager_fp32"]},
+            "eager_tf32": {"source": "measured", "rounds": _series(*[[4.0, 4.0, 4.0]] * 3)},
+        },
+    }
+    speedup, intervals = measure.speedups(timing, TimingSettings(bootstrap_resamples=100))
+    assert speedup["best"] == speedup["eager_tf32"] == 2.0 and speedup["eager_fp32"] > 4.9
+    assert not intervals["eager_fp32"]["paired"] and intervals["eager_tf32"]["paired"]
+
+
+class _PrecisionWorker(_FakeWorker):
+    """A fake worker whose batches take ``ms[precision]`` per call; it can be paused."""
+
+    def __init__(self, tmp_path: Path, role: str, ms: dict[str, float]) -> None:
+        super().__init__(tmp_path, role, [1.0] * 3)
+        self.ms = ms
+
+    def request(self, op: str, **fields):
+        self.device_ms = [self.ms[fields["precision"]]] * 3
+        return super().request(op, **fields)
+
+    @contextlib.contextmanager
+    def paused(self):
+        yield
+
+
+def test_the_rounds_time_the_fp32_baseline_once_when_tf32_is_much_faster(tmp_path: Path) -> None:
+    reference = _PrecisionWorker(tmp_path, "reference", {"fp32": 10.0, "tf32": 4.0})
+    subject = _PrecisionWorker(tmp_path, "candidate", {"native": 4.0})
+    ctx = _mctx(build=lambda: None)
+    ctx.device = "cuda"  # both eager baselines are timed there (no account of the reference's operators)
+    ctx.settings = TimingSettings(
+        repeats=3,
+        rounds=3,
+        baselines=("eager_fp32", "eager_tf32"),
+        dominated_factor=1.5,
+        cache_baselines=False,
+        bootstrap_resamples=100,
+    )
+    timing, speedup = measure.measure_pair(ctx, reference, subject)  # type: ignore[arg-type]
+    asked = [f["precision"] for op, f in reference.requests if op == "time"]
+    assert asked == ["fp32", "tf32", "tf32", "tf32"]
+    assert (
+        len(timing["baselines"]["eager_fp32"]["rounds"]) == 1 and "eager_fp32" in timing["baselines_stopped"]
+    )
+    assert len(timing["baselines"]["eager_tf32"]["rounds"]) == len(timing["candidate"]["rounds"]) == 3
+    assert speedup == {"eager_fp32": 2.5, "eager_tf32": 1.0, "best": 1.0}

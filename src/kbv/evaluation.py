@@ -152,6 +152,10 @@ class _Context:
     variants: dict[str, str] = field(default_factory=dict)
     # How the evaluation held its GPU (_gpu_hold); "" on the CPU.
     gpu_held: str = ""
+    # The GPU's memory (the reference's hello; 0 on the CPU) and the outputs' element counts (the
+    # first correctness draw's): what _side_by_side weighs.
+    device_total_bytes: int = 0
+    output_numels: list[int] | None = None
     # Called once with the first correctness draw's expected outputs (_hold_alone_for_outputs).
     on_first_outputs: Callable[[dict[str, Any]], None] | None = None
     # Filled at the end of the evaluation by _end_containment.
@@ -432,7 +436,7 @@ def _dynamic_findings(
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.transients,
         device_lock=gpu,
-        side_by_side=not ctx.gpu_held.startswith("alone"),
+        side_by_side=_side_by_side(ctx),
     )
     try:
         result = dynamic.run_dynamic_checks(session)
@@ -478,7 +482,7 @@ def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | N
     (``output_numels``; a convolution's output can be 100x its input)."""
     if not ctx.device.startswith("cuda"):
         return ""
-    total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    total = ctx.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
     inputs = 4 * sum(_structure(ctx).numels)  # float32 inputs, as the structure draws counted them
     outputs = 4 * sum(output_numels or [])
     if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
@@ -491,6 +495,29 @@ def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | N
             f"evaluation's copies, more than {GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
         )
     return "shared with other evaluations outside the timing phase"
+
+
+#: An evaluation that holds its GPU alone still runs both workers' observations at once (and the
+#: reference's answers to the cache probe's draws beside the candidate's delay) when its
+#: GPU_ALONE_COPIES copies of inputs and outputs fit in this share of the GPU: each observation
+#: holds fewer copies than a correctness draw does. On the H200 that is up to 8.6 GB of inputs and
+#: outputs (a 1e9-element loss); one after the other, the observations of such a problem took
+#: 0.55-0.74 s of a 3.4-5.1 s ``verified`` evaluation.
+SIDE_BY_SIDE_SHARE = 0.75
+
+
+def _side_by_side(ctx: _Context) -> bool:
+    """Whether both workers may run a probe's forward at once (``Session.side_by_side``)."""
+    if not ctx.gpu_held.startswith("alone"):
+        return True
+    inputs = 4 * sum(_structure(ctx).numels)
+    outputs = 4 * sum(ctx.output_numels or [])
+    total = ctx.device_total_bytes
+    return (
+        ctx.output_numels is not None
+        and total > 0
+        and GPU_ALONE_COPIES * (inputs + outputs) <= SIDE_BY_SIDE_SHARE * total
+    )
 
 
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
@@ -703,6 +730,10 @@ def _check_distribution(
         if outputs is None or used != variant:  # (again where the reference fell back to a variant)
             outputs = _run(subject, used, seed, "native")
         variant = used
+        if ctx.output_numels is None:
+            ctx.output_numels = [
+                int(o.numel()) for o in expected["reference"]["outputs"] if isinstance(o, torch.Tensor)
+            ]
         if ctx.on_first_outputs is not None:
             hook, ctx.on_first_outputs = ctx.on_first_outputs, None
             hook(expected)

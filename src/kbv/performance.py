@@ -109,13 +109,15 @@ def measure_pair(
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in [*to_measure, "candidate"]}
+    active = list(to_measure)  # the baselines still timed (see _dominated)
+    stopped: dict[str, str] = {}
     baseline_started = time.monotonic()
     baseline_seconds = 0.0
     try:
-        while _another_round(settings, rounds):
+        while _another_round(settings, {name: rounds[name] for name in [*active, "candidate"]}):
             r = len(rounds["candidate"])
             spec = plan.spec(r) if plan is not None else None
-            for name in to_measure:
+            for name in active:
                 worker = compile_worker if name == "compile" else reference
                 assert worker is not None
                 precision = BASELINE_PRECISION[name]
@@ -132,6 +134,9 @@ def measure_pair(
             rounds["candidate"].append(batch)
             if plan is not None:
                 plan.judge(r, batch)
+            if r == 0:
+                stopped = _dominated(settings, {name: rounds[name] for name in active})
+                active = [name for name in active if name not in stopped]
     finally:
         if compile_worker is not None:
             compile_worker.close()
@@ -160,7 +165,11 @@ def measure_pair(
         "baselines": baselines,
     }
     if settings.precision > 0:
-        timing["precision"] = _precision_reached(settings, rounds)
+        timing["precision"] = _precision_reached(
+            settings, {name: rounds[name] for name in [*active, "candidate"]}
+        )
+    if stopped:
+        timing["baselines_stopped"] = stopped
     if skipped:
         timing["baselines_not_measured"] = skipped
     if recheck is not None:
@@ -185,6 +194,26 @@ def _another_round(settings: TimingSettings, rounds: dict[str, list[dict[str, An
     if settings.precision <= 0 or done >= settings.max_rounds:
         return False
     return _worst_precision(settings, rounds) > settings.precision
+
+
+def _dominated(settings: TimingSettings, first: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """The baselines to time no further after the first round, with why: those whose median is at
+    least ``dominated_factor`` times the fastest one's (at least two timed; 0 stops none). Such a
+    baseline cannot be the best one, which is the speedup the verdict reads; its own speedup comes
+    from its first round (docs/timing.md, "Rounds until precise")."""
+    if settings.dominated_factor <= 0 or len(first) < 2:
+        return {}
+    medians = {name: statistics.median(batches[0]["device_ms"]) for name, batches in first.items()}
+    fastest = min(medians, key=lambda name: medians[name])
+    return {
+        name: (
+            f"timed for one round: its median {median:.4g} ms was {median / medians[fastest]:.2f}x "
+            f"{fastest}'s {medians[fastest]:.4g} ms (at least {settings.dominated_factor}x), so it "
+            "cannot be the best baseline"
+        )
+        for name, median in medians.items()
+        if name != fastest and median >= settings.dominated_factor * medians[fastest]
+    }
 
 
 def _worst_precision(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> float:
@@ -634,7 +663,7 @@ def speedups(timing: dict[str, Any], settings: TimingSettings) -> tuple[dict[str
         paired = ratio(base_rounds, cand_rounds, resamples=settings.bootstrap_resamples)
         result[name] = paired.get("speedup")
         intervals[name] = {k: paired.get(k) for k in ("ci95_low", "ci95_high", "per_round")}
-        intervals[name]["paired"] = entry.get("source") == "measured"
+        intervals[name]["paired"] = entry.get("source") == "measured" and len(base_rounds) == len(cand_rounds)
     finite = [v for v in result.values() if v is not None]
     result["best"] = min(finite) if finite else None
     return result, intervals

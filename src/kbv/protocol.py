@@ -91,6 +91,10 @@ class TimingSettings:
     # they need, stable ones stop early (docs/timing.md, "Rounds until precise").
     max_rounds: int = 0
     precision: float = 0.0
+    # With two or more baselines timed: one whose first-round median is at least this many times
+    # another's stops after that round (it cannot be the best baseline; its figure comes from the
+    # round it had). 0 times every baseline in every round.
+    dominated_factor: float = 0.0
     # Warm-up budget of a worker's later batches of one precision in an evaluation (their first
     # batch warms up for warmup_seconds); at least warmup_calls calls either way. Negative: the
     # same as warmup_seconds.
@@ -165,8 +169,9 @@ STANDARD = Protocol(
 
 # Version 2: the reduction floor (issue 12) and structure-preserving hidden inputs.
 # Version 3: rounds of 10 timed calls, 3 to 9 of them until each series' median is known within 2%,
-# and later batches warmed up by warmup_calls alone (issue 11; docs/timing.md, "Rounds until
-# precise"). Version 2 timed 3 rounds of 30 calls.
+# later batches warmed up by warmup_calls alone, and a baseline 1.5x slower than another after the
+# first round timed no further (issue 11; docs/timing.md, "Rounds until precise"). Version 2 timed
+# 3 rounds of 30 calls of every baseline.
 VERIFIED = Protocol(
     name="verified",
     version=3,
@@ -188,6 +193,7 @@ VERIFIED = Protocol(
         max_rounds=9,
         precision=0.02,
         rewarm_seconds=0.0,
+        dominated_factor=1.5,
     ),
     # A draw that failed once on the same inputs its re-runs passed is a demonstrated wrong output:
     # under verified it fails (docs/correctness.md, "Failing draws are confirmed").

@@ -142,6 +142,8 @@ class TimingSection(TypedDict, total=False):
     # With ``timing.precision`` set: rounds timed, their bounds, the target and the worst series'
     # precision when they stopped (kbv.performance._precision_reached).
     precision: dict[str, Any]
+    # Baselines timed for the first round only, and why (kbv.performance._dominated).
+    baselines_stopped: dict[str, str]
 
 
 def protocol_section(protocol: Any) -> ProtocolSection:
