@@ -50,14 +50,18 @@ def test_honest_cpp_candidate_passes_verified() -> None:
 @pytest.mark.slow
 def test_a_build_killed_midway_does_not_hang_later_evaluations() -> None:
     """torch leaves its build ``lock`` file behind when a build is killed; the next import would wait
-    on it forever. kbv clears it under its own build lock, so the evaluation passes."""
+    on it forever. kbv clears it under its own build lock, so the evaluation passes. The stale file
+    is planted under that lock too, as a killed build leaves it: planted beside another test's
+    evaluation of the same source (the honest relu_cpp fixture, on the other xdist worker), it made
+    that evaluation's import wait on it until its timeout."""
     from kbv.candidates import load_candidate
-    from kbv.worker.builds import build_dir
+    from kbv.worker.builds import build_dir, build_lock
 
     sha = load_candidate(FOUNDATION / "relu_cpp.py").source_sha256
     stale = build_dir(sha) / "torch_extensions" / "kbv_fixture_relu_cpp" / "lock"
-    stale.parent.mkdir(parents=True, exist_ok=True)
-    stale.touch()
+    with build_lock(sha):
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.touch()
     record = _eval("relu_cpp.py", timeout_s=300)
     assert record.outcome == "passed", record.error
     assert not stale.exists()
