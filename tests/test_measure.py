@@ -64,7 +64,7 @@ def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Pat
     candidate = record.timing["candidate"]
     assert record.timing["recipe"] == "flush-rotate-events-median"
     # interleaved with the baselines, A B A B A B, then more pairs while a median is imprecise
-    precision = record.timing["precision"]
+    precision = record.timing["median_precision"]
     assert 3 <= len(candidate["rounds"]) == precision["rounds"] <= 9
     assert precision["met"] == (precision["worst"] <= 0.02) and (precision["met"] or precision["rounds"] == 9)
     for r in candidate["rounds"]:
@@ -450,7 +450,7 @@ def _series(*rounds: list[float]) -> list[dict]:
 
 
 def test_rounds_go_on_until_every_timed_series_is_precise_or_max_rounds() -> None:
-    s = TimingSettings(repeats=10, rounds=3, max_rounds=9, precision=0.02)
+    s = TimingSettings(repeats=10, rounds=3, max_rounds=9, median_precision=0.02)
     stable, noisy = [1.0, 1.001, 0.999] * 3 + [1.0], [1.0, 3.0, 0.5, 2.5, 1.5, 4.0, 0.8, 2.2, 1.1, 3.3]
     # fewer than ``rounds``: always another
     assert measure._another_round(
@@ -468,7 +468,7 @@ def test_rounds_go_on_until_every_timed_series_is_precise_or_max_rounds() -> Non
 
 
 def test_a_cached_baseline_pairs_with_a_candidate_timed_for_more_rounds() -> None:
-    s = TimingSettings(repeats=3, rounds=3, max_rounds=9, precision=0.02, bootstrap_resamples=200)
+    s = TimingSettings(repeats=3, rounds=3, max_rounds=9, median_precision=0.02, bootstrap_resamples=200)
     cached = {"source": "cache", "rounds": _series([2.0, 2.0, 2.0], [2.0, 2.1, 2.0], [2.0, 1.9, 2.0])}
     measured = {"source": "measured", "rounds": _series(*[[4.0, 4.0, 4.0]] * 5)}
     timing = {
@@ -486,7 +486,7 @@ def test_a_round_beyond_the_first_ones_gets_the_references_sketches_when_it_star
     asked for again; each has a seed of its own, so a sketch replayed from an earlier round is
     wrong there."""
     asked: list[int] = []
-    settings = TimingSettings(repeats=4, input_sets=2, rounds=1, max_rounds=3, precision=0.02)
+    settings = TimingSettings(repeats=4, input_sets=2, rounds=1, max_rounds=3, median_precision=0.02)
     ctx = _mctx(sketch_seed=7, timed_reference=_timed_reference(asked))
     ctx.settings = settings
     plan = measure._SketchPlan(ctx)

@@ -164,8 +164,8 @@ def measure_pair(
         "candidate": _entry(rounds["candidate"], settings, source="measured"),
         "baselines": baselines,
     }
-    if settings.precision > 0:
-        timing["precision"] = _precision_reached(
+    if settings.median_precision > 0:
+        timing["median_precision"] = _precision_reached(
             settings, {name: rounds[name] for name in [*active, "candidate"]}
         )
     if stopped:
@@ -185,15 +185,15 @@ def measure_pair(
 
 
 def _another_round(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> bool:
-    """Whether the rounds go on: until ``rounds`` were timed, then, with ``precision`` set, while a
+    """Whether the rounds go on: until ``rounds`` were timed, then, with ``median_precision`` set, while a
     series timed in this evaluation has a median less precise than that and ``max_rounds`` allows.
     Cached baselines are not timed again, so only the candidate's precision counts beside them."""
     done = len(rounds["candidate"])
     if done < max(1, settings.rounds):
         return True
-    if settings.precision <= 0 or done >= settings.max_rounds:
+    if settings.median_precision <= 0 or done >= settings.max_rounds:
         return False
-    return _worst_precision(settings, rounds) > settings.precision
+    return _worst_precision(settings, rounds) > settings.median_precision
 
 
 def _dominated(settings: TimingSettings, first: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
@@ -226,15 +226,15 @@ def _worst_precision(settings: TimingSettings, rounds: dict[str, list[dict[str, 
 
 
 def _precision_reached(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """What the record says of the rounds timed until precise (``timing.precision``)."""
+    """What the record says of the rounds timed until precise (``timing.median_precision``)."""
     worst = _worst_precision(settings, rounds)
     return {
         "rounds": len(rounds["candidate"]),
         "min_rounds": max(1, settings.rounds),
         "max_rounds": max(settings.rounds, settings.max_rounds),
-        "target": settings.precision,
+        "target": settings.median_precision,
         "worst": worst,
-        "met": worst <= settings.precision,
+        "met": worst <= settings.median_precision,
     }
 
 

@@ -86,11 +86,11 @@ class TimingSettings:
     # Pairs of (baseline, candidate) rounds measured alternately; 1 means no interleaving.
     rounds: int = 1
     # More rounds, up to max_rounds, while any series measured in this evaluation (the candidate, a
-    # baseline) has a median whose bootstrap 95% interval is wider than +-precision of it (relative);
-    # precision 0 (or max_rounds <= rounds) times exactly ``rounds``. Noisy calls get the samples
+    # baseline) has a median whose bootstrap 95% interval is wider than +-median_precision of it
+    # (relative); 0 (or max_rounds <= rounds) times exactly ``rounds``. Noisy calls get the samples
     # they need, stable ones stop early (docs/timing.md, "Rounds until precise").
     max_rounds: int = 0
-    precision: float = 0.0
+    median_precision: float = 0.0
     # With two or more baselines timed: one whose first-round median is at least this many times
     # another's stops after that round (it cannot be the best baseline; its figure comes from the
     # round it had). 0 times every baseline in every round.
@@ -191,7 +191,7 @@ VERIFIED = Protocol(
         baselines=("eager_fp32", "eager_tf32"),
         rounds=3,
         max_rounds=9,
-        precision=0.02,
+        median_precision=0.02,
         rewarm_seconds=0.0,
         dominated_factor=1.5,
     ),

@@ -139,9 +139,9 @@ class TimingSection(TypedDict, total=False):
     # Trusted batches timed after the rounds when every candidate round's bracket disagreed
     # (timing_disagreement holds the rounds against their gaps too): {rounds, precision, why}.
     bracket_recheck: dict[str, Any]
-    # With ``timing.precision`` set: rounds timed, their bounds, the target and the worst series'
+    # With ``timing.median_precision`` set: rounds timed, their bounds, the target and the worst series'
     # precision when they stopped (kbv.performance._precision_reached).
-    precision: dict[str, Any]
+    median_precision: dict[str, Any]
     # Baselines timed for the first round only, and why (kbv.performance._dominated).
     baselines_stopped: dict[str, str]
 

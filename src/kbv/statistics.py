@@ -445,7 +445,7 @@ def warmup_budget_s(settings: TimingSettings, first_batch: bool) -> float:
 
 def median_precision(samples_ms: Sequence[float], resamples: int = 1000, seed: int = 0) -> float:
     """Half the width of the bootstrap 95% interval of the samples' median, relative to the median
-    (``inf`` for no samples or a median of 0): what ``TimingSettings.precision`` is held against."""
+    (``inf`` for no samples or a median of 0): what ``TimingSettings.median_precision`` is held against."""
     arr = _as_array(samples_ms)
     if arr.size == 0:
         return math.inf
