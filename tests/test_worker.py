@@ -382,6 +382,7 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
     [
         ("reference", 100, False),  # 20 GB kept, 100 GB free: room for a peer's request as large
         ("reference", 30, True),  # less than twice what it keeps is free: handed back
+        ("reference", 50, True),  # twice that, but less than a candidate's default limit: handed back
         ("candidate", 100, True),  # a candidate's cache counts against its device limit: always
     ],
 )

@@ -107,13 +107,16 @@ def main(fd: int) -> None:
 #: A worker whose allocator keeps more than this cached hands it back after the request: three
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
 CACHED_BYTES_KEPT = 8 << 30
-#: ... except the trusted reference worker while the device has this many times what it keeps free:
-#: room for a peer's request as large as its own. Handing back and allocating again cost its
-#: ``expected`` requests 0.02-0.04 s of release and more of allocation per draw on the H200 for a
-#: 1e9-element loss (tens of draws an evaluation). A candidate worker always hands it back: what its
-#: allocator keeps counts against its device limit, and a cached block of the wrong size is kept
-#: beside a new one.
+#: ... except the trusted reference worker while the device has this many times what it keeps free,
+#: and at least REFERENCE_ROOM_FLOOR: room for a peer's request as large as its own, and for a
+#: candidate up to the protocols' default device limit (64 GB), so that what the reference keeps
+#: never makes an honest candidate run out of memory below it. Handing back and allocating again
+#: cost its ``expected`` requests 0.02-0.04 s of release and more of allocation per draw on the H200
+#: for a 1e9-element loss (tens of draws an evaluation). A candidate worker always hands it back:
+#: what its allocator keeps counts against its device limit, and a cached block of the wrong size is
+#: kept beside a new one.
 REFERENCE_ROOM_FACTOR = 2.0
+REFERENCE_ROOM_FLOOR = 64e9
 
 
 #: The role this process was started for (argv), known before the first request names it, and
@@ -128,7 +131,9 @@ def _release_cached_memory() -> None:
     kept = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     if kept <= CACHED_BYTES_KEPT:
         return
-    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= REFERENCE_ROOM_FACTOR * kept:
+    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(
+        REFERENCE_ROOM_FACTOR * kept, REFERENCE_ROOM_FLOOR
+    ):
         return
     torch.cuda.empty_cache()
 
