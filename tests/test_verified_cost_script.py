@@ -1,0 +1,56 @@
+"""benchmarks/verified_cost.py: the KernelBench report's ratios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmark_scripts import load_script
+
+cost = load_script("verified_cost")
+
+
+def _row(protocol: str, problem: str, total: float, compile_s: float = 0.0) -> dict:
+    return {
+        "kind": "row",
+        "protocol": protocol,
+        "problem": problem,
+        "outcome": "passed",
+        "phases_s": {"total": total, "compile": compile_s},
+        "bytes": 1,
+    }
+
+
+def test_the_report_gives_the_ratio_of_the_medians_and_the_median_of_the_ratios(tmp_path: Path) -> None:
+    """Two groups of `verified` times: the ratio of the medians falls between them, the per-problem
+    ratios do not move with it. Compilation is left out of both, and a problem timed under one
+    protocol only has no ratio."""
+    rows = [
+        _row("standard", "a", 1.0),
+        _row("verified", "a", 2.0, compile_s=0.5),
+        _row("standard", "b", 1.0),
+        _row("verified", "b", 2.0),
+        _row("standard", "c", 2.0),
+        _row("verified", "c", 4.0),
+        _row("standard", "d", 2.0),
+        _row("verified", "d", 5.0),
+        _row("standard", "only", 1.0),
+    ]
+    batches = [
+        {
+            "kind": "batch",
+            "protocol": p,
+            "wall_s": 10.0,
+            "compile_s": 0.0,
+            "candidates": 4,
+            "peak_rss_bytes": 1,
+        }
+        for p in ("standard", "verified")
+    ]
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows + batches))
+    report = cost.kernelbench_report(results, tmp_path / "report.json")
+    assert report["protocols"]["verified"]["median_s"] == 3.0  # (2.0 + 4.0) / 2, compile left out of a
+    assert report["verified_over_standard"] == 3.0 / 1.0
+    assert report["per_problem_ratio"] == {"problems": 4, "median": 2.0, "p95": 2.5}
+    assert json.loads((tmp_path / "report.json").read_text())["per_problem_ratio"]["median"] == 2.0
