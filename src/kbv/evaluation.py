@@ -376,7 +376,7 @@ class Session:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
     device_lock: Any = None  # the evaluation's DeviceLock: candidate processes killed for holding it
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
-    # alone (the two forwards of a 7.5 GB-input problem would not fit beside each other).
+    # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
 
 
@@ -483,8 +483,7 @@ def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | N
     if not ctx.device.startswith("cuda"):
         return ""
     total = ctx.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
-    inputs = 4 * sum(_structure(ctx).numels)  # float32 inputs, as the structure draws counted them
-    outputs = 4 * sum(output_numels or [])
+    inputs, outputs = _io_bytes(ctx, output_numels)
     if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
         since = "the whole evaluation" if output_numels is None else "the first correctness draw on"
         sizes = f"{inputs / 1e9:.1f} GB of inputs"
@@ -510,14 +509,23 @@ def _side_by_side(ctx: _Context) -> bool:
     """Whether both workers may run a probe's forward at once (``Session.side_by_side``)."""
     if not ctx.gpu_held.startswith("alone"):
         return True
-    inputs = 4 * sum(_structure(ctx).numels)
-    outputs = 4 * sum(ctx.output_numels or [])
-    total = ctx.device_total_bytes
+    if ctx.output_numels is None or ctx.device_total_bytes <= 0:
+        return False
     return (
-        ctx.output_numels is not None
-        and total > 0
-        and GPU_ALONE_COPIES * (inputs + outputs) <= SIDE_BY_SIDE_SHARE * total
+        GPU_ALONE_COPIES * sum(_io_bytes(ctx, ctx.output_numels))
+        <= SIDE_BY_SIDE_SHARE * ctx.device_total_bytes
     )
+
+
+def _io_bytes(ctx: _Context, output_numels: list[int] | None) -> tuple[int, int]:
+    """(inputs, outputs) bytes as float32: the inputs as the structure draws counted them."""
+    return 4 * sum(_structure(ctx).numels), 4 * sum(output_numels or [])
+
+
+def _output_numels(expected: dict[str, Any]) -> list[int]:
+    """Element counts of a draw's expected outputs (stand-ins under the error model)."""
+    outputs = (expected.get("reference") or {}).get("outputs") or []
+    return [int(o.numel()) for o in outputs if isinstance(o, torch.Tensor)]
 
 
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
@@ -532,9 +540,7 @@ def _hold_alone_for_outputs(
     then on if the outputs make the evaluation large (the inputs alone did not)."""
 
     def with_outputs(expected: dict[str, Any]) -> None:
-        outputs = (expected.get("reference") or {}).get("outputs") or []
-        numels = [int(o.numel()) for o in outputs if isinstance(o, torch.Tensor)]
-        held = _gpu_hold(ctx, hello, numels)
+        held = _gpu_hold(ctx, hello, _output_numels(expected))
         if held.startswith("alone"):
             ctx.gpu_held = held
             _hold_alone(ctx, gpu, subject, hello)
@@ -731,9 +737,7 @@ def _check_distribution(
             outputs = _run(subject, used, seed, "native")
         variant = used
         if ctx.output_numels is None:
-            ctx.output_numels = [
-                int(o.numel()) for o in expected["reference"]["outputs"] if isinstance(o, torch.Tensor)
-            ]
+            ctx.output_numels = _output_numels(expected)
         if ctx.on_first_outputs is not None:
             hook, ctx.on_first_outputs = ctx.on_first_outputs, None
             hook(expected)
