@@ -15,7 +15,7 @@
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
 #   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 trace acceptance
+# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 trace inputs acceptance
 #        problems_audit ref-plain ref-tf32 stability
 #        stability_suite compare fidelity launch gap demo audit audit_report ipc
 set -u
@@ -102,6 +102,13 @@ step_trace() {
     python benchmarks/request_trace.py --kernelbench "$KB" --out "$OUT/trace.jsonl" --timeout 100 \
         --problems ${TRACE_PROBLEMS:-45_Gemm_Sigmoid_LogSumExp 17_Conv2d_InstanceNorm_Divide 47_Sum_reduction_over_a_dimension 19_ReLU 100_HingeLoss 40_LayerNorm 1_MLP} \
         ${TRACE_ARGS:-}
+}
+
+# INPUT_PROBLEMS: the cost sample's problems whose input draws are profiled step by step (issue 11)
+step_inputs() {
+    # shellcheck disable=SC2086
+    python benchmarks/input_cost.py --kernelbench "$KB" --device cuda --kernels --json "$OUT/inputs.jsonl" \
+        --problems ${INPUT_PROBLEMS:-94_MSELoss 47_Sum_reduction_over_a_dimension 17_Conv2d_InstanceNorm_Divide 2_ShallowWideMLP}
 }
 
 step_acceptance() {  # issue 11's target: the bundled GPU candidates and fixtures in <= 5 minutes
@@ -198,7 +205,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|handover|memtrace|structure|fused|relu|trace|acceptance|problems_audit|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
+        tests|containment|handover|memtrace|structure|fused|relu|trace|inputs|acceptance|problems_audit|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
             export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -210,7 +217,7 @@ run_step() {  # $1: name, $2: seconds
 default_limit() {
     case "$1" in
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
-        relu) echo 90 ;; trace) echo 240 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
+        relu) echo 90 ;; trace) echo 240 ;; inputs) echo 150 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
         stability) echo 540 ;; stability_suite) echo 240 ;; ipc) echo 150 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;
