@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kbv.child import probes as _probes
 from kbv.integrity import dynamic
 from kbv.integrity._registry import list_checks
 from kbv.protocol import VERIFIED
@@ -486,3 +487,35 @@ def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_
     assert [s["seed"] for s in ctx.cache_specs()] == [100, 101, 101, 100] and ctx.cache_specs()[3][
         "mix_seed"
     ] == 101
+
+
+def _digest_word_by_word(words: torch.Tensor) -> int:
+    """The input digest as its definition reads: each word plus the salt, times its position's weight."""
+    total = 0
+    for p, w in enumerate(words.tolist()):
+        total += (w + _probes._DIGEST_SALT) * (p * _probes._DIGEST_STRIDE + 1)
+    return total & _probes._WORD64
+
+
+@pytest.mark.parametrize("chunk", [1 << 25, 7, 64])
+def test_the_input_digest_is_its_definition_across_chunks_and_sees_every_changed_word(
+    monkeypatch, chunk: int
+) -> None:
+    monkeypatch.setattr(_probes, "_DIGEST_CHUNK", chunk)
+    words = torch.randint(-(2**31), 2**31 - 1, (301,), dtype=torch.int64).to(torch.int32)
+    digest = _probes._digest(words)
+    assert digest & _probes._WORD64 == _digest_word_by_word(words)  # wrapping arithmetic included
+    for position in (0, 6, 7, 150, 300):  # chunk edges and the last word
+        changed = words.clone()
+        changed[position] ^= 1 << 30
+        assert _probes._digest(changed) != digest
+
+
+def test_an_input_checksum_sees_a_flipped_bit_and_a_zero_sized_input() -> None:
+    x = torch.randn(1000)
+    before = _probes._checksum(x)
+    x.view(torch.int32)[500] ^= 1
+    assert _probes._checksum(x)["sha"] != before["sha"]
+    assert _probes._checksum(torch.empty(0)) == {"sum": 0.0, "sha": "0"}
+    odd = torch.arange(7, dtype=torch.uint8)  # not a whole number of 32-bit words: digested bytewise
+    assert _probes._checksum(odd)["sum"] == 21.0

@@ -381,8 +381,8 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
     "role, free_gb, released",
     [
         ("reference", 100, False),  # 20 GB kept, 100 GB free: room for a peer's request as large
-        ("reference", 30, True),  # less than twice what it keeps is free: handed back
-        ("reference", 50, True),  # twice that, but less than a candidate's default limit: handed back
+        ("reference", 30, True),  # less than a candidate's default device limit free: handed back
+        ("reference", 50, True),  # more than it keeps, but less than that limit: handed back
         ("candidate", 100, True),  # a candidate's cache counts against its device limit: always
     ],
 )
@@ -406,3 +406,25 @@ def test_a_worker_hands_back_a_large_cache_unless_it_is_the_reference_with_room(
     emptied.clear()
     child_main._release_cached_memory()
     assert not emptied
+
+
+@pytest.mark.parametrize("free_gb, released", [(80, False), (65, True)])
+def test_the_reference_keeps_a_cache_as_large_as_what_stays_free(
+    monkeypatch: pytest.MonkeyPatch, free_gb: int, released: bool
+) -> None:
+    """A 1e9-element loss's reference keeps about 40 GB beside 80 GB free on the H200: kept (twice
+    what it keeps free was the rule before, and it handed back after every draw); with less free
+    than it keeps it hands back."""
+    from kbv.child import main as child_main
+
+    gb = 1 << 30
+    emptied: list[bool] = []
+    monkeypatch.setattr(child_main, "_ROLE", "reference")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 72 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2 * gb)  # 70 GB kept
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free_gb * gb, 141 * gb))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    child_main._release_cached_memory()
+    assert bool(emptied) == released

@@ -107,15 +107,18 @@ def main(fd: int) -> None:
 #: A worker whose allocator keeps more than this cached hands it back after the request: three
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
 CACHED_BYTES_KEPT = 8 << 30
-#: ... except the trusted reference worker while the device has this many times what it keeps free,
-#: and at least REFERENCE_ROOM_FLOOR: room for a peer's request as large as its own, and for a
-#: candidate up to the protocols' default device limit (64 GB), so that what the reference keeps
-#: never makes an honest candidate run out of memory below it. Handing back and allocating again
-#: cost its ``expected`` requests 0.02-0.04 s of release and more of allocation per draw on the H200
-#: for a 1e9-element loss (tens of draws an evaluation). A candidate worker always hands it back:
-#: what its allocator keeps counts against its device limit, and a cached block of the wrong size is
-#: kept beside a new one.
-REFERENCE_ROOM_FACTOR = 2.0
+#: ... except the trusted reference worker while the device has at least what it keeps free
+#: (REFERENCE_ROOM_FACTOR times it), and at least REFERENCE_ROOM_FLOOR: room for a peer's request as
+#: large as what it keeps, and for a candidate up to the protocols' default device limit (64 GB),
+#: so that what the reference keeps never makes an honest candidate run out of memory below it.
+#: Handing back and allocating again cost its ``expected`` requests 0.02-0.04 s of release and more
+#: of allocation per draw on the H200 for a 1e9-element loss (tens of draws an evaluation). Twice
+#: what it keeps (the nineteenth session's rule) was not free beside such a loss's candidate (about
+#: 40 GB kept, 80 GB free), so it handed back after every draw: 0.35 s of a 4.5 s evaluation. A
+#: peer's request is never larger than the reference's own, which runs the float64 truth beside the
+#: float32 baseline. A candidate worker always hands it back: what its allocator keeps counts
+#: against its device limit, and a cached block of the wrong size is kept beside a new one.
+REFERENCE_ROOM_FACTOR = 1.0
 REFERENCE_ROOM_FLOOR = 64e9
 
 
@@ -152,6 +155,7 @@ def _environment_facts() -> dict[str, Any]:
             _warm_profiler()
             if _ROLE == "reference":  # only the trusted reference worker counts FLOPs (on CUDA)
                 _warm_flop_counter()
+                _warm_error_stats()
         props = torch.cuda.get_device_properties(0)
         facts["device"] = {
             "type": "cuda",
@@ -693,6 +697,18 @@ def _warm_flop_counter() -> None:
 
     with torch.no_grad(), FlopCounterMode(display=False):
         torch.ones(4, 4) @ torch.ones(4, 4)
+
+
+def _warm_error_stats() -> None:
+    """Measure one small baseline's error against a float64 truth on the GPU while the reference
+    boots. Its first use in a process starts cuBLAS (a float64 dot) and loads the reductions'
+    kernels: 0.08-0.11 s of the first ``expected`` request on the H200 for every problem whose
+    forward runs no matmul (a loss, a convolution), where 0.005 s is what a later draw pays."""
+    from kbv.error_stats import baseline_error
+
+    truth = torch.linspace(-4.0, 4.0, 1 << 16, dtype=torch.float64, device="cuda")
+    baseline_error([truth.float().exp()], [truth.exp()])
+    torch.cuda.synchronize()
 
 
 def _warm_cpu_kernels() -> None:

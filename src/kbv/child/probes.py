@@ -167,18 +167,48 @@ def _checksum(value: Any) -> dict[str, Any] | None:
     data = data.contiguous().reshape(-1)
     if not data.numel():
         return {"sum": 0.0, "sha": "0"}
-    total = float(data.double().sum()) if data.dtype != torch.bool else float(data.sum())
+    # Accumulated in float64 without a float64 copy of the input (a pass less, half the bytes).
+    total = float(data.sum(dtype=torch.float64)) if data.dtype != torch.bool else float(data.sum())
     raw = data.view(torch.uint8)
     try:
         words = raw.view(torch.int32)
     except RuntimeError:  # a size or offset that is not a whole number of words
         words = raw
-    digest = torch.zeros((), dtype=torch.int64, device=data.device)
-    for start in range(0, words.numel(), _DIGEST_CHUNK):
+    return {"sum": total, "sha": f"{_digest(words) & _WORD64:016x}"}
+
+
+_WORD64 = (1 << 64) - 1
+_DIGEST_SALT = 0x9E3779B1
+_DIGEST_STRIDE = 2654435761
+
+
+def _signed64(x: int) -> int:
+    """``x`` modulo 2**64 as a signed int64 (what a device int64 holds after wrapping)."""
+    x &= _WORD64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _digest(words: torch.Tensor) -> int:
+    """``sum((w[p] + SALT) * (p * STRIDE + 1))`` over positions ``p``, modulo 2**64.
+
+    Per chunk starting at ``s`` the sum splits into ``sum((w + SALT) * (i * STRIDE + 1))`` over the
+    chunk's own positions ``i`` plus ``s * STRIDE * sum(w + SALT)``, so the position weights are made
+    once per call and each chunk costs a conversion, a product and two sums (the digest of every
+    word made the weights again and added the salt per chunk: 84 ms for a 1e9-element loss's two
+    inputs on the H200, twice per observation, in each worker)."""
+    n = words.numel()
+    length = min(n, _DIGEST_CHUNK)
+    weights = torch.arange(length, dtype=torch.int64, device=words.device).mul_(_DIGEST_STRIDE).add_(1)
+    digest = torch.zeros((), dtype=torch.int64, device=words.device)
+    for start in range(0, n, _DIGEST_CHUNK):
         chunk = words[start : start + _DIGEST_CHUNK].to(torch.int64)
-        position = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=data.device)
-        digest += ((chunk + 0x9E3779B1) * (position * 2654435761 + 1)).sum()
-    return {"sum": total, "sha": f"{int(digest) & ((1 << 64) - 1):016x}"}
+        m = chunk.numel()
+        # sum(w + SALT) and sum((w + SALT) * weight), the salt's share added as host integers
+        plain = chunk.sum() + _signed64(_DIGEST_SALT * m)
+        salt_share = _DIGEST_SALT * (m * (m - 1) // 2 * _DIGEST_STRIDE + m)
+        weighted = chunk.mul_(weights[:m]).sum() + _signed64(salt_share)
+        digest += weighted + plain * _signed64(start * _DIGEST_STRIDE)
+    return int(digest)
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int] | None:
