@@ -449,3 +449,18 @@ def test_a_candidate_ipc_descriptor_claiming_more_than_its_allocation_is_refused
             worker.receive_outputs(inflated)
         (y,) = worker.receive_outputs(reply["outputs"])
     assert y.shape == (4, 1024) and bool((y >= 0).all())
+
+
+def test_a_driver_allocation_out_of_memory_says_so() -> None:
+    """A hand-over whose cuMemCreate ran out of device memory reads as out of memory (the candidate's
+    runtime error in a probe), not as an unexplained CUresult (which a probe called a hack)."""
+    from kbv import _vmm
+    from kbv.integrity.dynamic import _out_of_memory
+    from kbv.worker import WorkerFailed
+
+    with pytest.raises(_vmm.VmmError) as raised:
+        _vmm._check(2, "create")
+    assert _out_of_memory(WorkerFailed("runtime_error", str(raised.value)))
+    with pytest.raises(_vmm.VmmError, match="CUresult 1$"):
+        _vmm._check(1, "map")
+    _vmm._check(0, "map")

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -381,8 +382,8 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
     "role, free_gb, released",
     [
         ("reference", 100, False),  # 20 GB kept, 100 GB free: room for a peer's request as large
-        ("reference", 30, True),  # less than a candidate's default device limit free: handed back
-        ("reference", 50, True),  # more than it keeps, but less than that limit: handed back
+        ("reference", 30, True),  # less than twice what it keeps is free: handed back
+        ("reference", 50, True),  # twice that, but less than a candidate's default limit: handed back
         ("candidate", 100, True),  # a candidate's cache counts against its device limit: always
     ],
 )
@@ -408,13 +409,20 @@ def test_a_worker_hands_back_a_large_cache_unless_it_is_the_reference_with_room(
     assert not emptied
 
 
-@pytest.mark.parametrize("free_gb, released", [(80, False), (65, True)])
-def test_the_reference_keeps_a_cache_as_large_as_what_stays_free(
-    monkeypatch: pytest.MonkeyPatch, free_gb: int, released: bool
+@pytest.mark.parametrize(
+    "room_gib, released",
+    [
+        (None, False),  # 20 GB kept, 80 GB free: twice that, and the default device limit
+        (64, False),  # the parent names that limit: the same
+        (105, True),  # a candidate whose limit was widened to 105 GiB would be short: handed back
+    ],
+)
+def test_the_reference_leaves_the_candidates_own_device_limit_free(
+    monkeypatch: pytest.MonkeyPatch, room_gib: int | None, released: bool
 ) -> None:
-    """A 1e9-element loss's reference keeps about 40 GB beside 80 GB free on the H200: kept (twice
-    what it keeps free was the rule before, and it handed back after every draw); with less free
-    than it keeps it hands back."""
+    """On the H200 a reference that kept ~45 GB beside a 7.5 GB-input problem, whose candidate's limit
+    had been widened to 3/4 of the GPU, ran that candidate's cache probe out of memory; the parent
+    now sends the candidate's limit as it stands (``room_bytes``) with every request."""
     from kbv.child import main as child_main
 
     gb = 1 << 30
@@ -422,9 +430,28 @@ def test_the_reference_keeps_a_cache_as_large_as_what_stays_free(
     monkeypatch.setattr(child_main, "_ROLE", "reference")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 72 * gb)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2 * gb)  # 70 GB kept
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free_gb * gb, 141 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 30 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 10 * gb)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * gb, 141 * gb))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    child_main._release_cached_memory()
+    child_main._release_cached_memory(None if room_gib is None else room_gib * gb)
     assert bool(emptied) == released
+
+
+def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
+    """Every request to the reference carries the candidate's device limit, widened or not."""
+    from kbv import evaluation
+    from kbv.protocol import LimitSettings
+
+    hello = {"device": {"total_memory_bytes": 141 << 30}}
+    fields: dict[str, object] = {}
+    ctx = SimpleNamespace(reference_fields=fields)
+    subject = SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=64.0)))
+    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    assert fields["room_bytes"] == 64 << 30
+    subject.spec = WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=105.5))
+    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    assert fields["room_bytes"] == int(105.5 * (1 << 30))
+    subject.spec = WorkerSpec(build_key="x")  # no limit: the whole device
+    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    assert fields["room_bytes"] == 141 << 30

@@ -91,7 +91,14 @@ def _driver() -> ctypes.CDLL:
     return cu
 
 
+#: CUDA_ERROR_OUT_OF_MEMORY: named in the message, so a failed hand-over reads as what it is (a
+#: probe that runs out of memory is the candidate's runtime error, not a hack: kbv.integrity.dynamic).
+_OUT_OF_MEMORY = 2
+
+
 def _check(result: int, what: str) -> None:
+    if result == _OUT_OF_MEMORY:
+        raise VmmError(f"{what} returned CUresult {result} (out of memory)")
     if result != 0:
         raise VmmError(f"{what} returned CUresult {result}")
 

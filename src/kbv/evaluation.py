@@ -168,6 +168,9 @@ class _Context:
     # asked for once, on its first correctness draw on the GPU; None when not (or not yet) given.
     tf32_operators: dict[str, Any] | None = None
     tf32_operators_asked: bool = False
+    # The fields sent with every request to the reference worker (its ``request_fields``): the
+    # room it must leave free beside what its allocator keeps (_room_for_candidate).
+    reference_fields: dict[str, Any] | None = None
 
 
 def evaluate(
@@ -232,6 +235,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
+        ctx.reference_fields = reference.request_fields
+        _room_for_candidate(ctx, subject, ref_hello)
         if ctx.gpu_held.startswith("alone"):
             _hold_alone(ctx, gpu, subject, ref_hello)
         elif ctx.gpu_held:
@@ -531,6 +536,21 @@ def _output_numels(expected: dict[str, Any]) -> list[int]:
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
     gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
     ctx.gpu_held += _widen_device_limit(subject, hello)
+    _room_for_candidate(ctx, subject, hello)
+
+
+def _room_for_candidate(ctx: _Context, subject: Worker, hello: dict[str, Any]) -> None:
+    """Tell the reference worker what it must leave free beside the allocator cache it keeps between
+    requests (``room_bytes``, kbv.child.main): the candidate's device limit as it stands now (widened
+    when the evaluation holds the GPU alone), the whole device where the candidate has none."""
+    fields = getattr(ctx, "reference_fields", None)
+    if fields is None:
+        return
+    limits = subject.spec.limits
+    if limits is not None and limits.device_memory_gb:
+        fields["room_bytes"] = int(float(limits.device_memory_gb) * (1 << 30))
+    else:
+        fields["room_bytes"] = int((hello.get("device") or {}).get("total_memory_bytes") or 0) or None
 
 
 def _hold_alone_for_outputs(

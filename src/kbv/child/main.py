@@ -92,7 +92,7 @@ def main(fd: int) -> None:
         except BaseException as exc:  # the candidate failed: report it, the parent decides
             reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
         reply["worker_seconds"] = time.perf_counter() - started
-        _release_cached_memory()
+        _release_cached_memory(request.get("room_bytes"))
         if request.get("steps"):  # a profiling run asked where the request's time went
             reply.setdefault("steps_s", {})["release"] = (
                 time.perf_counter() - started - reply["worker_seconds"]
@@ -107,19 +107,19 @@ def main(fd: int) -> None:
 #: A worker whose allocator keeps more than this cached hands it back after the request: three
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
 CACHED_BYTES_KEPT = 8 << 30
-#: ... except the trusted reference worker while the device has at least what it keeps free
-#: (REFERENCE_ROOM_FACTOR times it), and at least REFERENCE_ROOM_FLOOR: room for a peer's request as
-#: large as what it keeps, and for a candidate up to the protocols' default device limit (64 GB),
-#: so that what the reference keeps never makes an honest candidate run out of memory below it.
-#: Handing back and allocating again cost its ``expected`` requests 0.02-0.04 s of release and more
-#: of allocation per draw on the H200 for a 1e9-element loss (tens of draws an evaluation). Twice
-#: what it keeps (the nineteenth session's rule) was not free beside such a loss's candidate (about
-#: 40 GB kept, 80 GB free), so it handed back after every draw: 0.35 s of a 4.5 s evaluation. A
-#: peer's request is never larger than the reference's own, which runs the float64 truth beside the
-#: float32 baseline. A candidate worker always hands it back: what its allocator keeps counts
-#: against its device limit, and a cached block of the wrong size is kept beside a new one.
-REFERENCE_ROOM_FACTOR = 1.0
-REFERENCE_ROOM_FLOOR = 64e9
+#: ... except the trusted reference worker while the device has REFERENCE_ROOM_FACTOR times what it
+#: keeps free (room for a peer's request as large as its own) and at least the candidate's device
+#: limit (``room_bytes``, sent by the parent with every request; REFERENCE_ROOM_FLOOR where none
+#: is sent): what the reference keeps must never make an honest candidate run out of memory below
+#: its limit. Handing back and allocating again cost its ``expected`` requests 0.02-0.04 s of release
+#: and more of allocation per draw on the H200 for a 1e9-element loss (tens of draws an evaluation).
+#: The limit is the one the candidate has now: an evaluation that holds the GPU alone widens it to
+#: 3/4 of the device, and there a floor of 64 GB was not enough (the twentieth session: kept beside
+#: a 7.5 GB-input problem's candidate, whose cache probe then ran out of memory). A candidate worker
+#: always hands it back: what its allocator keeps counts against its device limit, and a cached
+#: block of the wrong size is kept beside a new one.
+REFERENCE_ROOM_FACTOR = 2.0
+REFERENCE_ROOM_FLOOR = 64 * (1 << 30)  # the protocols' default device limit (GiB, as limits count)
 
 
 #: The role this process was started for (argv), known before the first request names it, and
@@ -128,15 +128,14 @@ _ROLE = ""
 _WARM_PROBES = False
 
 
-def _release_cached_memory() -> None:
+def _release_cached_memory(room_bytes: Any = None) -> None:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
     kept = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     if kept <= CACHED_BYTES_KEPT:
         return
-    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(
-        REFERENCE_ROOM_FACTOR * kept, REFERENCE_ROOM_FLOOR
-    ):
+    room = float(room_bytes) if isinstance(room_bytes, (int, float)) else REFERENCE_ROOM_FLOOR
+    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(REFERENCE_ROOM_FACTOR * kept, room):
         return
     torch.cuda.empty_cache()
 

@@ -112,6 +112,8 @@ class Worker:
         self.home = self.scratch / "home"
         self.home.mkdir()
         self.hello: dict[str, Any] = {}
+        #: Fields sent with every request (the reference's ``room_bytes``: kbv.evaluation).
+        self.request_fields: dict[str, Any] = {}
         self._proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None = None
         #: How the process started: forked from kbv's fork server, or a fresh interpreter (and why).
         self.started_as = ""
@@ -224,7 +226,7 @@ class Worker:
         if op == "load":
             fields.setdefault("handoff", self.handoff)
         try:
-            _channel.send(self._sock, {"op": op, **fields})
+            _channel.send(self._sock, {"op": op, **self.request_fields, **fields})
         except OSError as exc:
             self.kill()
             raise WorkerFailed(
