@@ -382,8 +382,8 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
     "role, free_gb, released",
     [
         ("reference", 100, False),  # 20 GB kept, 100 GB free: room for a peer's request as large
-        ("reference", 30, True),  # less than twice what it keeps is free: handed back
-        ("reference", 50, True),  # twice that, but less than a candidate's default limit: handed back
+        ("reference", 15, True),  # less than it keeps is free: handed back
+        ("reference", 50, True),  # more, but less than a candidate's default limit: handed back
         ("candidate", 100, True),  # a candidate's cache counts against its device limit: always
     ],
 )
@@ -412,8 +412,9 @@ def test_a_worker_hands_back_a_large_cache_unless_it_is_the_reference_with_room(
 @pytest.mark.parametrize(
     "room_gib, released",
     [
-        (None, False),  # 20 GB kept, 80 GB free: twice that, and the default device limit
+        (None, False),  # 20 GB kept, 80 GB free: more than that, and the default device limit
         (64, False),  # the parent names that limit: the same
+        (0, False),  # correctness draws side by side on a GPU held alone: what it keeps is free too
         (105, True),  # a candidate whose limit was widened to 105 GiB would be short: handed back
     ],
 )
@@ -439,19 +440,26 @@ def test_the_reference_leaves_the_candidates_own_device_limit_free(
 
 
 def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
-    """Every request to the reference carries the candidate's device limit, widened or not."""
+    """Every request to the reference carries the candidate's device limit, widened or not; during
+    the correctness draws of an evaluation holding its GPU alone (they run side by side), none."""
     from kbv import evaluation
     from kbv.protocol import LimitSettings
 
-    hello = {"device": {"total_memory_bytes": 141 << 30}}
     fields: dict[str, object] = {}
-    ctx = SimpleNamespace(reference_fields=fields)
+    ctx = SimpleNamespace(reference_fields=fields, device_total_bytes=141 << 30, gpu_held="shared")
     subject = SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=64.0)))
-    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert fields["room_bytes"] == 64 << 30
+    ctx.drawing = True  # shared with other evaluations: the limit still
+    evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
+    assert fields["room_bytes"] == 64 << 30
+    ctx.gpu_held = "alone for the whole evaluation"
     subject.spec = WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=105.5))
-    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
+    assert fields["room_bytes"] == 0
+    ctx.drawing = False
+    evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert fields["room_bytes"] == int(105.5 * (1 << 30))
     subject.spec = WorkerSpec(build_key="x")  # no limit: the whole device
-    evaluation._room_for_candidate(ctx, subject, hello)  # type: ignore[arg-type]
+    evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert fields["room_bytes"] == 141 << 30

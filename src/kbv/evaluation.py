@@ -169,8 +169,10 @@ class _Context:
     tf32_operators: dict[str, Any] | None = None
     tf32_operators_asked: bool = False
     # The fields sent with every request to the reference worker (its ``request_fields``): the
-    # room it must leave free beside what its allocator keeps (_room_for_candidate).
+    # room it must leave free beside what its allocator keeps (_room_for_candidate), which depends
+    # on whether the correctness draws are running (``drawing``).
     reference_fields: dict[str, Any] | None = None
+    drawing: bool = False
 
 
 def evaluate(
@@ -236,7 +238,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
         ctx.reference_fields = reference.request_fields
-        _room_for_candidate(ctx, subject, ref_hello)
+        _room_for_candidate(ctx, subject)
         if ctx.gpu_held.startswith("alone"):
             _hold_alone(ctx, gpu, subject, ref_hello)
         elif ctx.gpu_held:
@@ -536,21 +538,28 @@ def _output_numels(expected: dict[str, Any]) -> list[int]:
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
     gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
     ctx.gpu_held += _widen_device_limit(subject, hello)
-    _room_for_candidate(ctx, subject, hello)
+    _room_for_candidate(ctx, subject)
 
 
-def _room_for_candidate(ctx: _Context, subject: Worker, hello: dict[str, Any]) -> None:
+def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
     """Tell the reference worker what it must leave free beside the allocator cache it keeps between
     requests (``room_bytes``, kbv.child.main): the candidate's device limit as it stands now (widened
-    when the evaluation holds the GPU alone), the whole device where the candidate has none."""
+    when the evaluation holds the GPU alone; the whole device where the candidate has none), except
+    during the correctness draws of an evaluation that holds its GPU alone. There each of the
+    reference's requests runs beside the candidate's draw, so what it keeps between them is no more
+    than what its next request takes at the same time, and no other evaluation shares the GPU; the
+    first request after the draws (the timing phase's build) hands back what the limit needs."""
     fields = getattr(ctx, "reference_fields", None)
     if fields is None:
+        return
+    if getattr(ctx, "drawing", False) and str(getattr(ctx, "gpu_held", "")).startswith("alone"):
+        fields["room_bytes"] = 0
         return
     limits = subject.spec.limits
     if limits is not None and limits.device_memory_gb:
         fields["room_bytes"] = int(float(limits.device_memory_gb) * (1 << 30))
     else:
-        fields["room_bytes"] = int((hello.get("device") or {}).get("total_memory_bytes") or 0) or None
+        fields["room_bytes"] = int(getattr(ctx, "device_total_bytes", 0) or 0) or None
 
 
 def _hold_alone_for_outputs(
@@ -646,11 +655,23 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
 
 
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
-    settings = ctx.protocol.correctness
-    results: list[DistributionResult] = []
     # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
     # reference work, so loading the parameters overlaps it (requests are answered in order).
     wait = not draws_overlap(ctx.device)
+    ctx.drawing = draws_overlap(ctx.device)
+    _room_for_candidate(ctx, subject)
+    try:
+        return _check_distributions(ctx, reference, subject, wait)
+    finally:
+        ctx.drawing = False
+        _room_for_candidate(ctx, subject)
+
+
+def _check_distributions(
+    ctx: _Context, reference: Worker, subject: Worker, wait: bool
+) -> list[DistributionResult]:
+    settings = ctx.protocol.correctness
+    results: list[DistributionResult] = []
     for distribution in settings.distributions:
         # A part of the correctness phase, kept apart: parameters redrawn by the reference and given
         # to the candidate (``_redrawn_state``).

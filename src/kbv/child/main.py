@@ -107,18 +107,20 @@ def main(fd: int) -> None:
 #: A worker whose allocator keeps more than this cached hands it back after the request: three
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
 CACHED_BYTES_KEPT = 8 << 30
-#: ... except the trusted reference worker while the device has REFERENCE_ROOM_FACTOR times what it
-#: keeps free (room for a peer's request as large as its own) and at least the candidate's device
-#: limit (``room_bytes``, sent by the parent with every request; REFERENCE_ROOM_FLOOR where none
-#: is sent): what the reference keeps must never make an honest candidate run out of memory below
-#: its limit. Handing back and allocating again cost its ``expected`` requests 0.02-0.04 s of release
-#: and more of allocation per draw on the H200 for a 1e9-element loss (tens of draws an evaluation).
-#: The limit is the one the candidate has now: an evaluation that holds the GPU alone widens it to
-#: 3/4 of the device, and there a floor of 64 GB was not enough (the twentieth session: kept beside
-#: a 7.5 GB-input problem's candidate, whose cache probe then ran out of memory). A candidate worker
-#: always hands it back: what its allocator keeps counts against its device limit, and a cached
-#: block of the wrong size is kept beside a new one.
-REFERENCE_ROOM_FACTOR = 2.0
+#: ... except the trusted reference worker while the device has what it keeps free (room for a
+#: peer's request as large as its own: REFERENCE_ROOM_FACTOR times it) and ``room_bytes``, which the
+#: parent sends with every request: the candidate's device limit as it stands (widened to 3/4 of the
+#: device where the evaluation holds it alone), or 0 during the correctness draws of an evaluation
+#: holding its GPU alone, where each of the reference's requests runs beside the candidate's draw
+#: (kbv.evaluation._room_for_candidate); REFERENCE_ROOM_FLOOR where none is sent. What the reference
+#: keeps must never make an honest candidate run out of memory below its limit: with a floor of
+#: 64 GB alone, a 7.5 GB-input problem's candidate (its limit widened) ran out in its cache probe on
+#: the H200 (the twentieth session). Handing back and allocating again cost the ``expected``
+#: requests of a 1e9-element loss 0.02-0.04 s of release and more of allocation per draw there
+#: (tens of draws an evaluation; twice what it keeps was not free beside its candidate). A
+#: candidate worker always hands it back: what its allocator keeps counts against its device limit,
+#: and a cached block of the wrong size is kept beside a new one.
+REFERENCE_ROOM_FACTOR = 1.0
 REFERENCE_ROOM_FLOOR = 64 * (1 << 30)  # the protocols' default device limit (GiB, as limits count)
 
 
