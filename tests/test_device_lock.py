@@ -177,7 +177,9 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
     conv_input, conv_output = 16 * 3 * 1024 * 1024, 16 * 128 * 1022 * 1022
 
     def after_first_draw(output_numel: int) -> tuple[str, int, float]:
-        ctx = SimpleNamespace(device="cuda", structure=InputStructure(invariants=[], numels=[conv_input]))
+        ctx = SimpleNamespace(
+            device="cuda", structure=InputStructure(invariants=[], numels=[conv_input]), reference_fields=None
+        )
         ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
         assert ctx.gpu_held.startswith("shared")
         lock, subject = Lock(), SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings()))

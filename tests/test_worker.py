@@ -446,7 +446,9 @@ def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
     from kbv.protocol import LimitSettings
 
     fields: dict[str, object] = {}
-    ctx = SimpleNamespace(reference_fields=fields, device_total_bytes=141 << 30, gpu_held="shared")
+    ctx = SimpleNamespace(
+        reference_fields=fields, device_total_bytes=141 << 30, gpu_held="shared", drawing=False
+    )
     subject = SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=64.0)))
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert fields["room_bytes"] == 64 << 30

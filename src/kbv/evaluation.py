@@ -549,17 +549,17 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
     reference's requests runs beside the candidate's draw, so what it keeps between them is no more
     than what its next request takes at the same time, and no other evaluation shares the GPU; the
     first request after the draws (the timing phase's build) hands back what the limit needs."""
-    fields = getattr(ctx, "reference_fields", None)
+    fields = ctx.reference_fields
     if fields is None:
         return
-    if getattr(ctx, "drawing", False) and str(getattr(ctx, "gpu_held", "")).startswith("alone"):
+    if ctx.drawing and ctx.gpu_held.startswith("alone"):
         fields["room_bytes"] = 0
         return
     limits = subject.spec.limits
     if limits is not None and limits.device_memory_gb:
         fields["room_bytes"] = int(float(limits.device_memory_gb) * (1 << 30))
     else:
-        fields["room_bytes"] = int(getattr(ctx, "device_total_bytes", 0) or 0) or None
+        fields["room_bytes"] = ctx.device_total_bytes or None
 
 
 def _hold_alone_for_outputs(
@@ -655,13 +655,12 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
 
 
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
-    # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
-    # reference work, so loading the parameters overlaps it (requests are answered in order).
-    wait = not draws_overlap(ctx.device)
     ctx.drawing = draws_overlap(ctx.device)
     _room_for_candidate(ctx, subject)
     try:
-        return _check_distributions(ctx, reference, subject, wait)
+        # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
+        # reference work, so loading the parameters overlaps it (requests are answered in order).
+        return _check_distributions(ctx, reference, subject, wait=not ctx.drawing)
     finally:
         ctx.drawing = False
         _room_for_candidate(ctx, subject)

@@ -108,9 +108,9 @@ def main(fd: int) -> None:
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
 CACHED_BYTES_KEPT = 8 << 30
 #: ... except the trusted reference worker while the device has what it keeps free (room for a
-#: peer's request as large as its own: REFERENCE_ROOM_FACTOR times it) and ``room_bytes``, which the
-#: parent sends with every request: the candidate's device limit as it stands (widened to 3/4 of the
-#: device where the evaluation holds it alone), or 0 during the correctness draws of an evaluation
+#: peer's request as large as its own) and ``room_bytes``, which the parent sends with every
+#: request: the candidate's device limit as it stands (widened to 3/4 of the device where the
+#: evaluation holds it alone), or 0 during the correctness draws of an evaluation
 #: holding its GPU alone, where each of the reference's requests runs beside the candidate's draw
 #: (kbv.evaluation._room_for_candidate); REFERENCE_ROOM_FLOOR where none is sent. What the reference
 #: keeps must never make an honest candidate run out of memory below its limit: with a floor of
@@ -120,7 +120,6 @@ CACHED_BYTES_KEPT = 8 << 30
 #: (tens of draws an evaluation; twice what it keeps was not free beside its candidate). A
 #: candidate worker always hands it back: what its allocator keeps counts against its device limit,
 #: and a cached block of the wrong size is kept beside a new one.
-REFERENCE_ROOM_FACTOR = 1.0
 REFERENCE_ROOM_FLOOR = 64 * (1 << 30)  # the protocols' default device limit (GiB, as limits count)
 
 
@@ -137,7 +136,7 @@ def _release_cached_memory(room_bytes: Any = None) -> None:
     if kept <= CACHED_BYTES_KEPT:
         return
     room = float(room_bytes) if isinstance(room_bytes, (int, float)) else REFERENCE_ROOM_FLOOR
-    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(REFERENCE_ROOM_FACTOR * kept, room):
+    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(kept, room):
         return
     torch.cuda.empty_cache()
 
