@@ -11,8 +11,9 @@ N calls timed by CUDA events two ways, each after an L2 flush:
   for the host to queue the call behind it, so the events hold only the call's device work.
 Their difference is the host launch path that kbv's event samples include (fidelity.py). Two more
 medians time the same call through kbv's own recipe (``kbv.child.timing.measure`` with its L2 flush,
-each call's output kept as the worker keeps it), with one input set and with three: in the twelfth
-session an evaluation's samples ran 23-29 us above ``synced_ms`` for two kernels, and these say
+each call's output kept as the worker keeps it), with one input set and with three: on the H200
+(2026-12-02, benchmarks/results/2026-12-02-h200-fidelity-and-demo/) an evaluation's samples ran
+23-29 us above ``synced_ms`` for two kernels, and these say
 whether the recipe itself or the rotation of input sets adds it (``recipe_1set_ms``,
 ``recipe_3sets_ms``).
 """

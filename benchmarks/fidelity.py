@@ -142,7 +142,7 @@ def _run_detail(record) -> dict:
 def prebuilt_env(candidate) -> dict[str, str]:
     """This process's environment with the build directories and arch list kbv's worker uses for
     ``candidate``, so a plain process loads the prebuilt extension instead of building it again
-    (a minute on a fresh machine: the thirteenth session's launch check built ReLU's in its own)."""
+    (a minute on a fresh machine: a launch check that did not built ReLU's in its own process)."""
     import os
 
     from kbv import telemetry

@@ -15,9 +15,9 @@
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
 #   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment handover memtrace structure fused relu cost1 cost2 cost3 trace inputs acceptance
-#        problems_audit ref-plain ref-tf32 stability
-#        stability_suite compare fidelity launch gap demo audit audit_report ipc
+# Steps: env tests containment handover structure fused relu cost1 cost2 cost3 trace inputs acceptance
+#        problems_audit ref-plain ref-tf32 stability stability_suite compare fidelity launch demo audit
+#        audit_report
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -53,12 +53,6 @@ step_handover() {  # issue 13: both CUDA transports, and a candidate under a uid
         -p no:cacheprovider --timeout 150 -v -rA --durations=10
 }
 
-step_memtrace() {  # where the device memory of the largest level-1 evaluations goes, by phase
-    for name in 34_InstanceNorm 63_conv_standard_2D__square_input__square_kernel; do
-        timeout 120 python benchmarks/device_memory_trace.py "$KB/level1/$name.py" --out "$OUT/mem_$name.jsonl"
-    done
-}
-
 step_structure() {
     KBV_KERNELBENCH=$PWD/$KB python -m pytest -m gpu tests/gpu/test_gpu_structure.py \
         -p no:cacheprovider --timeout 150 -v -rA
@@ -87,7 +81,8 @@ EOF
 step_cost() {  # $1: the part, 1 to 3
     seed_from_kb kb_rows.jsonl
     # Each problem pays its baselines, as a problem's first candidate does: an earlier step of the
-    # same warm machine (the audit) had left two of the sample's baselines cached (fifteenth session).
+    # same warm machine (the audit) had left two of the sample's baselines cached (2026-12-02,
+    # results/2026-12-02-h200-cost-and-audit-parts-4-7/).
     rm -rf "$KBV_CACHE_DIR/baselines"
     python benchmarks/verified_cost.py --kernelbench "$KB" --results "$OUT/kb_rows.jsonl" \
         --part "$1/3" --timeout 100
@@ -139,10 +134,6 @@ step_stability_suite() {  # the bundled honest GPU candidates (small kbv problem
         --out "$OUT/stability_suite.jsonl"
 }
 
-step_ipc() {  # issue 13: can the root parent open device memory a worker under another uid hands it?
-    python benchmarks/ipc_across_uids.py --out "$OUT/ipc.json" --mib 1024
-}
-
 step_compare() {
     seed_from_kb compare.sqlite
     python -m kbv.cli compare --problems .kb/cuda-l1-streams/problems \
@@ -178,10 +169,6 @@ step_fidelity() {  # resumes from .kb/fidelity.json (copy it back from the archi
     python benchmarks/fidelity.py --out "$OUT/fidelity" --ncu --launch-check --resume
 }
 
-step_gap() {  # issue 16: the ReLU and LayerNorm call in a plain process, polled, and in evaluations
-    python benchmarks/worker_gap.py --out "$OUT/gap" ${GAP_ARGS:-}
-}
-
 step_launch() {  # issue 16: only the launch check of each fidelity class (synced, covered, through kbv's recipe)
     mkdir -p "$OUT/fidelity"
     python benchmarks/fidelity.py --out "$OUT/fidelity" --launch-only
@@ -205,7 +192,7 @@ run_step() {  # $1: name, $2: seconds
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|handover|memtrace|structure|fused|relu|trace|inputs|acceptance|problems_audit|stability|stability_suite|ipc|compare|fidelity|launch|gap|demo|audit|audit_report)
+        tests|containment|handover|structure|fused|relu|trace|inputs|acceptance|problems_audit|stability|stability_suite|compare|fidelity|launch|demo|audit|audit_report)
             export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -216,9 +203,9 @@ run_step() {  # $1: name, $2: seconds
 
 default_limit() {
     case "$1" in
-        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; memtrace) echo 200 ;; structure) echo 150 ;; fused) echo 120 ;;
+        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; trace) echo 240 ;; inputs) echo 150 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
-        stability) echo 540 ;; stability_suite) echo 240 ;; ipc) echo 150 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
+        stability) echo 540 ;; stability_suite) echo 240 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;
     esac

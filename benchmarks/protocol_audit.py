@@ -16,7 +16,7 @@ with the same command, and ``--report`` prints the whole sample's figures once e
 ``--parts K1-K2/N`` runs parts K1 to K2 one after another in one process (the fork server, the
 CUDA context and the device probe are then paid once); a finished part costs little there, since
 what the trusted run found per problem is kept in the store file (``audit_specs``). On the H200 a
-part of two problems took about 2 minutes (``benchmarks/results/gpu-2026-12-02-session14/``).
+part of two problems took about 2 minutes (``benchmarks/results/2026-12-02-h200-parameter-inbox-cost/``).
 
 CPU rehearsal of that sample: ``--device cpu --cpu-sizes`` shrinks each copy's size constants and
 shapes in its source (:func:`shrunk_sizes`), so the whole sample runs on two cores in minutes.

@@ -7,7 +7,7 @@
 Each configuration starts from a cold build cache (its own KBV_CACHE_DIR), so both pay for every
 compilation. Reported per configuration: wall time, candidates/hour, outcomes, the share of slot
 time spent idle waiting for the compile stage, and the speedup of the second GPU over the first.
-Writes ``benchmarks/results/throughput-<date>.json`` and ``.md``.
+Writes ``benchmarks/results/<date>-<device>-throughput.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def write_report(configs: list[dict[str, Any]], pairs: list[Any], args: argparse
         else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"throughput-{report['date'][:10]}-{args.device}"
+    stem = f"{report['date'][:10]}-{args.device}-throughput"
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
     (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))

@@ -304,7 +304,7 @@ def per_problem_ratio(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``verified`` over ``standard`` problem by problem (compilation excluded), for the problems
     both timed: its median beside the issue's ratio of the medians, which on a sample whose
     ``verified`` times fall in two groups hangs on the one or two problems at the groups' edges
-    (results/gpu-2026-12-03-session19/)."""
+    (results/2026-12-03-h200-verified-v3-cost/)."""
     totals: dict[str, dict[str, float]] = {}
     for r in rows:
         phases = r["phases_s"]

@@ -6,7 +6,7 @@ dropped candidate worker's handle fails with ``cudaErrorMapBufferObjectFailed``,
 expandable-segment IPC. An allocation made by ``cuMemCreate`` with a POSIX file-descriptor handle
 type does cross: the worker exports it as a file descriptor, the kernel passes that descriptor over
 the Unix socket (``SCM_RIGHTS``), and no uid check applies to it
-(``benchmarks/results/gpu-2026-12-02-session10/ipc.json``).
+(``benchmarks/results/2026-12-02-h200-uid-handover-and-compare/ipc.json``).
 
 Worker side: :func:`export` copies tensors into one such allocation and returns an
 :class:`Exported` that keeps it mapped until closed. Parent side: :func:`import_copies` imports a
