@@ -55,7 +55,7 @@ def read_proc(pid: int) -> Proc | None:
             fields = handle.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    # fields[0] is the state (field 3 of stat(5)); ppid is field 4, session 6, rss (pages) 24.
+    # fields[0] is the state (field 3 of stat(5)); ppid is field 4, the session id 6, rss (pages) 24.
     if fields[0] in ("Z", "X"):
         return None
     return Proc(pid, int(fields[1]), int(fields[3]), int(fields[21]) * _PAGE)

@@ -115,7 +115,8 @@ CACHED_BYTES_KEPT = 8 << 30
 #: (kbv.evaluation._room_for_candidate); REFERENCE_ROOM_FLOOR where none is sent. What the reference
 #: keeps must never make an honest candidate run out of memory below its limit: with a floor of
 #: 64 GB alone, a 7.5 GB-input problem's candidate (its limit widened) ran out in its cache probe on
-#: the H200 (the twentieth session). Handing back and allocating again cost the ``expected``
+#: the H200 (2026-12-03, benchmarks/results/2026-12-03-h200-verified-cost/). Handing back and
+#: allocating again cost the ``expected``
 #: requests of a 1e9-element loss 0.02-0.04 s of release and more of allocation per draw there
 #: (tens of draws an evaluation; twice what it keeps was not free beside its candidate). A
 #: candidate worker always hands it back: what its allocator keeps counts against its device limit,
@@ -682,7 +683,7 @@ def _classify(exc: BaseException, op: str) -> str:
 def _warm_profiler() -> None:
     """Start and stop the profiler once while the worker boots. Its first session in a process
     starts Kineto and CUPTI, which took 4-5 s of every ``verified`` evaluation on the H200 (the
-    kernel-name probe); a later session costs a fraction of a second. Both roles take it, so the
+    kernel-name probe); a later one costs a fraction of a second. Both roles take it, so the
     reference's and the candidate's timed calls run in processes prepared alike."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -185,7 +185,8 @@ LONG_REDUCTION_ERROR = "KbvLongReduction"
 # The blocked order sums views of the input along the reduced dimension. It used to pad the
 # reduction to a multiple of 256 after a permuted copy: 36_RMSNorm_'s 64-long reduction of a 7 GiB
 # input then needed 28 GiB more, and on the H200 that honest control ran out of memory under
-# `verified`'s caching probe (seventeenth session). A control must not cost more than an honest
+# `verified`'s caching probe (2026-12-02,
+# benchmarks/results/2026-12-02-h200-audit-all-40/). A control must not cost more than an honest
 # kernel would.
 REDUCE_HELPER = f'''
 
