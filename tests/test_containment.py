@@ -566,3 +566,50 @@ def test_handing_a_build_directory_over_removes_planted_symlinks(tmp_path: Path)
     _privileges.hand_over(os.getuid(), build)
     assert not (build / "torch_extensions" / "lock").exists() and (build / "module.so").exists()
     assert Path("/etc/hostname").exists()
+
+
+# -- signals at kbv's own processes (issue: a candidate can freeze its judge) ----------------------
+
+
+def _stopped_below_us() -> list[tuple[int, str]]:
+    """Processes below this test process (workers, the fork server, their children) in state T."""
+    from kbv.worker import _forkserver
+
+    table = _contain.process_table()
+    return [
+        (pid, _contain.command_line(pid))
+        for pid in _contain.descendants(os.getpid(), table)
+        if _forkserver.process_state(pid) == "T"
+    ]
+
+
+def _evaluate_contained(name: str, protocol: str = "standard", timeout_s: float = 60.0):
+    from kbv.api import evaluate_paths
+
+    started = time.monotonic()
+    record = evaluate_paths(RELU, CONTAIN / name, protocol=protocol, device="cpu", timeout_s=timeout_s)
+    return record, time.monotonic() - started
+
+
+def test_a_candidate_that_stops_its_siblings_is_caught_and_nothing_stays_stopped() -> None:
+    record, seconds = _evaluate_contained("stop_siblings.py")
+    signalled = [f for f in record.findings if f.check == "signalled_process" and f.severity == "fail"]
+    assert record.outcome == "hack_detected" and signalled, (record.outcome, record.error, record.findings)
+    assert "reference" in signalled[0].detail
+    assert seconds < 50, f"{seconds:.0f} s: the stopped reference was waited for"
+    assert _stopped_below_us() == []
+
+
+def test_signal_bursts_at_siblings_end_with_a_record_and_nothing_stopped() -> None:
+    record, seconds = _evaluate_contained("signal_bursts.py")
+    assert record.outcome == "hack_detected", (record.outcome, record.error, record.findings)
+    assert any(f.check == "signalled_process" for f in record.findings)
+    assert seconds < 50
+    assert _stopped_below_us() == []
+
+
+def test_a_candidate_that_signals_only_its_own_child_runs() -> None:
+    with _worker("own-child") as worker:
+        _load(worker, CONTAIN / "signal_own_child.py")
+        _run(worker)
+        assert worker.stopped is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,42 @@ def _forkserver_src() -> str:
     from kbv.worker import _kbv_src
 
     return _kbv_src()
+
+
+_STOPPED_WORKER_PARENT = """
+import os, signal, sys, time
+from pathlib import Path
+from kbv.worker import Worker, WorkerSpec
+worker = Worker(WorkerSpec(build_key="test-fork-stopped", device="cpu", role="reference", budget_s=120))
+worker.start()
+os.kill(worker.pid, signal.SIGSTOP)
+Path(sys.argv[1]).write_text(str(worker.pid))
+time.sleep(600)
+"""
+
+
+def test_a_stopped_worker_is_killed_by_the_fork_server_when_the_kbv_parent_dies(tmp_path: Path) -> None:
+    """A stopped worker polls nothing, so it cannot notice its parent's death itself: the fork
+    server kills what it forked when the kbv process's end of its socket closes (``kill -9``)."""
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "worker.pid"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    parent = subprocess.Popen([sys.executable, "-c", _STOPPED_WORKER_PARENT, str(pid_file)], env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.05)
+        worker_pid = int(pid_file.read_text())
+        _forkserver.wait_stopped(worker_pid, 5.0)  # a stop takes effect when the target next runs
+        assert _forkserver.process_state(worker_pid) == "T"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _forkserver.process_state(worker_pid) not in (None, "Z"):
+            time.sleep(0.05)
+        assert _forkserver.process_state(worker_pid) in (None, "Z"), _forkserver.process_state(worker_pid)
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -110,7 +110,10 @@ def _read_exact(
                 if not ready:
                     raise ChannelClosed("the worker exited without replying")
             continue
-        chunk = _recv(sock, min(remaining, 1 << 20), received if received is not None else [])
+        try:
+            chunk = _recv(sock, min(remaining, 1 << 20), received if received is not None else [])
+        except ConnectionResetError as exc:  # it died with a request of ours still unread
+            raise ChannelClosed("the worker closed the channel") from exc
         if not chunk:
             raise ChannelClosed("the worker closed the channel")
         chunks.append(chunk)

@@ -32,12 +32,22 @@ from kbv.records import (
     MemorySection,
     Outcome,
     Record,
+    Severity,
     TimingSection,
     decide_outcome,
     error_summary,
     protocol_section,
 )
-from kbv.worker import Spares, Worker, WorkerFailed, WorkerSpec, close_all, visible_devices, worker_device
+from kbv.worker import (
+    Spares,
+    Worker,
+    WorkerFailed,
+    WorkerSpec,
+    close_all,
+    stopped_processes,
+    visible_devices,
+    worker_device,
+)
 
 REFERENCE_TIMEOUT_S = 1800.0
 # KernelBench constructs models and draws inputs from fixed seeds; the standard protocol keeps that.
@@ -235,6 +245,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         try:
             ref_hello = _start_reference(ctx, reference)
         except WorkerFailed as failure:  # no candidate code has run yet: the problem's own failure
+            if failure.details.get("stopped"):  # ... unless something stopped it: not the problem's
+                return _failure_record(ctx, reference.hello, failure)
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
         ctx.reference_fields = reference.request_fields
@@ -269,11 +281,11 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
             ctx.phases["total"] = time.monotonic() - started
-            _end_containment(ctx, reference, subject, gpu)
+            _end_containment(ctx, reference, subject, gpu, spares, failure)
             if _problem_failed(failure):
                 return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)
-        _end_containment(ctx, reference, subject, gpu)
+        _end_containment(ctx, reference, subject, gpu, spares)
         closing = time.monotonic()
         close_all((subject, reference))  # side by side (the ``with`` then has nothing left to close)
     ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
@@ -311,14 +323,26 @@ def worker_specs(
     )
 
 
-def _end_containment(ctx: _Context, reference: Worker, subject: Worker, gpu: DeviceLock) -> None:
+def _end_containment(
+    ctx: _Context,
+    reference: Worker,
+    subject: Worker,
+    gpu: DeviceLock,
+    spares: Spares | None = None,
+    failure: WorkerFailed | None = None,
+) -> None:
     """Processes the candidate left running (killed now, reported), candidate processes killed for
-    holding kbv's GPU lock files, host memory peaks, isolation."""
+    holding kbv's GPU lock files, kbv's processes found stopped by a signal kbv did not send (the
+    trusted worker whose stop ended the evaluation, if one did), host memory peaks, isolation."""
     from kbv import integrity
-    from kbv.integrity.dynamic import left_behind_findings, lock_tampering_findings
+    from kbv.integrity.dynamic import left_behind_findings, lock_tampering_findings, signalled_findings
 
+    stops = stopped_processes([reference], spares)
+    if failure is not None and failure.role != "candidate" and failure.details.get("stopped"):
+        stops.insert(0, dict(failure.details["stopped"]))
     reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
     found = left_behind_findings(subject.finish()) + lock_tampering_findings(gpu.take_tampering())
+    found += signalled_findings(stops)
     ctx.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
     ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
     ctx.host_memory = {
@@ -1162,6 +1186,10 @@ def _record(
 
 def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
+    if any(f.check == "signalled_process" and f.severity == Severity.FAIL for f in ctx.findings):
+        # kbv's own process was stopped while this candidate ran: that, not the failure it caused,
+        # is the outcome (the error section still says what failed)
+        outcome = Outcome.HACK_DETECTED.value
     error: dict[str, Any] = {
         "kind": failure.kind,
         "summary": error_summary(failure.kind, failure.message),

@@ -13,7 +13,9 @@ What keeps it safe to fork from:
   logs before it runs anything else, starts its own session, takes its environment, working
   directory, network namespace and uid from the request, then boots like a fresh worker.
 - It only forks: it decides nothing and reads nothing a worker wrote. Requests come from the kbv
-  parent alone (a socket pair nobody else holds); it exits when the parent's end closes.
+  parent alone (a socket pair nobody else holds); it exits when the parent's end closes, and kills
+  every worker it forked that is still there (and their descendants) first: a worker polls its
+  parent and exits when it goes, but a stopped worker (SIGSTOP) polls nothing.
 
 Protocol (``SOCK_SEQPACKET``, one JSON object per message, descriptors by ``SCM_RIGHTS``):
 ``{"op": "spawn", ...}`` with the fds (channel, stdout, stderr) answers ``{"pid": N}``;
@@ -29,6 +31,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import tempfile
@@ -45,6 +48,15 @@ def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     _preload()
     _send(sock, {"op": "ready", "pid": os.getpid()})
+    forked: set[int] = set()  # workers not reaped yet: their pids (and process groups) are still theirs
+    try:
+        _serve(sock, forked)
+    finally:
+        _kill_forked(forked)
+        sock.close()
+
+
+def _serve(sock: socket.socket, forked: set[int]) -> None:
     while True:
         try:
             message, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 8)
@@ -55,14 +67,44 @@ def serve(fd: int) -> None:
         request = json.loads(message)
         op = request.get("op")
         if op == "spawn":
-            _send(sock, _spawn(sock, request, fds))
+            reply = _spawn(sock, request, fds)
+            if "pid" in reply:
+                forked.add(int(reply["pid"]))
+            _send(sock, reply)
         elif op == "reap":
             for extra in fds:
                 os.close(extra)
+            forked.discard(int(request["pid"]))
             _send(sock, _reap(int(request["pid"])))
         else:
             break
-    sock.close()
+
+
+def _kill_forked(forked: set[int]) -> None:
+    """SIGKILL every worker not reaped yet, its descendants first (a worker is their subreaper, so
+    they are below it while it lives), then its process group. SIGKILL ends a stopped process too,
+    so nothing is left stopped when the kbv parent is gone. Pids not reaped are still this
+    process's children, so none of them (or their groups) can belong to anyone else."""
+    from kbv.processes import descendants, kill_pids, process_table
+
+    live = [pid for pid in forked if _unreaped(pid)]
+    for _ in range(5):  # a process forking while its siblings are killed leaves one for the next round
+        table = process_table()
+        below = [p for pid in live for p in descendants(pid, table)]
+        if not below:
+            break
+        kill_pids(below)
+    for pid in live:
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+
+
+def _unreaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)  # still running (or stopped)
+    except ChildProcessError:
+        return False
 
 
 def _preload() -> None:

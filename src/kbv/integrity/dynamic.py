@@ -1198,6 +1198,7 @@ ORDER = (
     "plausibility",
     "processes_left",
     "device_lock_tampering",
+    "signalled_process",
 )
 
 
@@ -1302,6 +1303,43 @@ def check_processes_left(ctx: DynamicContext) -> list[Finding]:
 def check_device_lock_tampering(ctx: DynamicContext) -> list[Finding]:
     lock = getattr(ctx.session, "device_lock", None)
     return lock_tampering_findings(lock.take_tampering()) if lock is not None else []
+
+
+@register_check(
+    name="signalled_process",
+    kind="dynamic",
+    default_severity="fail",
+    doc="""A process of kbv's was found stopped by a signal kbv did not send while the candidate's
+    evaluation ran: the reference worker, a spare worker, or the fork server (state T in
+    /proc/<pid>/stat; a worker has no terminal, so only a stop signal puts it there, and kbv's own
+    pauses are known). Every wait on a worker looks at it each poll (0.1 s), so a stopped worker ends
+    the evaluation at once instead of after its budget; the end of each evaluation looks at the
+    reference, the spares and the fork server. The stopped workers are killed, the fork server is
+    resumed, and each is named (pid, role). Where Landlock scopes signals (docs/architecture.md) a
+    candidate cannot send them; this is what remains where it cannot. A stop sent by a process that
+    is not the candidate's (a user's shell) is blamed on the candidate of the evaluation that found
+    it. Reported under every protocol.""",
+)
+def check_signalled_process(ctx: DynamicContext) -> list[Finding]:
+    return []  # found by the parent's waits and at the evaluation's end (kbv.evaluation._end_containment)
+
+
+def signalled_findings(stops: list[dict[str, Any]]) -> list[Finding]:
+    """The ``signalled_process`` finding for kbv's processes found stopped (none when empty)."""
+    if not stops:
+        return []
+    shown = "; ".join(
+        f"{stop.get('role', '?')} (pid {stop.get('pid', '?')}): {stop.get('state', 'T')}"
+        for stop in stops[:5]
+    )
+    return [
+        _finding(
+            "signalled_process",
+            f"{len(stops)} of kbv's processes were found stopped by a signal kbv did not send while "
+            f"the candidate ran (stopped workers killed, the fork server resumed): {shown}",
+            "fail",
+        )
+    ]
 
 
 def lock_tampering_findings(killed: list[dict[str, Any]]) -> list[Finding]:

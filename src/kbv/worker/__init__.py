@@ -140,6 +140,10 @@ class Worker:
         self._private_net = False
         self._exit_asked = False  # an ``exit`` request sent, its reply not read yet
         self._closed = False
+        #: Set while kbv itself holds this worker stopped (:meth:`paused`): a stop seen then is ours.
+        self._pausing = False
+        #: The worker found stopped (state ``T``) by a signal kbv did not send: {pid, role, state}.
+        self.stopped: dict[str, Any] | None = None
 
     def __enter__(self) -> Worker:
         return self
@@ -326,6 +330,7 @@ class Worker:
         except _channel.ChannelClosed as exc:
             code = self.kill()
             self._raise_if_exceeded()
+            self._raise_if_stopped()
             raise WorkerFailed(
                 "crashed", f"{exc} (exit status {code})", self.logs(), role=self.spec.role
             ) from exc
@@ -350,6 +355,7 @@ class Worker:
         if not self.alive() or self._proc is None:
             yield
             return
+        self._pausing = True
         with contextlib.suppress(ProcessLookupError, PermissionError, ChildProcessError):
             os.killpg(self._proc.pid, signal.SIGSTOP)
             if isinstance(self._proc, _forkserver.ForkedProcess):
@@ -367,6 +373,7 @@ class Worker:
             for pid in escaped:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGCONT)
+            self._pausing = False
 
     def _stop_escaped(self, stopped: list[int]) -> None:
         """SIGSTOP every member of this worker outside its process group, adding each to
@@ -625,6 +632,9 @@ class Worker:
         polling costs a candidate's timing no more than its baselines'."""
         if not self.alive():
             return False
+        if self.found_stopped():
+            self.kill()  # SIGKILL ends a stopped process too; its tree goes with it
+            return False
         if time.monotonic() - self._last_poll < POLL_S:
             return True
         self._last_poll = time.monotonic()
@@ -675,6 +685,36 @@ class Worker:
         figures = [telemetry.process_memory_bytes(self.spec.device, pid) for pid in members]
         known = [f for f in figures if f is not None]
         return sum(known) if known else None
+
+    def found_stopped(self) -> bool:
+        """Whether the worker is stopped (``T`` in ``/proc/<pid>/stat``) by a signal kbv did not
+        send. A worker has no terminal (its own session), so only a stop signal puts it in that
+        state; while the parent waits on it, kbv holds it running. A stopped worker never answers,
+        and its budget would run out only after minutes (the reference's: half an hour), so every
+        wait looks at it each poll. The first sighting is kept as :attr:`stopped`."""
+        if self._pausing or self._proc is None:
+            return False
+        if self.stopped is not None:
+            return True
+        if _forkserver.process_state(self._proc.pid) != "T":
+            return False
+        self.stopped = {"pid": self._proc.pid, "role": self.spec.role, "state": "T (stopped)"}
+        return True
+
+    def _raise_if_stopped(self) -> None:
+        """A worker found stopped: the candidate's own worker is a ``timeout`` (it stopped itself, or
+        its tree did: it cannot finish); a trusted worker is ``crashed``, with the stop in
+        ``details["stopped"]`` so the evaluation can name who could have sent it."""
+        if self.stopped is None:
+            return
+        what = f"the {self.spec.role} worker (pid {self.stopped['pid']}) was found stopped (SIGSTOP)"
+        if self.spec.role == "candidate":
+            message = f"{what} and could not finish: a stopped worker never answers"
+            kind = "timeout"
+        else:
+            message = f"{what} by a signal kbv did not send; it was killed"
+            kind = "crashed"
+        raise WorkerFailed(kind, message, {"stopped": dict(self.stopped), **self.logs()}, role=self.spec.role)
 
     def _raise_if_exceeded(self) -> None:
         if self.exceeded is not None:
@@ -744,6 +784,16 @@ def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
     )
 
 
+def stopped_processes(workers: Iterable[Worker], spares: Spares | None = None) -> list[dict[str, Any]]:
+    """kbv's processes found stopped by a signal kbv did not send: ``workers`` (those not paused by
+    kbv now), ``spares``' workers (closed) and the fork server (resumed). Evidence for
+    ``signalled_process``, each ``{pid, role, state}``."""
+    found = [dict(w.stopped or {}) for w in workers if w.alive() and w.found_stopped()]
+    if spares is not None:
+        found.extend(spares.take_stops())
+    return found + _forkserver.take_stops()
+
+
 def close_all(workers: Iterable[Worker]) -> None:
     """Close several workers side by side: each is asked to exit and killed before any is waited
     for, so their processes (a CUDA context each) end at once instead of one after the other."""
@@ -781,6 +831,7 @@ class Spares:
         self.depth = max(1, depth)
         self._launched: dict[tuple[Any, ...], list[Worker]] = {}
         self._next: list[list[WorkerSpec]] = []
+        self._stops: list[dict[str, Any]] = []
 
     def __enter__(self) -> Spares:
         return self
@@ -799,10 +850,22 @@ class Spares:
         ready = self._launched.get(_spec_key(spec), [])
         while ready:
             worker = ready.pop(0)
-            if worker.alive():
+            if worker.alive() and not worker.found_stopped():
                 return worker
-            worker.close()
+            worker.close()  # dead, or stopped by something kbv did not start: never handed on
         return Worker(spec)
+
+    def take_stops(self) -> list[dict[str, Any]]:
+        """Spares found stopped by a signal kbv did not send, since the last call (each is closed:
+        a spare kbv did not stop is never stopped between evaluations)."""
+        for workers in self._launched.values():
+            for worker in list(workers):
+                if worker.alive() and worker.found_stopped():
+                    self._stops.append(dict(worker.stopped or {}))
+                    workers.remove(worker)
+                    worker.close()
+        stops, self._stops = self._stops, []
+        return stops
 
     def launch_expected(self) -> None:
         """Launch every worker of the next ``depth`` evaluations that is not launched yet (in steady

@@ -19,6 +19,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,8 @@ class ForkServer:
         self._sock = parent_end
         self._lock = threading.Lock()
         self.owner = os.getpid()
+        #: Times this process was found stopped by a signal kbv did not send (and resumed).
+        self.stops: list[dict[str, Any]] = []
         ready = self._read(time.monotonic() + READY_TIMEOUT_S)
         if ready.get("op") != "ready":
             self.close()
@@ -149,6 +152,17 @@ class ForkServer:
                 return reply
             if not self.alive():
                 raise ForkServerError(f"the fork server exited: {self._log_tail()}")
+            self.resume_if_stopped()
+
+    def resume_if_stopped(self) -> bool:
+        """SIGCONT the fork server if something stopped it (kbv never does), and note it: a stopped
+        fork server would answer nothing and notice nothing, the kbv parent's death included."""
+        if process_state(self._proc.pid) != "T":
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self._proc.pid, signal.SIGCONT)
+        self.stops.append({"pid": self._proc.pid, "role": "fork server", "state": "T (stopped)"})
+        return True
 
     def _log_tail(self) -> str:
         try:
@@ -168,7 +182,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        state = _state(self.pid)
+        state = process_state(self.pid)
         if state is None:  # gone without the fork server's word (it died and init reaped it)
             self.returncode = -9
         elif state == "Z":
@@ -204,7 +218,9 @@ def wait_stopped(pid: int, timeout: float = 2.0) -> None:
         time.sleep(0.0005)
 
 
-def _state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ``Z``...),
+    or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read().decode(errors="replace")
@@ -258,6 +274,18 @@ def fork_server(kbv_src: str) -> ForkServer | None:
                 _unavailable, _failed = str(exc), True
                 return None
         return _server
+
+
+def take_stops() -> list[dict[str, Any]]:
+    """The fork server's stops seen since the last call (resumed; see :meth:`ForkServer.resume_if_stopped`),
+    the one running now looked at once more."""
+    server = _server
+    if server is None or server.owner != os.getpid():
+        return []
+    with server._lock:
+        server.resume_if_stopped()
+        stops, server.stops = server.stops, []
+    return stops
 
 
 def unavailable_reason() -> str | None:
