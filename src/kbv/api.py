@@ -23,10 +23,12 @@ def evaluate_paths(
     timeout_s: float | None = None,
     master_seed: int | None = None,
     structure: list[Any] | None = None,
+    precision: str | None = None,
 ) -> Record:
     """Evaluate one problem file against one candidate file (``structure``: input invariants to
-    use instead of inferring them, as a replay does)."""
-    resolved = load_protocol(protocol)
+    use instead of inferring them, as a replay does; ``precision``: fp32, bf16 or fp16, None for the
+    protocol's own, fp32 unless its file says otherwise)."""
+    resolved = resolve_protocol(protocol, precision)
     problem = load_problem(problem_path)
     check_importable(problem)
     candidate = load_candidate(candidate_path)
@@ -39,6 +41,11 @@ def evaluate_paths(
         master_seed=master_seed,
         structure=structure,
     )
+
+
+def resolve_protocol(protocol: str | Path | Protocol, precision: str | None = None) -> Protocol:
+    """``protocol`` (a name, a .toml file or a Protocol) evaluated in ``precision`` (None: its own)."""
+    return load_protocol(protocol).with_precision(precision)
 
 
 def evaluate_replay(
@@ -54,7 +61,7 @@ def evaluate_replay(
     data: dict[str, Any] = json.loads(text[-1])
     settings = dict(data["protocol"]["settings"])
     protocol = protocol_from_dict(
-        {k: v for k, v in settings.items() if k in ("name", "version", "timeout_s")}
+        {k: v for k, v in settings.items() if k in ("name", "version", "timeout_s", "precision")}
         | {
             "base": data["protocol"]["name"]
             if data["protocol"]["name"] in ("standard", "verified")

@@ -92,16 +92,17 @@ def run_both_protocols(
     device: str | None,
     timeout_s: float | None,
     console: Console | None = None,
+    precision: str | None = None,
 ) -> BothProtocols:
     """``kbv compare`` and ``kbv demo``: the same pairs (extensions built first) under ``standard``
     then ``verified``, each a run of ``command`` in ``store`` (``run_args`` saved with it, plus the
-    protocol and timeout)."""
+    protocol and timeout), in ``precision`` (None: fp32)."""
     both = BothProtocols()
     prebuild_extensions(pairs, device, console or Console(stderr=True))
-    for protocol in (STANDARD, VERIFIED):
+    for protocol in (STANDARD.with_precision(precision), VERIFIED.with_precision(precision)):
         run_id = store.start_run(
             command,
-            {**run_args, "protocol": protocol.name, "timeout": timeout_s},
+            {**run_args, "protocol": protocol.name, "timeout": timeout_s, "precision": protocol.precision},
             protocol.with_timeout(timeout_s),
         )
         result = run_batch(
@@ -241,13 +242,14 @@ def _run_pairs(
 
 
 # What identifies a run: saved with it, restored by --resume; given explicitly they pick the run.
-RUN_IDENTITY = ("problems", "candidates", "protocol", "timeout", "label")
+RUN_IDENTITY = ("problems", "candidates", "protocol", "timeout", "label", "precision")
 _FLAG = {
     "problems": "--problems",
     "candidates": "--candidates",
     "protocol": "--protocol",
     "timeout": "--timeout",
     "label": "--label",
+    "precision": "--precision",
 }
 
 
@@ -378,7 +380,7 @@ def run_command(args: argparse.Namespace) -> int:
         protocol_name = settings["protocol"] or "verified"
         timeout = settings["timeout"]
         label = settings["label"] or ""
-        protocol = load_protocol(protocol_name)
+        protocol = load_protocol(protocol_name).with_precision(settings["precision"])
         plan = plan_batch(problems_path, candidates_dir, label=label)
         if not plan.pairs:
             raise RunArgumentsError(plan.empty_reason(problems_path, candidates_dir))
@@ -399,6 +401,7 @@ def run_command(args: argparse.Namespace) -> int:
                 "candidates": candidates_dir,
                 "protocol": protocol_name,
                 "timeout": timeout,
+                "precision": settings["precision"],
                 "device": args.device,
                 "label": label,
                 "problem_errors": plan.problem_errors,

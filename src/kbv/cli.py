@@ -120,6 +120,24 @@ def _common_eval_flags(p: argparse.ArgumentParser, resumable: bool = False) -> N
         metavar="SECONDS",
         help="per-candidate wall-clock limit, compilation included",
     )
+    add_precision_flag(p)
+
+
+PRECISION_CHOICES = ("fp32", "bf16", "fp16")  # kbv.protocol.PRECISIONS, without importing torch
+
+
+def add_precision_flag(p: argparse.ArgumentParser) -> None:
+    """``--precision``: the problem's floating inputs and parameters cast to it (docs/precision.md)."""
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=PRECISION_CHOICES,
+        help=(
+            "evaluate in fp32, bf16 or fp16: floating inputs and parameters cast to it, the reference "
+            "and baselines run in it, the tolerance from the baseline's own error in it (default: "
+            "the protocol's, fp32)"
+        ),
+    )
 
 
 def _add_eval(sub: Any) -> None:
@@ -221,6 +239,7 @@ def _add_demo(sub: Any) -> None:
             f"{_DEMO_GPU_TIMEOUT:g} s on a GPU)"
         ),
     )
+    add_precision_flag(p)
     p.set_defaults(handler=_cmd_demo)
 
 
@@ -295,6 +314,7 @@ def _add_compare(sub: Any) -> None:
         help="per-candidate wall-clock limit, compilation included (default: the protocol's)",
     )
     p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
+    add_precision_flag(p)
     p.set_defaults(handler=_cmd_compare)
 
 
@@ -304,6 +324,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kbv import batch
+    from kbv.metrics import record_precision
     from kbv.report.terminal import render_comparison
     from kbv.store import DEFAULT_DB, Store
 
@@ -327,6 +348,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 run_args={"problems": args.problems, "candidates": directory},
                 device=args.device,
                 timeout_s=args.timeout,
+                precision=args.precision,
             )
             mine.keys.update(both.keys)
             for file, message in plan.problem_errors:
@@ -340,9 +362,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.candidates:
         standard = [r for r in standard if mine.is_mine(r)]
         verified = [r for r in verified if mine.is_mine(r)]
+    if args.precision:
+        standard = [r for r in standard if record_precision(r) == args.precision]
+        verified = [r for r in verified if record_precision(r) == args.precision]
     if not standard or not verified:
         raise UsageError(f"{db} needs records under both protocols to compare")
-    render_comparison(standard, verified, Console())
+    # Records of different precisions are never compared with each other: one board per precision.
+    render_comparison(standard, verified, Console())  # one comparison per precision
     Console(stderr=True).print(f"results database: {db}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
@@ -381,6 +407,7 @@ def _add_problems(sub: Any) -> None:
         action="store_true",
         help="one JSON object per problem on stdout, each as it is found (docs/problems-audit.md)",
     )
+    add_precision_flag(ap)
     ap.set_defaults(handler=_cmd_problems_audit)
     p.set_defaults(handler=lambda args: _fail_usage("choose an action: kbv problems list|audit [PATH]"))
 
@@ -421,6 +448,8 @@ def _check_eval_args(args: argparse.Namespace) -> None:
 
         load_protocol(args.protocol)
     check_device(args.device)
+    if args.replay and args.precision:
+        raise UsageError("--replay RECORD.json evaluates in the record's own precision; give no --precision")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -437,6 +466,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             device=args.device,
             timeout_s=args.timeout,
             master_seed=args.seed,
+            precision=args.precision,
         )
     if args.out:
         with open(args.out, "a") as handle:
@@ -476,7 +506,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     check_device(args.device)
     from kbv import demo
 
-    return demo.run_demo(device=args.device, db=args.db, html=args.html, timeout_s=args.timeout)
+    return demo.run_demo(
+        device=args.device, db=args.db, html=args.html, timeout_s=args.timeout, precision=args.precision
+    )
 
 
 def _cmd_problems_list(args: argparse.Namespace) -> int:
@@ -528,20 +560,22 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
     if args.json:
         for r in results:
             sys.stdout.write(json.dumps(r.to_dict()) + "\n")
-        for r in iter_audit(problems, device=device):
+        for r in iter_audit(problems, device=device, precision=args.precision or "fp32"):
             results.append(r)
             sys.stdout.write(json.dumps(r.to_dict()) + "\n")
             sys.stdout.flush()
         return EXIT_OK
     console = Console()
     console.print(
-        f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}", highlight=False
+        f"audit of {len(problems) + len(errors)} problems in {escape(str(root))} on {device}"
+        + (f" in {args.precision}" if args.precision else ""),
+        highlight=False,
     )
     for r in results:
         console.print(_audit_line(r), highlight=False)
     with progress_bar(console) as progress:  # result lines print above the bar as they come
         task = progress.add_task("auditing", total=len(problems))
-        for r in iter_audit(problems, device=device):
+        for r in iter_audit(problems, device=device, precision=args.precision or "fp32"):
             results.append(r)
             progress.console.print(_audit_line(r), highlight=False)
             progress.advance(task)

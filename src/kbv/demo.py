@@ -47,7 +47,11 @@ def demo_pairs(device: str) -> list:
 
 
 def run_demo(
-    device: str | None = None, db: str | None = None, html: str | None = None, timeout_s: float | None = None
+    device: str | None = None,
+    db: str | None = None,
+    html: str | None = None,
+    timeout_s: float | None = None,
+    precision: str | None = None,
 ) -> int:
     from kbv.report import write_html_report
     from kbv.report.terminal import render_comparison, render_record_ids, render_summary
@@ -70,6 +74,7 @@ def run_demo(
             device=device,
             timeout_s=timeout,
             console=Console(stderr=True),
+            precision=precision,
         )
         for _, result in both.results:
             for what, message in result.errors:

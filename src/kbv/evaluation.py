@@ -23,6 +23,7 @@ from kbv._version import __version__
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
 from kbv.devices import check_device, cpu_name, release_cached_blocks, release_device_memory
+from kbv.precision import below_precision_findings
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
@@ -258,6 +259,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
+            ctx.findings.extend(
+                below_precision_findings(ctx.protocol.precision, results, ctx.candidate.source)
+            )
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
             release_cached_blocks(ctx.device)  # the draws' blocks, for the workers' timing inputs
@@ -375,7 +379,12 @@ def _static_findings(ctx: _Context) -> list[Finding]:
 
     started = time.monotonic()
     findings = integrity.static_scan(
-        ctx.candidate.source, path=str(ctx.candidate.path), problem_source=ctx.problem.source
+        ctx.candidate.source,
+        path=str(ctx.candidate.path),
+        problem_source=ctx.problem.source,
+        # 16-bit compute is the precision of a bf16 or fp16 evaluation, not a hack; what goes below
+        # it is caught by the tolerance (below_precision_findings); TF32 rules are fp32's alone.
+        problem_dtype_fp32=ctx.protocol.precision == "fp32",
     )
     ctx.phases["integrity"] = time.monotonic() - started
     return integrity.apply_severity(findings, ctx.protocol.integrity)
@@ -640,6 +649,8 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
         "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
         "structure": _structure(ctx).applied() or None,
     }
+    if ctx.protocol.precision != "fp32":  # (fp32 loads as before: the baseline cache keys read these)
+        fields["precision"] = ctx.protocol.precision
     if role == "candidate":
         fields["candidate_path"] = str(ctx.candidate.path)
     return fields
@@ -878,10 +889,34 @@ def _usable_reference(
     candidate: str | None = variant
     while candidate is not None:
         expected = _reference_outputs(ctx, reference, candidate, seed)
-        if candidate == "original" or _finite_reference(ctx, expected):
+        if candidate == "original":
+            _check_finite_once_cast(ctx, expected)
+            return expected, candidate
+        if _finite_reference(ctx, expected):
             return expected, candidate
         candidate = inputs.domain_fallback(candidate)
     return None, variant
+
+
+def _check_finite_once_cast(ctx: _Context, expected: dict[str, Any]) -> None:
+    """In bf16 or fp16, a reference whose output on the problem's own inputs is not finite once
+    cast (fp16 overflows past 65504) cannot be judged in that precision: the problem's failure for
+    that precision (``problem_error``), never the candidate's. fp32 keeps what it always did."""
+    precision = ctx.protocol.precision
+    if precision == "fp32":
+        return
+    if ctx.protocol.correctness.mode == "error_model":
+        finite = bool(expected["baseline_err"].get("finite_match", True))
+    else:
+        finite = _all_finite(expected["reference"]["outputs"])
+    if not finite:
+        raise WorkerFailed(
+            "runtime_error",
+            f"the reference's output on the problem's own inputs is not finite in {precision} "
+            f"(where its float64 truth is): the problem cannot be evaluated in {precision}; "
+            "evaluate it in fp32 (--precision fp32)",
+            role="reference",
+        )
 
 
 def _finite_reference(ctx: _Context, expected: dict[str, Any]) -> bool:
@@ -915,7 +950,8 @@ def _reference_outputs(
         # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
         expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
     else:
-        on_cuda = ctx.device.startswith("cuda")
+        # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it.
+        on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
         # Asked once: a forward that refuses the recorder runs twice each time it is asked.
         record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
         fields = _run_fields(reference, distribution, seed, "tf32" if on_cuda else "fp32", mix_seed=mix_seed)
@@ -1113,8 +1149,10 @@ def _measure(
         build=lambda: _build_for_timing(ctx, reference, subject),
         recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
         tf32_operators=ctx.tf32_operators,
+        precision=ctx.protocol.precision,
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
+    timing, speedup = performance.named_for_precision(timing, speedup, ctx.protocol.precision)
     timing["input_sets"] = len(mctx.seeds)
     ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = performance.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))

@@ -437,6 +437,7 @@ def make_inputs(
     precision: str = "fp32",
     domain: str | Sequence[str] = "any",
     structure: Sequence[dict[str, Any] | None] | None = None,
+    cast: str = "fp32",
 ) -> list:
     """The problem's inputs for one draw of ``distribution``, on ``device``.
 
@@ -450,10 +451,16 @@ def make_inputs(
     positional input; a ``_positive``/``_unit`` suffix in ``distribution`` tightens it.
     ``structure`` holds one invariant dict (or None) per positional input, as inferred or declared
     by :mod:`kbv.problems.structure`; every distribution keeps them (see :func:`apply_invariants`).
+    ``cast`` is the evaluation's precision (:data:`CAST_DTYPES`): in bf16 or fp16 each floating
+    tensor is cast to it after the transform (integer and bool tensors stay), and with
+    ``precision="fp64"`` the cast values are upcast, so the float64 truth sees the inputs the
+    half-precision forward saw.
     """
     base, suffix_domain = split_distribution(distribution)
     if precision not in ("fp32", "fp64"):
         raise ValueError(f"precision must be 'fp32' or 'fp64', not {precision!r}")
+    if cast not in CAST_DTYPES:
+        raise ValueError(f"cast must be one of {', '.join(CAST_DTYPES)}, not {cast!r}")
     dev = torch.device(device)
     torch.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
     with torch.device(dev):
@@ -475,7 +482,7 @@ def make_inputs(
         def convert(t: torch.Tensor, eff: str = eff, inv: dict[str, Any] | None = inv) -> torch.Tensor:
             nonlocal index
             index += 1
-            return _one(t, base, eff, distribution, int(seed), index - 1, dev, precision, inv)
+            return _one(t, base, eff, distribution, int(seed), index - 1, dev, precision, inv, cast)
 
         out.append(_map_tensors(value, convert))
     return out
@@ -491,6 +498,7 @@ def _one(
     device: torch.device,
     precision: str,
     invariants: dict[str, Any] | None = None,
+    cast: str = "fp32",
 ) -> torch.Tensor:
     if t.device != device:
         t = t.to(device)
@@ -503,9 +511,16 @@ def _one(
         t = apply_invariants(
             t, original, invariants, derive_seed(int(seed), "invariants", distribution, index)
         )
+    if CAST_DTYPES[cast] is not None:
+        t = t.to(CAST_DTYPES[cast])
     if precision == "fp64":
         t = t.to(torch.float64)
     return t
+
+
+#: The dtype floating inputs and parameters are cast to in each evaluation precision (None: kept
+#: as the problem makes them, float32 for KernelBench).
+CAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_draw(
@@ -518,18 +533,26 @@ def make_draw(
     domain: str | Sequence[str] = "any",
     structure: list[Any] | None = None,
     mix_seed: int | None = None,
+    cast: str = "fp32",
 ) -> list:
     """:func:`make_inputs` for one draw, or (``mix_seed``) the mix of two draws that the cache probe
     uses: draw ``seed`` at the positions a value-sample cache key most likely reads, draw
     ``mix_seed`` elsewhere (:func:`mix_values`), with the structure invariants restored. Both
     workers make every draw with this one function, so the reference sees what the candidate saw."""
     args = make_inputs(
-        module, distribution, seed, device, precision=precision, domain=domain, structure=structure
+        module, distribution, seed, device, precision=precision, domain=domain, structure=structure, cast=cast
     )
     if mix_seed is None:
         return args
     other = make_inputs(
-        module, distribution, int(mix_seed), device, precision=precision, domain=domain, structure=structure
+        module,
+        distribution,
+        int(mix_seed),
+        device,
+        precision=precision,
+        domain=domain,
+        structure=structure,
+        cast=cast,
     )
     return restore_structure([mix_values(a, b) for a, b in zip(args, other)], structure)
 

@@ -338,3 +338,39 @@ def aggregate(records: Sequence[Record], baseline: str | None = None, ci: bool =
         summary["comparable_geomean_ci"] = bootstrap_ci(records, lambda rs: comparable_geomean(rs, baseline))
         summary["correct_speedup_ci"] = bootstrap_ci(records, lambda rs: correct_speedup(rs, baseline))
     return summary
+
+
+# ----------------------------------------------------------------------------- precisions
+# Records of different precisions (``--precision``) are never mixed in one metric, geomean or chart:
+# a bf16 speedup is against eager bf16, an fp32 one against eager fp32. Reports make one board per
+# precision with these two functions.
+
+
+def record_precision(record: Record) -> str:
+    """The precision a record was evaluated in: ``protocol.settings.precision`` (fp32 when absent,
+    as in every record made before precisions existed)."""
+    settings = (record.protocol or {}).get("settings") or {}
+    return str(settings.get("precision") or "fp32")
+
+
+def split_by_precision(records: Iterable[Record]) -> dict[str, list[Record]]:
+    """The records grouped by precision, fp32 first, then bf16, then fp16 (then any other)."""
+    groups: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        groups[record_precision(record)].append(record)
+    order = {"fp32": 0, "bf16": 1, "fp16": 2}
+    return {p: groups[p] for p in sorted(groups, key=lambda p: (order.get(p, 3), p))}
+
+
+def by_precision(
+    standard: Sequence[Record], verified: Sequence[Record]
+) -> dict[str, tuple[list[Record], list[Record]]]:
+    """Two protocols' records paired by precision, for one comparison per precision."""
+    left, right = split_by_precision(standard), split_by_precision(verified)
+    names = [p for p in {**left, **right}]
+    return {p: (left.get(p, []), right.get(p, [])) for p in names}
+
+
+def eager_baseline(record: Record) -> str:
+    """The name of the eager baseline of a record's precision: ``eager_fp32``, ``eager_bf16``, ..."""
+    return f"eager_{record_precision(record)}"

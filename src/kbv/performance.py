@@ -65,6 +65,7 @@ class MeasureContext:
         build: Callable[[], None] | None = None,
         recheck_brackets: bool = False,
         tf32_operators: dict[str, Any] | None = None,
+        precision: str = "fp32",
     ) -> None:
         """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
         ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
@@ -73,7 +74,8 @@ class MeasureContext:
         ``recheck_brackets`` times :data:`RECHECK_BATCHES` trusted batches after the rounds when the
         parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them).
         ``tf32_operators`` is the trusted reference worker's account of its forward
-        (:func:`kbv.child.tf32_ops.summary`); None when it was not recorded."""
+        (:func:`kbv.child.tf32_ops.summary`); None when it was not recorded. ``precision`` is the
+        evaluation's (``Protocol.precision``): the workers hold the models and draw the inputs in it."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -87,6 +89,7 @@ class MeasureContext:
         self.build = build
         self.recheck_brackets = recheck_brackets
         self.tf32_operators = tf32_operators
+        self.precision = precision
 
     @property
     def checks_timed_outputs(self) -> bool:
@@ -101,7 +104,9 @@ def measure_pair(
     if ctx.build is None:
         raise ValueError("measure_pair needs MeasureContext.build (both models with the timing parameters)")
     ctx.build()
-    names, skipped = measured_baselines(tuple(settings.baselines), ctx.device, ctx.tf32_operators)
+    names, skipped = measured_baselines(
+        tuple(settings.baselines), ctx.device, ctx.tf32_operators, ctx.precision
+    )
     plan = _SketchPlan(ctx) if ctx.checks_timed_outputs else None
     warmups = _Warmups(settings)
     cached = {name: _cache_read(ctx, name) for name in names}
@@ -425,7 +430,10 @@ def cacheable(rounds: list[dict[str, Any]]) -> bool:
 
 
 def measured_baselines(
-    names: tuple[str, ...], device: str, tf32_operators: dict[str, Any] | None = None
+    names: tuple[str, ...],
+    device: str,
+    tf32_operators: dict[str, Any] | None = None,
+    precision: str = "fp32",
 ) -> tuple[list[str], dict[str, str]]:
     """The protocol's baselines this device times, and those it leaves out with why.
 
@@ -437,12 +445,39 @@ def measured_baselines(
     left out and why."""
     measured = [name for name in names if name in BASELINE_PRECISION]
     skipped: dict[str, str] = {}
+    if precision != "fp32" and "eager_tf32" in measured:
+        measured.remove("eager_tf32")
+        skipped["eager_tf32"] = (
+            f"TF32 exists only for fp32 inputs: a {precision} evaluation times eager PyTorch in {precision}"
+        )
     if "eager_tf32" in measured and "eager_fp32" in measured:
         reason = _same_code_as_fp32(device, tf32_operators)
         if reason:
             measured.remove("eager_tf32")
             skipped["eager_tf32"] = reason
     return measured, skipped
+
+
+def named_for_precision(
+    timing: dict[str, Any], speedup: dict[str, Any], precision: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The record's names for a bf16 or fp16 evaluation's baselines: ``eager_fp32`` (the reference
+    as PyTorch runs it on the evaluation's inputs and parameters) is ``eager_bf16`` or
+    ``eager_fp16`` there, so no record calls a half-precision measurement fp32."""
+    if precision == "fp32":
+        return timing, speedup
+    eager = f"eager_{precision}"
+
+    def renamed(section: Any) -> Any:
+        if not isinstance(section, dict):
+            return section
+        return {(eager if key == "eager_fp32" else key): value for key, value in section.items()}
+
+    timing = dict(timing)
+    for key in ("baselines", "speedup_intervals", "baselines_stopped", "baselines_not_measured"):
+        if key in timing:
+            timing[key] = renamed(timing[key])
+    return timing, renamed(speedup)
 
 
 def _same_code_as_fp32(device: str, tf32_operators: dict[str, Any] | None) -> str:
@@ -695,6 +730,8 @@ def cache_key(ctx: MeasureContext, baseline: str) -> str:
         "distribution": "original",
         "input_sets": len(ctx.seeds),
     }
+    if ctx.precision != "fp32":
+        input_spec["precision"] = ctx.precision
     versions: dict[str, Any] = {"kbv": __version__, "triton": _triton_version()}
     if ctx.checks_timed_outputs:  # the sketches lengthen every batch's bracket (not its samples)
         versions["timed_call_sketch"] = f"{kbv_sketch.VECTORS}x{kbv_sketch.VECTORS}-v1"

@@ -137,6 +137,24 @@ class LimitSettings:
     device_memory_alone_share: float = 0.75
 
 
+#: The precisions a problem can be evaluated in (``--precision``): its floating inputs and
+#: parameters cast to it, as KernelBench's precision option does (docs/precision.md).
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Unit roundoff (half an ulp of 1) of each half precision: 2**-p for p significand bits.
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+
+
+#: The error model in bf16 and fp16 (docs/correctness.md, "Half precision"). Every honest kernel
+#: rounds its outputs (and the eager baseline its intermediates) to a few significant bits, so
+#: rounding, not summation order, dominates the baseline's error and is alike for every honest
+#: kernel: the multiple of the baseline's error allowed is smaller than fp32's 8, and the floors are
+#: counted in unit roundoffs of the precision (an output rounded once on either side), beside the
+#: float32 reduction floor (fp32 accumulation in another order).
+HALF_ERROR_MULTIPLE = 4.0
+HALF_ELEMENTWISE_FLOOR_ULPS = 2.0
+HALF_NORM_FLOOR_ULPS = 1.0
+
+
 @dataclass(frozen=True)
 class Protocol:
     name: str
@@ -146,9 +164,14 @@ class Protocol:
     integrity: IntegritySettings = field(default_factory=IntegritySettings)
     timeout_s: float = 300.0
     limits: LimitSettings = field(default_factory=LimitSettings)
+    precision: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        data = _jsonable(dataclasses.asdict(self))
+        if self.precision == "fp32":
+            # fp32 settings hash as they did before precisions existed: same records, same hash
+            del data["precision"]
+        return data
 
     def sha256(self) -> str:
         """Hash of the resolved settings: two records with equal hashes were judged alike."""
@@ -157,6 +180,36 @@ class Protocol:
 
     def with_timeout(self, timeout_s: float | None) -> Protocol:
         return self if timeout_s is None else replace(self, timeout_s=float(timeout_s))
+
+    def with_precision(self, precision: str | None) -> Protocol:
+        """This protocol evaluated in ``precision`` (None keeps the protocol's own)."""
+        if precision is None:
+            return self
+        check_precision(precision)
+        return replace(self, precision=precision, correctness=correctness_in(self.correctness, precision))
+
+
+def correctness_in(settings: CorrectnessSettings, precision: str) -> CorrectnessSettings:
+    """``settings`` for an evaluation in ``precision``: in bf16 and fp16 the error model's multiple
+    at most :data:`HALF_ERROR_MULTIPLE` and its floors at least the half-precision ones (applying it
+    twice changes nothing, so a stored record's settings read back unchanged). ``allclose`` needs
+    nothing: it picks ``atol_half``/``rtol_half`` (KernelBench's 1e-2) by the outputs' dtype."""
+    if precision == "fp32":
+        return settings
+    u = UNIT_ROUNDOFF[precision]
+    return replace(
+        settings,
+        error_multiple=min(settings.error_multiple, HALF_ERROR_MULTIPLE),
+        elementwise_floor=max(settings.elementwise_floor, HALF_ELEMENTWISE_FLOOR_ULPS * u),
+        norm_floor=max(settings.norm_floor, HALF_NORM_FLOOR_ULPS * u),
+    )
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` when it is one of :data:`PRECISIONS`; else a ProtocolError saying which are."""
+    if precision not in PRECISIONS:
+        raise ProtocolError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    return precision
 
 
 STANDARD = Protocol(
@@ -252,10 +305,13 @@ def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol
             updates[key] = _merge_section(getattr(base, key), value, f"{source} [{key}]")
         elif key in ("name", "version", "timeout_s"):
             updates[key] = value
+        elif key == "precision":
+            updates[key] = check_precision(str(value))
         else:
             raise ProtocolError(f"{source}: unknown protocol key {key!r}")
     updates.setdefault("version", 1)
-    return replace(base, **updates)
+    resolved = replace(base, **updates)
+    return resolved.with_precision(resolved.precision) if resolved.precision != "fp32" else resolved
 
 
 #: Checks folded into another one: a protocol file that names the old one is told which (a stored

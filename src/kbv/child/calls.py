@@ -187,6 +187,7 @@ def probe_calls(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         state.device,
         precision="fp32",
         domain=state.domain,
+        cast=getattr(state, "precision", "fp32"),
     )
     extensions = extension_modules()
     recorder = CallRecorder(candidate_files(), set(extensions))

@@ -53,6 +53,8 @@ class _State:
         self.role = "reference"
         self.domain = "any"
         self.structure: list[Any] | None = None  # input invariants, one per positional input
+        # The evaluation's precision (kbv.inputs.CAST_DTYPES): inputs and parameters cast to it.
+        self.precision = "fp32"
         self.timer: Any = None
         self.identities: dict[str, int] = {}
         # What was handed to the parent on the GPU (shared tensors, exported allocations), alive
@@ -179,6 +181,7 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.role = request["role"]
     state.domain = request.get("domain", "any")
     state.structure = request.get("structure")
+    state.precision = str(request.get("precision") or "fp32")
     if request.get("handoff") in _handoff.TRANSPORTS:
         state.handoff = request["handoff"]
     state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
@@ -216,6 +219,9 @@ def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     with torch.device(state.device):
         model = state.model_cls(*init_inputs)
     model = model.to(state.device).eval() if isinstance(model, torch.nn.Module) else model
+    dtype = kbv_inputs.CAST_DTYPES[state.precision]
+    if dtype is not None and isinstance(model, torch.nn.Module):
+        model = model.to(dtype)  # floating parameters and buffers only, as KernelBench casts them
     parameters = "matched_seed"
     if request.get("state_path"):
         loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
@@ -317,6 +323,7 @@ def _make_inputs(
             domain=state.domain,
             structure=state.structure,
             mix_seed=mix_seed,
+            cast=state.precision,
         )
     except Exception as exc:
         if state.role != "candidate" or _classify(exc, "run") == "cuda_error":

@@ -117,6 +117,7 @@ def _probe_inputs(state: Any, spec: dict[str, Any], precision: str = "fp32") -> 
         domain=state.domain,
         structure=getattr(state, "structure", None),
         mix_seed=None if mix is None else int(mix),
+        cast=getattr(state, "precision", "fp32"),
     )
 
 

@@ -8,7 +8,9 @@ Each problem's reference runs in a trusted worker (no candidate code anywhere) a
   own inputs do not, so the verified protocol falls back to a domain-preserving variant;
 - ``problem_error``: the problem cannot produce its own reference output (its file does not load, or
   ``get_init_inputs``, ``Model.__init__``, ``get_inputs`` or ``forward`` raises): every evaluation
-  on it would be a ``problem_error`` record.
+  on it would be a ``problem_error`` record. With ``precision`` bf16 or fp16 the reference runs with
+  its floating inputs and parameters cast to it, and an operator without half support on the
+  device, or an output that is not finite once cast, is that precision's ``problem_error``.
 
 Results are yielded one problem at a time (:func:`iter_audit`), so that a long audit shows progress
 and keeps what it found. The JSON object of one result is documented in docs/problems-audit.md.
@@ -32,6 +34,8 @@ from kbv.problems.structure import describe_structure
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices, worker_device
 
 ZEROS_ATOL = ZEROS_RTOL = 1e-4
+#: KernelBench's allclose in half precision (the ``standard`` protocol's atol_half/rtol_half).
+ZEROS_TOL_HALF = 1e-2
 #: Two outputs closer than this fraction of their scale (in float64) count as the same constant.
 CONSTANT_RTOL = 1e-9
 AUDIT_BUDGET_S = 900.0
@@ -58,6 +62,7 @@ class AuditResult:
     source_sha256: str | None = None
     device: str = "cpu"
     seconds: float = 0.0
+    precision: str = "fp32"
 
     def fail(self, message: str) -> None:
         """The problem could not produce its reference output: flagged, with the reason."""
@@ -79,6 +84,7 @@ class AuditResult:
             "error": self.error,
             "seconds": round(self.seconds, 3),
             "structure": list(self.structure),
+            "precision": self.precision,
         }
 
 
@@ -102,7 +108,7 @@ def audit_problems(
 
 
 def iter_audit(
-    problems: list[Problem], device: str = "cpu", seed: int | None = None
+    problems: list[Problem], device: str = "cpu", seed: int | None = None, precision: str = "fp32"
 ) -> Iterator[AuditResult]:
     """Audit problems in one trusted worker, started again only after a problem kills it; each
     result is yielded as soon as it is known."""
@@ -125,7 +131,7 @@ def iter_audit(
                 )
                 worker.start()
             worker.remaining_s = AUDIT_BUDGET_S
-            result = _audit_in(worker, problem, device, master)
+            result = _audit_in(worker, problem, device, master, precision)
             release_device_memory(device)  # the parent's cache would starve the worker
             yield result
     finally:
@@ -133,9 +139,17 @@ def iter_audit(
             worker.close()
 
 
-def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> AuditResult:
+def _audit_in(
+    worker: Worker, problem: Problem, device: str, master: int, precision: str = "fp32"
+) -> AuditResult:
     started = time.monotonic()
-    result = AuditResult(problem.name, str(problem.path), source_sha256=problem.source_sha256, device=device)
+    result = AuditResult(
+        problem.name,
+        str(problem.path),
+        source_sha256=problem.source_sha256,
+        device=device,
+        precision=precision,
+    )
     result.structure = describe_structure(problem, device)
     device = worker_device(device)
     try:
@@ -147,6 +161,7 @@ def _audit_in(worker: Worker, problem: Problem, device: str, master: int) -> Aud
             sizes=problem.sizes_for(device),
             domain=problem.extras.get("domain", "any"),
             init_seed=derive_seed(master, "init"),
+            precision=precision,
         )
         _probe(worker, result, master)
     except WorkerFailed as exc:
@@ -174,8 +189,19 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
             f"two runs on identical inputs differ by up to {_max_diff(first, again):.3g}"
         )
     del again
-    zeros_pass, finite = _zeros_pass(first), _finite(first)
+    tol = ZEROS_TOL_HALF if result.precision != "fp32" else ZEROS_ATOL
+    zeros_pass, finite = _zeros_pass(first, tol), _finite(first)
     del first
+    if (
+        not finite
+        and result.precision != "fp32"
+        and _finite(_run(worker, "original", derive_seed(master, "a"), "fp64"))
+    ):
+        result.fail(
+            f"the reference's output on the problem's own inputs is not finite in {result.precision}: "
+            f"every {result.precision} evaluation of it would be a problem_error"
+        )
+        return
     if _constant_output(worker, master):
         result.flags.append("constant_output")
         result.notes["constant_output"] = (
@@ -184,9 +210,7 @@ def _probe(worker: Worker, result: AuditResult, master: int) -> None:
         )
     if zeros_pass:
         result.flags.append("zeros_pass")
-        result.notes["zeros_pass"] = (
-            f"an all-zero output passes allclose(atol={ZEROS_ATOL}, rtol={ZEROS_RTOL})"
-        )
+        result.notes["zeros_pass"] = f"an all-zero output passes allclose(atol={tol}, rtol={tol})"
     if finite:
         broken = [d for d in BASE_DISTRIBUTIONS[1:] if not _finite(_run(worker, d, derive_seed(master, d)))]
         if broken:
@@ -239,14 +263,12 @@ def _max_diff(a: list[Any], b: list[Any]) -> float:
     )
 
 
-def _zeros_pass(outputs: list[Any]) -> bool:
-    """``allclose(zeros, output, atol, rtol)`` for every floating output, chunk by chunk."""
+def _zeros_pass(outputs: list[Any], tol: float = ZEROS_ATOL) -> bool:
+    """``allclose(zeros, output, atol=tol, rtol=tol)`` for every floating output, chunk by chunk."""
     tensors = [o for o in _floats(outputs) if o.is_floating_point()]
     # |0 - o| <= atol + rtol * |o|, i.e. |o| * (1 - rtol) <= atol
     return bool(tensors) and all(
-        bool((chunk.abs() * (1 - ZEROS_RTOL) <= ZEROS_ATOL).all())
-        for o in tensors
-        for (chunk,) in flat_chunks(o)
+        bool((chunk.abs().double() * (1 - tol) <= tol).all()) for o in tensors for (chunk,) in flat_chunks(o)
     )
 
 

@@ -27,29 +27,39 @@ from kbv.metrics import (
     correct_speedup,
     correctness_rate,
     counted,
+    eager_baseline,
     geomean,
     is_flagged,
     is_passed,
     label_of,
+    record_precision,
     speedup_of,
 )
 from kbv.records import Outcome, Record, Severity, error_summary
 
 REFERENCE_BASELINE = "eager_fp32"
-"""The baseline the standard protocol times against (KernelBench's eager PyTorch in fp32)."""
+"""The baseline the standard protocol times against (KernelBench's eager PyTorch in fp32); in a
+bf16 or fp16 evaluation, eager PyTorch in that precision (``eager_bf16``, ``eager_fp16``)."""
+
+
+def _eager(record: Record) -> str:
+    return REFERENCE_BASELINE if record_precision(record) == "fp32" else eager_baseline(record)
+
 
 EFFECTS = ("integrity", "distribution", "timing_other", "baseline")
 
-PairKey = tuple[str, str, str]
+PairKey = tuple[str, str, str, str]
 
 
 def pair_key(record: Record) -> PairKey:
-    """(problem source sha, candidate source sha, device name): what makes a standard and a verified
-    record the same pair. The device is part of it, so a CPU record never meets a GPU one."""
+    """(problem source sha, candidate source sha, device name, precision): what makes a standard
+    and a verified record the same pair. The device and the precision are part of it, so a CPU
+    record never meets a GPU one, nor a bf16 record an fp32 one."""
     return (
         str(record.problem.get("source_sha256", "")),
         str(record.candidate.get("source_sha256", "")),
         str((record.device or {}).get("name", "")),
+        record_precision(record),
     )
 
 
@@ -101,7 +111,7 @@ def _stage_values(std: Record, ver: Record) -> list[float]:
     v2 = 1.0 if failed_on_distribution(ver) else v1
     if is_passed(ver) and not is_flagged(ver):
         v4 = speedup_of(ver) or 1.0
-        v3 = speedup_of(ver, REFERENCE_BASELINE) or v4
+        v3 = speedup_of(ver, _eager(ver)) or v4
     else:
         v3 = v4 = 1.0
     return [v0, v1, v2, v3, v4]
@@ -124,7 +134,7 @@ def _label_summary(pairs: list[tuple[Record, Record]]) -> dict[str, Any]:
         "verified": {
             "correct_rate": correctness_rate(ver),
             "correct_speedup": correct_speedup(ver),
-            "correct_speedup_vs_reference": correct_speedup(ver, REFERENCE_BASELINE),
+            "correct_speedup_vs_reference": correct_speedup(ver, _eager(ver[0]) if ver else None),
             "comparable_geomean": comparable_geomean(ver),
         },
         "drop": means[0] / means[4],

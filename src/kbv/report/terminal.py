@@ -26,7 +26,11 @@ def fmt_x(value: float | None) -> str:
 
 
 def protocol_name(record: Record) -> str:
-    return str(record.protocol.get("name") or record.protocol.get("sha256", "")[:12] or "?")
+    """The protocol's name, with the precision where it is not fp32 (``verified bf16``): every
+    table and chart grouped by it keeps precisions apart."""
+    name = str(record.protocol.get("name") or record.protocol.get("sha256", "")[:12] or "?")
+    precision = metrics.record_precision(record)
+    return name if precision == "fp32" else f"{name} {precision}"
 
 
 def leaderboard_rows(records: Sequence[Record], ci: bool = False) -> list[dict[str, Any]]:
@@ -42,11 +46,20 @@ def leaderboard_rows(records: Sequence[Record], ci: bool = False) -> list[dict[s
 
 
 def render_summary(records: Sequence[Record], console: Console | None = None) -> None:
-    """Print the leaderboard (one row per label and protocol) and the failure-mode counts."""
+    """Print the leaderboard (one row per label and protocol) and the failure-mode counts: one board
+    per precision, since a bf16 speedup and an fp32 one are against different baselines."""
     console = console or Console()
     if not records:
         console.print("[yellow]No records to summarise.[/yellow]")
         return
+    boards = metrics.split_by_precision(records)
+    for precision, board in boards.items():
+        if len(boards) > 1:
+            console.print(f"[bold]precision {precision}[/bold]")
+        _render_board(board, console)
+
+
+def _render_board(records: Sequence[Record], console: Console) -> None:
     rows = leaderboard_rows(records)
     # The box draws one space between columns; a second one (padding) only where the widest row
     # still fits, so that a long label leaves every column readable at 80 columns.
@@ -151,6 +164,13 @@ def render_comparison(
 ) -> dict[str, Any]:
     """Print the standard-versus-verified comparison and return :func:`compare_protocols`'s dict."""
     console = console or Console()
+    boards = metrics.by_precision(standard_records, verified_records)
+    if len(boards) > 1:  # one comparison per precision; the last one's dict is returned
+        result: dict[str, Any] = {}
+        for precision, (std, ver) in boards.items():
+            console.print(f"[bold]precision {precision}[/bold]")
+            result = render_comparison(std, ver, console)
+        return result
     result = compare_protocols(standard_records, verified_records)
     if not result["pairs"]:
         console.print("[yellow]No pair was evaluated under both protocols; nothing to compare.[/yellow]")

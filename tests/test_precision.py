@@ -1,0 +1,189 @@
+"""Evaluations in bf16 and fp16 (``--precision``): the cast, the hash, the tolerance, what a
+kernel below the evaluated precision gets, and what cannot run in a precision."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ROOT, SUITE
+
+from kbv import inputs
+from kbv.api import evaluate_paths
+from kbv.protocol import (
+    STANDARD,
+    VERIFIED,
+    ProtocolError,
+    correctness_in,
+    load_protocol,
+    protocol_from_dict,
+)
+
+PROBLEMS = ROOT / "tests" / "fixtures" / "problems_precision"
+CANDIDATES = ROOT / "tests" / "fixtures" / "candidates" / "precision"
+LONG_SUM = PROBLEMS / "long_row_sum.py"
+
+#: The fp32 protocols' hashes before precisions existed: an fp32 record keeps its protocol hash.
+#: (A deliberate change of a built-in protocol's settings updates these with its version.)
+STANDARD_FP32_SHA256 = "6d50060cdd3d71494173451c5cea328b10fd9c407ed2cf39c84055f600f06ceb"
+VERIFIED_FP32_SHA256 = "24268ea11ae750dc5a1afb0869f16a5aa2d32bcf31563dd65fdfa96a9e27a594"
+
+
+def test_fp32_protocol_hash_is_unchanged() -> None:
+    assert STANDARD.sha256() == STANDARD_FP32_SHA256
+    assert STANDARD.with_precision("fp32").sha256() == STANDARD_FP32_SHA256
+    assert VERIFIED.with_precision("fp32").sha256() == VERIFIED.sha256()
+    assert "precision" not in VERIFIED.to_dict()
+
+
+def test_verified_fp32_hash_is_unchanged() -> None:
+    assert VERIFIED.sha256() == VERIFIED_FP32_SHA256
+
+
+def test_precision_is_in_the_hash_and_reads_back() -> None:
+    hashes = {VERIFIED.with_precision(p).sha256() for p in ("fp32", "bf16", "fp16")}
+    assert len(hashes) == 3
+    bf16 = VERIFIED.with_precision("bf16")
+    stored = {**bf16.to_dict(), "base": "verified"}
+    assert stored["precision"] == "bf16"
+    again = protocol_from_dict(stored)
+    assert again.precision == "bf16" and again.sha256() == bf16.sha256()
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="fp32, bf16, fp16"):
+        VERIFIED.with_precision("fp8")
+    with pytest.raises(ProtocolError, match="unknown precision"):
+        protocol_from_dict({"name": "x", "base": "verified", "precision": "int8"})
+
+
+def test_half_error_model_settings_apply_once() -> None:
+    bf16 = correctness_in(VERIFIED.correctness, "bf16")
+    assert bf16.error_multiple == 4.0
+    assert bf16.elementwise_floor == 2 * 2.0**-8 and bf16.norm_floor == 2.0**-8
+    assert correctness_in(bf16, "bf16") == bf16  # a stored record's settings read back unchanged
+    fp16 = correctness_in(VERIFIED.correctness, "fp16")
+    assert fp16.norm_floor == 2.0**-11
+    assert correctness_in(VERIFIED.correctness, "fp32") == VERIFIED.correctness
+    # standard keeps KernelBench's half-precision allclose: 1e-2, picked by the outputs' dtype
+    assert STANDARD.with_precision("bf16").correctness.atol_half == 1e-2
+
+
+def test_toml_may_name_a_precision(tmp_path: Path) -> None:
+    path = tmp_path / "half.toml"
+    path.write_text('name = "half"\nbase = "verified"\nprecision = "fp16"\n')
+    protocol = load_protocol(path)
+    assert protocol.precision == "fp16" and protocol.correctness.norm_floor == 2.0**-11
+
+
+class _Problem:
+    @staticmethod
+    def get_inputs() -> list:
+        return [torch.randn(4, 8), torch.randint(0, 4, (4,)), torch.ones(2, dtype=torch.bool), 3]
+
+
+def test_floating_inputs_are_cast_and_the_truth_sees_the_cast_values() -> None:
+    half = inputs.make_inputs(_Problem(), "original", 7, "cpu", cast="bf16")
+    assert half[0].dtype == torch.bfloat16
+    assert half[1].dtype == torch.int64 and half[2].dtype == torch.bool and half[3] == 3
+    truth = inputs.make_inputs(_Problem(), "original", 7, "cpu", precision="fp64", cast="bf16")
+    assert truth[0].dtype == torch.float64
+    assert torch.equal(truth[0], half[0].double())  # the same values, upcast exactly
+    plain = inputs.make_inputs(_Problem(), "original", 7, "cpu")
+    assert plain[0].dtype == torch.float32 and not torch.equal(plain[0].double(), truth[0])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reference_as_candidate_passes_verified_in_half_precision(tmp_path: Path, precision: str) -> None:
+    problem = SUITE / "level1" / "11_LayerNorm.py"
+    candidate = tmp_path / "layernorm_reference.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cpu", precision=precision)
+    assert record.outcome == "passed", [(d.name, d.rel_err, d.note) for d in record.distributions]
+    assert record.protocol["settings"]["precision"] == precision
+    assert f"eager_{precision}" in record.timing["baselines"]
+    assert "eager_fp32" not in record.timing["baselines"] and "eager_fp32" not in record.speedup
+    assert "TF32 exists only for fp32" in record.timing["baselines_not_measured"]["eager_tf32"]
+    # 16-bit compute is the precision here: no precision_cast finding for the reference's own code
+    assert not [f for f in record.findings if f.check == "precision_cast"]
+
+
+def test_fp32_accumulation_of_a_long_bf16_reduction_passes() -> None:
+    record = evaluate_paths(
+        LONG_SUM, CANDIDATES / "long_row_sum_fp32_accumulation.py", device="cpu", precision="bf16"
+    )
+    assert record.outcome == "passed", [(d.name, d.rel_err) for d in record.distributions]
+    assert not [f for f in record.findings if f.check == "below_precision"]
+
+
+def test_fp16_accumulation_of_a_long_bf16_reduction_is_rejected_and_named() -> None:
+    record = evaluate_paths(
+        LONG_SUM, CANDIDATES / "long_row_sum_fp16_accumulation.py", device="cpu", precision="bf16"
+    )
+    assert record.outcome == "incorrect"
+    (finding,) = [f for f in record.findings if f.check == "below_precision"]
+    assert "below bf16" in finding.detail and "the source uses float16" in finding.detail
+    # caught by the tolerance on finite errors, not only by fp16's overflow
+    assert any(not d.passed and d.rel_err not in (None, float("inf")) for d in record.distributions)
+
+
+def test_output_not_finite_once_cast_is_a_problem_error() -> None:
+    # the row sums reach ~1.6e5 > fp16's largest finite 65504: fine in bf16, inf in fp16
+    problem = PROBLEMS / "row_sum_overflows_fp16.py"
+    candidate = CANDIDATES / "long_row_sum_fp32_accumulation.py"
+    record = evaluate_paths(problem, candidate, protocol="standard", device="cpu", precision="fp16")
+    assert record.outcome == "problem_error"
+    assert "not finite in fp16" in (record.error or {}).get("message", "")
+    fine = evaluate_paths(problem, candidate, protocol="standard", device="cpu", precision="bf16")
+    assert fine.outcome == "passed"
+
+
+def test_the_cli_refuses_an_unknown_precision() -> None:
+    problem = SUITE / "level1" / "1_ReLU.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "kbv.cli", "eval", str(problem), str(problem), "--precision", "fp8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--precision" in result.stderr
+
+
+def _in_precision(record: Any, precision: str) -> Any:
+    record.protocol = {**record.protocol, "settings": {"precision": precision}}
+    return record
+
+
+def test_records_of_different_precisions_are_never_mixed() -> None:
+    from rich.console import Console
+    from test_metrics import make_record
+
+    from kbv import metrics
+    from kbv.report import compare_protocols, render_comparison, render_summary
+    from kbv.report.terminal import leaderboard_rows
+
+    fp32 = [make_record("p1", "c1", speedup=2.0), make_record("p2", "c2", speedup=8.0)]
+    bf16 = [_in_precision(make_record("p1", "c1", speedup=0.5), "bf16")]
+    assert metrics.record_precision(fp32[0]) == "fp32" and metrics.record_precision(bf16[0]) == "bf16"
+    assert list(metrics.split_by_precision(bf16 + fp32)) == ["fp32", "bf16"]
+    rows = {row["protocol"]: row for row in leaderboard_rows(fp32 + bf16)}
+    assert rows["verified"]["correct_speedup"] == pytest.approx(4.0)  # fp32 alone
+    assert rows["verified bf16"]["correct_speedup"] == pytest.approx(0.5)
+    console = Console(record=True, width=120)
+    render_summary(fp32 + bf16, console)
+    text = console.export_text()
+    assert "precision fp32" in text and "precision bf16" in text
+    # a standard fp32 record never pairs with a verified bf16 record of the same pair
+    std = [make_record("p1", "c1", protocol="standard", speedup=4.0)]
+    assert compare_protocols(std, bf16)["pairs"] == 0
+    std_bf16 = [
+        _in_precision(make_record("p1", "c1", protocol="standard", speedups={"eager_bf16": 3.0}), "bf16")
+    ]
+    ver_bf16 = [_in_precision(make_record("p1", "c1", speedups={"eager_bf16": 0.5}), "bf16")]
+    result = render_comparison(std + std_bf16, fp32 + ver_bf16, Console(record=True, width=120))
+    assert result["pairs"] == 1  # the bf16 board: its own pair, against eager_bf16
+    assert result["labels"]["model-a"]["verified"]["correct_speedup_vs_reference"] == pytest.approx(0.5)
