@@ -21,6 +21,7 @@ _EXPORTS = {
     "evaluate_paths": "kbv.api",
     "evaluate_replay": "kbv.api",
     "Candidate": "kbv.candidates",
+    "Evaluator": "kbv._evaluator",
     "load_candidate": "kbv.candidates",
     "HarnessError": "kbv.evaluation",
     "evaluate": "kbv.evaluation",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,36 @@ class CandidateError(ValueError):
 
 @dataclass(frozen=True)
 class Candidate:
+    """A candidate file and the text it held when read. The worker imports ``path``; the record
+    hashes, and the static checks read, ``source``. Construction checks they are the same text, so
+    a record can never describe code that did not run (make one with :func:`load_candidate`, or
+    from text with :func:`candidate_from_source`)."""
+
     path: Path
     source: str
     source_sha256: str
     label: str = ""
     sample: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+        if hashlib.sha256(self.source.encode()).hexdigest() != self.source_sha256:
+            raise CandidateError(
+                "Candidate.source_sha256 is not the hash of Candidate.source; build candidates with "
+                "kbv.load_candidate(path) or kbv.candidates.candidate_from_source(text, directory)"
+            )
+        try:
+            on_disk = self.path.read_bytes()
+        except OSError as exc:
+            raise CandidateError(
+                f"candidate file {self.path} cannot be read ({exc.strerror or exc}); the worker runs "
+                "that file, so it must exist"
+            ) from exc
+        if on_disk != self.source.encode():
+            raise CandidateError(
+                f"candidate file {self.path} does not hold Candidate.source (the worker would run "
+                "other code than the record describes); use kbv.load_candidate(path)"
+            )
 
     def ref(self) -> CandidateSection:
         """The record's ``candidate`` field."""
@@ -46,7 +72,8 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
     if not path.is_file():
         raise CandidateError(f"candidate {path} is not a regular file; remove it or give a .py file")
     try:
-        source = path.read_text(encoding="utf-8")
+        # Bytes decoded as they are (no newline translation): the hash is of the file the worker runs.
+        source = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CandidateError(
             f"candidate file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
@@ -64,6 +91,24 @@ def load_candidate(path: str | Path, label: str = "") -> Candidate:
         label=label or path.parent.name,
         sample=int(match.group(3)) if match else None,
     )
+
+
+def candidate_from_source(source: str, directory: str | Path, label: str = "") -> Candidate:
+    """A candidate made from text: written once to ``directory/<sha256>.py`` (read-only, named by
+    its hash so equal texts share a file and extension build) and read back from there, so what
+    the worker imports is the text the record hashes."""
+    if not isinstance(source, str):
+        raise CandidateError(f"candidate source must be text (str), not {type(source).__name__}")
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{sha}.py"
+    if not path.is_file() or path.read_bytes() != source.encode():
+        partial = directory / f".{sha}.{os.getpid()}.partial"
+        partial.write_bytes(source.encode())
+        partial.chmod(0o444)
+        os.replace(partial, path)  # atomic: a concurrent reader sees the old file or the whole new one
+    return load_candidate(path, label=label or "inline")
 
 
 def _manifest_numbering(

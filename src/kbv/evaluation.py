@@ -196,6 +196,7 @@ def evaluate(
     master_seed: int | None = None,
     spares: Spares | None = None,
     structure: list[Any] | None = None,
+    shared: Any = None,
 ) -> Record:
     """Evaluate one pair. Candidate failures are outcomes in the record; harness failures raise,
     and so does a device this machine does not have (:class:`kbv.devices.DeviceError`).
@@ -203,7 +204,9 @@ def evaluate(
     ``structure`` replays a record's input invariants (``record.seeds["structure"]``) instead of
     inferring them again.
     ``spares`` (a batch's) supplies workers launched ahead of time and launches the next pair's
-    while this one checks correctness (never while it times)."""
+    while this one checks correctness (never while it times).
+    ``shared`` (a :class:`kbv._shared_reference.SharedReference`) gives the batch's master seed and
+    reuses the reference outputs of the batch's earlier candidates of this problem."""
     started = time.monotonic()
     device = device or default_device()
     # A GPU this machine lacks is the caller's error (DeviceError), never each problem's: without
@@ -211,12 +214,19 @@ def evaluate(
     check_device(device)
     protocol = protocol.with_timeout(timeout_s)
     fixed = not protocol.correctness.secret_seeds  # a replay of a fixed-seed record is fixed too
+    if shared is not None and master_seed is None and not fixed:
+        master_seed = shared.master_seed
     seeds = _Seeds(
         master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()),
         fixed=fixed,
     )
     ctx = _Context(problem, candidate, protocol, device, seeds, replay_structure=structure)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
+    if shared is not None and not fixed:
+        from kbv import _shared_reference
+
+        if _shared_reference.shares(device):
+            ctx.expected = _shared_reference.expected_cache(shared, problem, protocol, device)
     ctx.findings.extend(_static_findings(ctx))
     try:
         return _evaluate_in_workers(ctx, spares or Spares(), started)
