@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "kbv.demo",
             "kbv.batch",
+            "kbv._evaluator",
             "kbv.generate",
             "kbv.generate.*",
             "kbv.protocol_audit",
@@ -33,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("executors", ("kbv.execute", "kbv.execute.*")),
-    ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation")),
+    ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation", "kbv._shared_reference")),
     (
         "measurement and judgement",
         ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit"),

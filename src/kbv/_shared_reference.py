@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from kbv.evaluation import EXPECTED_CACHE_BYTES, ExpectedCache
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import protocol_section
@@ -35,32 +34,8 @@ class SharedReference:
     master_seed: int
 
 
-class BatchExpected(ExpectedCache):
-    """An :class:`ExpectedCache` that outlives one evaluation: the evaluation's own clean-up leaves
-    it alone (``clear``), the batch's end drops it (:func:`drop_other_batches`)."""
-
-    def __init__(self, budget_bytes: int) -> None:
-        super().__init__(budget_bytes)
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
-        found = super().get(key)
-        if found is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return found
-
-    def clear(self) -> None:
-        """Kept for the batch's next candidate."""
-
-    def drop(self) -> None:
-        super().clear()
-
-
 _lock = threading.Lock()
-_caches: dict[tuple[str, str, str, str], BatchExpected] = {}
+_caches: dict[tuple[str, str, str, str], Any] = {}  # kbv.evaluation.ExpectedCache (it imports this module)
 #: Reference outputs reused and computed in this process, over every batch so far (for tests and
 #: the benchmark that measures what sharing saves).
 totals = {"hits": 0, "misses": 0}
@@ -71,17 +46,15 @@ def _protocol_key(protocol: Protocol) -> str:
 
 
 def expected_cache(
-    shared: SharedReference, problem: Problem, protocol: Protocol, device: str
-) -> BatchExpected:
-    """This process's cache of the reference's outputs for ``shared``'s batch and ``problem``;
-    caches of any other batch are dropped first (never reused across batches)."""
+    shared: SharedReference, problem: Problem, protocol: Protocol, device: str, new: Any
+) -> Any:
+    """This process's cache of the reference's outputs for ``shared``'s batch and ``problem``
+    (``new`` when there is none yet); caches of any other batch are dropped first (never reused
+    across batches). The evaluation must not clear it: the batch's end does."""
     key = (shared.batch, problem.source_sha256, _protocol_key(protocol), device)
     with _lock:
         drop_other_batches(shared.batch)
-        cache = _caches.get(key)
-        if cache is None:
-            cache = _caches[key] = BatchExpected(EXPECTED_CACHE_BYTES["cpu"])
-        return cache
+        return _caches.setdefault(key, new)
 
 
 def drop_other_batches(batch: str | None) -> None:
@@ -90,7 +63,7 @@ def drop_other_batches(batch: str | None) -> None:
         cache = _caches.pop(key)
         totals["hits"] += cache.hits
         totals["misses"] += cache.misses
-        cache.drop()
+        cache.clear()
 
 
 def release_all() -> None:

@@ -102,11 +102,14 @@ class ExpectedCache:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
+        self.hits = self.misses = 0
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         entry = self._entries.get(key)
         if entry is None:
+            self.misses += 1
             return None
+        self.hits += 1
         self._entries.move_to_end(key)
         return entry[0]
 
@@ -159,6 +162,7 @@ class _Context:
     # for the parameters they were computed with.
     state_key: tuple[Any, ...] = ()
     expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
+    expected_shared: bool = False  # ``expected`` is a batch's (kbv._shared_reference), kept after
     # The input distribution each protocol distribution really ran (a domain fallback, or itself).
     variants: dict[str, str] = field(default_factory=dict)
     # How the evaluation held its GPU (_gpu_hold); "" on the CPU.
@@ -226,7 +230,8 @@ def evaluate(
         from kbv import _shared_reference
 
         if _shared_reference.shares(device):
-            ctx.expected = _shared_reference.expected_cache(shared, problem, protocol, device)
+            ctx.expected = _shared_reference.expected_cache(shared, problem, protocol, device, ctx.expected)
+            ctx.expected_shared = True
     ctx.findings.extend(_static_findings(ctx))
     try:
         return _evaluate_in_workers(ctx, spares or Spares(), started)
@@ -237,7 +242,8 @@ def evaluate(
 def _release_device_memory(ctx: _Context) -> None:
     """Hand the evaluation's device memory back: the reference outputs it kept, then whatever
     :func:`kbv.devices.release_device_memory` frees, for the next evaluation's workers."""
-    ctx.expected.clear()
+    if not ctx.expected_shared:  # a batch's shared outputs are dropped at the batch's end
+        ctx.expected.clear()
     release_device_memory(ctx.device)
 
 
