@@ -31,6 +31,7 @@ common commands:
   kbv problems list|audit [PATH]            list problems, or flag degenerate ones
   kbv report --db PATH --html FILE          terminal summary and a self-contained HTML report
   kbv explain RECORD.json|ID [--db PATH]    one record with its findings and their evidence
+  kbv checks [--json]                       every integrity check: kind, severity, doc, fixtures
 """
 
 
@@ -413,12 +414,14 @@ def _add_problems(sub: Any) -> None:
 
 
 def _optional_registrations() -> list[Callable[[Any], object]]:
-    """Subcommands that live with their features (store and report, generate, protocol audit)."""
+    """Subcommands that live with their features (store and report, generate, protocol audit,
+    integrity checks)."""
     from kbv import _store_cli
     from kbv.generate import _cli as generate_cli
+    from kbv.integrity import _cli as checks_cli
     from kbv.protocol_audit import _cli as protocol_audit_cli
 
-    return [_store_cli.register, generate_cli.register, protocol_audit_cli.register]
+    return [_store_cli.register, generate_cli.register, protocol_audit_cli.register, checks_cli.register]
 
 
 def _fail_usage(message: str) -> int:
