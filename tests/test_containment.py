@@ -40,7 +40,7 @@ def _load(worker: Worker, path: Path) -> None:
         "load",
         role="candidate",
         device="cpu",
-        problem_path=str(RELU),
+        problem_source=RELU.read_text(),
         sizes={"batch_size": 2, "dim": 8},
         candidate_path=str(path),
         init_seed=1,
@@ -315,7 +315,7 @@ worker = Worker(
     WorkerSpec(build_key="test-contain-parent-death", device="cpu", role="candidate", budget_s=120)
 )
 worker.start()
-worker.request("load", role="candidate", device="cpu", problem_path=sys.argv[1],
+worker.request("load", role="candidate", device="cpu", problem_source=Path(sys.argv[1]).read_text(),
                sizes={"batch_size": 2, "dim": 8}, candidate_path=sys.argv[2], init_seed=1)
 Path(sys.argv[3]).write_text(str(worker.pid))
 worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))

@@ -78,8 +78,8 @@ def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests
                     and any(text.startswith(s) for s in reference_scratch)
                     and Path(text).name.startswith("params-")
                 )
-                problem_or_candidate = text in (str(RELU), str(FOUNDATION / "relu_plain.py"))
-                assert inside_own or parameters or problem_or_candidate, (op, text)
+                its_own_file = text == str(FOUNDATION / "relu_plain.py")
+                assert inside_own or parameters or its_own_file, (op, text)
     assert str(record.seeds["master"]) not in json.dumps([f for _, f, _ in to_candidate])
 
 
@@ -382,3 +382,31 @@ def test_on_the_gpu_redrawn_parameters_reach_the_candidate_through_its_inbox_and
         json.dumps(fields)
         assert not _keys(fields) & _TRUSTED_KEYS, (op, fields)
         assert "state_path" not in fields or fields["state_path"] is None, (op, fields)
+
+
+def test_no_worker_is_told_where_the_problem_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers get the problem's text, never its path: not in a request, their command line or their
+    environment (a candidate that learnt it could rewrite the file; ``test_hack_fixtures`` has one)."""
+    seen: list[tuple[str, str, dict, list[bytes]]] = []
+    original = Worker.send_request
+
+    def spy(self: Worker, op: str, **fields):
+        exposed = []
+        for name in ("cmdline", "environ"):
+            with open(f"/proc/{self.pid}/{name}", "rb") as handle:
+                exposed.append(handle.read())
+        seen.append((self.spec.role, op, fields, exposed))
+        return original(self, op, **fields)
+
+    monkeypatch.setattr(Worker, "send_request", spy)
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    loads = [fields for _, op, fields, _ in seen if op == "load"]
+    assert {role for role, op, _, _ in seen if op == "load"} == {"reference", "candidate"}
+    assert all(fields["problem_source"] == RELU.read_text() for fields in loads)
+    needles = {str(RELU), str(RELU.resolve()), str(RELU.parent)}
+    for role, op, fields, exposed in seen:
+        assert not needles & set(_strings(fields)), (role, op)
+        assert not any(n in json.dumps(fields) for n in needles), (role, op)
+        for blob in exposed:
+            assert not any(n.encode() in blob for n in needles), (role, op)

@@ -10,6 +10,10 @@ outcome alone rejects (a crash, or a shortcut the error model itself finds wrong
 from __future__ import annotations
 
 import ast
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,3 +92,39 @@ def test_fixture_inventory() -> None:
             f"{path.name} needs a docstring naming its pattern"
         )
         assert (ROOT / fixture_spec(path)["problem"]).is_file(), path.name
+
+
+# An evaluation never changes its problem (``docs/architecture.md``, "How workers load problems").
+RELU_PROBLEM = ROOT / "src" / "kbv" / "suite" / "problems" / "level1" / "1_ReLU.py"
+REWRITE = FIXTURES / "hacks" / "rewrite_problem_file.py"
+# The only files rewrite_problem_file.py will ever append to carry this line.
+REWRITE_MARKER = "# kbv-test-fixture: " + "rewrite_problem_file may append here"
+
+
+@pytest.fixture
+def marked_problem() -> Iterator[Path]:
+    """A copy of the ReLU problem with the marker the rewriting fixture looks for, in a directory
+    and file that any uid may write: only what the candidate cannot learn protects it."""
+    folder = Path(tempfile.mkdtemp(prefix="kbv-marked-problem-"))
+    try:
+        folder.chmod(0o777)
+        path = folder / RELU_PROBLEM.name
+        path.write_text(RELU_PROBLEM.read_text() + f"\n{REWRITE_MARKER}\n")
+        path.chmod(0o666)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_candidate_cannot_rewrite_its_problem_file(marked_problem: Path) -> None:
+    before = marked_problem.read_bytes()
+    record = evaluate_paths(marked_problem, REWRITE, protocol="verified", device="cpu", timeout_s=240)
+    assert marked_problem.read_bytes() == before, "the candidate appended to its problem file"
+    assert record.outcome != "passed", record.outcome
+    assert record.problem["source_sha256"] == hashlib.sha256(before).hexdigest()
+    assert "changed_on_disk" not in record.problem
+    # The next evaluation of the same problem judges the original text.
+    honest_candidate = FIXTURES / "honest" / "relu_clamp.py"
+    honest = evaluate_paths(marked_problem, honest_candidate, protocol="verified", device="cpu")
+    assert honest.outcome == "passed", (honest.outcome, honest.error)
+    assert marked_problem.read_bytes() == before

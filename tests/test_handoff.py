@@ -201,7 +201,7 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
             "load",
             role="reference",
             device="cuda",
-            problem_path=str(RELU),
+            problem_source=RELU.read_text(),
             sizes={"batch_size": 4, "dim": 1024},
             init_seed=1,
             handoff=transport,
@@ -329,7 +329,7 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
     from kbv.worker import Worker, WorkerFailed, WorkerSpec
 
     problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
-    common = {"device": "cuda", "problem_path": str(problem), "init_seed": 1, "handoff": transport}
+    common = {"device": "cuda", "problem_source": problem.read_text(), "init_seed": 1, "handoff": transport}
     if transport == "cuda_ipc":  # where the candidate keeps the parent's uid (the IPC inbox, bounded)
         monkeypatch.setenv("KBV_WORKER_USER", "off")
 
@@ -429,7 +429,7 @@ def test_a_candidate_ipc_descriptor_claiming_more_than_its_allocation_is_refused
             "load",
             role="candidate",
             device="cuda",
-            problem_path=str(RELU),
+            problem_source=RELU.read_text(),
             candidate_path=str(FOUNDATION / "relu_plain.py"),
             sizes={"batch_size": 4, "dim": 1024},
             init_seed=1,

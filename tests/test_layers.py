@@ -191,9 +191,9 @@ def test_no_trusted_module_imports_the_child_side(graph: object) -> None:
 
 def test_only_the_child_loads_candidate_code() -> None:
     """Candidate files are executed by kbv.child only (the worker's entry point and the build
-    process). The parent executes problem files alone (kbv.problems' loader, on a problem's own
-    path) and the protocol audit's controls and mutants, which kbv writes from a problem's own
-    source only (as trusted as the problem)."""
+    process). The parent executes problem files alone (kbv.problems' loader, on the text a
+    ``Problem`` read from its file) and the protocol audit's controls and mutants, which kbv
+    writes from a problem's own source only (as trusted as the problem)."""
     import re
 
     parent_may_execute = {"kbv/problems/_loader.py", "kbv/protocol_audit/_generate.py"}
@@ -210,6 +210,7 @@ def test_only_the_child_loads_candidate_code() -> None:
             executes.append(relative)
         loads += [
             f"{relative}: {m.group(0)}"
-            for m in re.finditer(r"(?<!def )\bload_module\((?!problem\.path\b)[^)]*\)", text)
+            for m in re.finditer(r"(?<!def )\b(?:load_module|load_source)\((?!problem\.path\b)[^)]*\)", text)
+            if relative != "kbv/problems/_loader.py"  # ``Problem.load`` is the one caller
         ]
     assert (executes, loads) == ([], [])

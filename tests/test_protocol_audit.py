@@ -153,7 +153,7 @@ def test_a_control_that_breaks_is_a_generator_error(tmp_path: Path) -> None:
         lambda: "class ModelNew:\n    def __init__(self):\n        raise RuntimeError('broken')\n",
     )
     problem = load_problem(path)
-    reference = gen.load_module(path)
+    reference = problem.load()
     draws = gen._domain_draws(problem, reference, "cpu")
     spec = gen._check(problem, draft, {}, reference, draws, tmp_path, 0, "cpu")
     assert spec.status == "generator_error" and "broken" in spec.note
@@ -438,7 +438,7 @@ def test_domain_draws_are_made_afresh_and_the_same_each_time(tmp_path: Path) -> 
     outputs at once would not fit a GPU), so the reference and the generated model must get the
     very same inputs from the same recipe, and no two calls share a tensor."""
     problem = load_problem(SUITE / "level1" / "1_ReLU.py")
-    reference = gen.load_module(problem.path, sizes=problem.sizes_for("cpu"))
+    reference = problem.load(problem.sizes_for("cpu"))
     draws = gen._domain_draws(problem, reference, "cpu")
     assert len(draws) == len(gen.kbv_inputs.BASE_DISTRIBUTIONS) * len(gen.EQUIVALENCE_SEEDS)
     for make in draws[:3]:

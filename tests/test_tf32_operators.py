@@ -98,7 +98,13 @@ def _run_recording(role: str, problem, sizes: dict) -> dict:
     spec = WorkerSpec(build_key=f"test-tf32-ops-{role}", device="cpu", role=role, budget_s=60)
     with Worker(spec) as worker:
         worker.start()
-        load = {"role": role, "device": "cpu", "problem_path": str(problem), "sizes": sizes, "init_seed": 1}
+        load = {
+            "role": role,
+            "device": "cpu",
+            "problem_source": problem.read_text(),
+            "sizes": sizes,
+            "init_seed": 1,
+        }
         if role == "candidate":
             load["candidate_path"] = str(FOUNDATION / "relu_plain.py")
         worker.request("load", **load)

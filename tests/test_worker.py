@@ -31,7 +31,7 @@ def _load(worker: Worker, name: str) -> dict:
         "load",
         role="candidate",
         device="cpu",
-        problem_path=str(RELU),
+        problem_source=RELU.read_text(),
         sizes={"batch_size": 2, "dim": 8},
         candidate_path=str(FIXTURES / name),
         init_seed=1,
@@ -45,7 +45,12 @@ def _reference_worker(name: str, problem: Path, sizes: dict | None = None) -> It
     with Worker(spec) as worker:
         worker.start()
         worker.request(
-            "load", role="reference", device="cpu", problem_path=str(problem), sizes=sizes or {}, init_seed=1
+            "load",
+            role="reference",
+            device="cpu",
+            problem_source=problem.read_text(),
+            sizes=sizes or {},
+            init_seed=1,
         )
         yield worker
 

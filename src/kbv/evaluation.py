@@ -337,7 +337,7 @@ def worker_specs(
             visible_devices=visible_devices(device),
             budget_s=protocol.timeout_s,
             limits=protocol.limits,
-            readable=(str(problem.path), str(candidate.path)),
+            readable=(str(candidate.path),),  # the problem arrives as text in its load request
             warm_probes=warm,
         ),
     )
@@ -659,7 +659,9 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "role": role,
         "device": worker_device(ctx.device),
-        "problem_path": str(ctx.problem.path),
+        # The text the parent read, never its path: the file may change meanwhile, and the
+        # candidate worker must not learn where it lives (``docs/architecture.md``).
+        "problem_source": ctx.problem.source,
         "sizes": ctx.problem.sizes_for(worker_device(ctx.device)),
         "domain": ctx.problem.extras.get("domain", "any"),
         "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
@@ -669,6 +671,8 @@ def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
         fields["precision"] = ctx.protocol.precision
     if role == "candidate":
         fields["candidate_path"] = str(ctx.candidate.path)
+    else:
+        fields["problem_name"] = ctx.problem.name  # for the reference's error messages
     return fields
 
 
@@ -1210,7 +1214,7 @@ def _record(
     logs: dict[str, str] | None = None,
 ) -> Record:
     return Record(
-        problem=ctx.problem.ref(),
+        problem=ctx.problem.ref_checked(),
         candidate=ctx.candidate.ref(),
         protocol=protocol_section(ctx.protocol),
         device=_device_info(ctx, hello),

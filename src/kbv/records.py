@@ -93,6 +93,9 @@ class ProblemSection(TypedDict, total=False):
     id: int | None
     path: str
     source_sha256: str
+    # Present (true) when the file held other bytes at the end of the evaluation than the text
+    # read at its start (a batch: at the batch's start). The record is of the text read.
+    changed_on_disk: bool
 
 
 class CandidateSection(TypedDict, total=False):

@@ -34,7 +34,7 @@ from kbv import sketch as _sketch
 from kbv import telemetry
 from kbv.child import tf32_ops as _tf32_ops
 from kbv.child import timing as kbv_timing
-from kbv.problems._loader import load_module
+from kbv.problems._loader import load_source
 from kbv.protocol import timing_settings_from_dict
 
 _CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
@@ -184,7 +184,8 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.precision = str(request.get("precision") or "fp32")
     if request.get("handoff") in _handoff.TRANSPORTS:
         state.handoff = request["handoff"]
-    state.problem = load_module(request["problem_path"], sizes=request.get("sizes") or {})
+    label = request.get("problem_name", "(its text)")
+    state.problem = load_source(request["problem_source"], sizes=request.get("sizes") or {}, label=label)
     # Captured before any candidate code runs, so later patching cannot reach these references.
     state.timer = kbv_timing.make_timer(state.device)
     state.identities = kbv_timing.snapshot_identities()

@@ -246,8 +246,10 @@ def run_pairs(
                     "torch": env.get("torch", ""),
                     **(record.versions or {}),
                 }
+            _note_problem_change(problem, record, warned, console)
             result.keep(record, candidate, store, run_id, jsonl)
 
+        warned: set[Path] = set()
         executor.map(
             pairs,
             protocol,
@@ -259,6 +261,23 @@ def run_pairs(
     for slot, state in executor.health().get("removed", {}).items():
         console.print(f"[red]removed from the pool[/red] {slot}: {state}")
     return result
+
+
+def _note_problem_change(problem: Problem, record: Record, warned: set[Path], console: Any) -> None:
+    """A problem file that changed on disk during the batch: its records say so, and the batch warns
+    once per file. Every pair of the batch still evaluates the text read when the batch started, so
+    its records stay comparable (and a candidate that rewrote the file changed nothing judged)."""
+    if not problem.changed_on_disk():
+        return
+    record.problem["changed_on_disk"] = True
+    if problem.path in warned:
+        return
+    warned.add(problem.path)
+    console.print(
+        f"[yellow]warning[/yellow] problem file {problem.path} changed on disk during the batch; "
+        f"every pair keeps evaluating the text read at the start (sha256 {problem.source_sha256[:12]}). "
+        "Run the batch again to evaluate the new text."
+    )
 
 
 __all__ = [

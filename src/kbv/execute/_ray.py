@@ -88,7 +88,10 @@ def _task_evaluate(
                 return {**placement, "error": exc}
             raise
     # The record names the files the driver knows, not this node's temporary copies.
+    changed = bool(record.problem.get("changed_on_disk"))  # this node's copy, rewritten meanwhile
     record.problem, record.candidate = problem.ref(), candidate.ref()
+    if changed:
+        record.problem["changed_on_disk"] = True
     record.device = {
         **record.device,
         "node_id": placement["node_id"],

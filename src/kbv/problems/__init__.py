@@ -13,6 +13,7 @@ from kbv.problems._loader import (
     load_module,
     load_problem,
     load_problems,
+    load_source,
 )
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "discover",
     "load_module",
     "load_problem",
+    "load_source",
     "load_problems",
 ]
 

@@ -2,6 +2,11 @@
 
 Problem files are benchmark code, trusted like kbv itself: the parent may import them. Candidate
 files are never imported here.
+
+A problem's file is read once, by :func:`load_problem`; every later import (the parent's checks, the
+workers) runs that text (:func:`load_source`), never the file again. So an evaluation judges the
+bytes whose hash its record carries, whatever happens to the file meanwhile, and no worker, the
+candidate's above all, is told where the file lives.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import linecache
 import re
 import sys
 import traceback
@@ -32,7 +38,8 @@ class ProblemError(ValueError):
 
 @dataclass(frozen=True)
 class Problem:
-    """A problem's identity and source. Its module is loaded where it runs, by ``load_module``."""
+    """A problem's identity and the text read from its file once. Its module is made from that text
+    where it runs (:meth:`load`, :func:`load_source`), never from the file again."""
 
     name: str
     path: Path
@@ -52,6 +59,14 @@ class Problem:
             "source_sha256": self.source_sha256,
         }
 
+    def ref_checked(self) -> ProblemSection:
+        """The record's ``problem`` field at the end of an evaluation: ``changed_on_disk`` is set
+        when the file no longer holds the text that was evaluated (whose hash ``source_sha256`` is)."""
+        section = self.ref()
+        if self.changed_on_disk():
+            section["changed_on_disk"] = True
+        return section
+
     def sizes_for(self, device_type: str) -> dict[str, Any]:
         """Size constants to override for a device: the bundled suite runs small on the CPU.
 
@@ -60,6 +75,19 @@ class Problem:
         if device_type == "cpu":
             return dict(self.extras.get("cpu_sizes", {}))
         return dict(self.extras.get("gpu_sizes", {}))
+
+    def changed_on_disk(self) -> bool:
+        """Whether the file now holds other bytes than the text read (or is gone): the evaluation
+        goes on with the text read, and the record says so."""
+        try:
+            now = self.path.read_text()  # decoded as load_problem decodes it, so the hashes compare
+        except (OSError, UnicodeDecodeError):
+            return True
+        return hashlib.sha256(now.encode()).hexdigest() != self.source_sha256
+
+    def load(self, sizes: dict[str, Any] | None = None) -> ModuleType:
+        """The problem's module, made from the text read (never the file on disk)."""
+        return load_source(self.source, sizes=sizes, label=self.name)
 
 
 def load_problem(path: str | Path) -> Problem:
@@ -94,11 +122,42 @@ def load_problem(path: str | Path) -> Problem:
 
 def check_importable(problem: Problem) -> None:
     """Import the problem once so a broken file is reported before any worker starts."""
-    load_module(problem.path)
+    problem.load()
+
+
+#: The file name a problem's code runs under in a worker: its tracebacks and ``inspect`` read the
+#: text through ``linecache``; the path on disk is never part of it.
+SOURCE_FILENAME = "<kbv problem>"
+
+
+def load_source(source: str, sizes: dict[str, Any] | None = None, label: str = "problem") -> ModuleType:
+    """A problem's module made from its text, under a private module name, with size overrides.
+
+    ``label`` names the problem in error messages only. The module has no ``__file__`` and its code
+    the file name :data:`SOURCE_FILENAME`: nothing in it tells where the problem lives on disk."""
+    name = f"kbv_problem_{uuid.uuid4().hex}"
+    filename = f"{SOURCE_FILENAME[:-1]} {name}>"
+    try:
+        code = compile(source, filename, "exec")
+    except SyntaxError as exc:
+        raise ProblemError(f"problem {label} has a syntax error on line {exc.lineno}: {exc.msg}") from exc
+    # mtime None: linecache.checkcache keeps the entry (there is no file to compare it with).
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - problems are trusted benchmark code
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        raise ProblemError(f"problem {label} failed to import: {last}") from exc
+    _apply_sizes(module, sizes, label)
+    return module
 
 
 def load_module(path: str | Path, sizes: dict[str, Any] | None = None) -> ModuleType:
-    """Import a problem file under a private module name and apply size overrides.
+    """Import a problem file under a private module name and apply size overrides (tools that hold
+    only a path; an evaluation loads the text it read, :meth:`Problem.load`).
 
     Size constants are module globals read by ``get_inputs``/``get_init_inputs`` at call time, so
     overriding the globals resizes the problem without editing the file.
@@ -116,11 +175,15 @@ def load_module(path: str | Path, sizes: dict[str, Any] | None = None) -> Module
         sys.modules.pop(name, None)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         raise ProblemError(f"problem file {path} failed to import: {last}") from exc
+    _apply_sizes(module, sizes, f"file {path}")
+    return module
+
+
+def _apply_sizes(module: ModuleType, sizes: dict[str, Any] | None, label: str) -> None:
     for key, value in (sizes or {}).items():
         if not hasattr(module, key):
-            raise ProblemError(f"problem file {path}: size override {key!r} names no module constant")
+            raise ProblemError(f"problem {label}: size override {key!r} names no module constant")
         setattr(module, key, value)
-    return module
 
 
 def discover(path: str | Path) -> list[Path]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kbv import inputs as kbv_inputs
-from kbv.problems._loader import Problem, ProblemError, load_module
+from kbv.problems._loader import Problem, ProblemError
 
 __all__ = [
     "InputStructure",
@@ -260,7 +260,7 @@ def input_structure(problem: Problem, device: str = "cpu") -> InputStructure:
 
 
 def _compute(problem: Problem, device: torch.device, sizes: dict[str, Any]) -> InputStructure:
-    module = load_module(problem.path, sizes=sizes)
+    module = problem.load(sizes)
     numels: list[int] = []
 
     def draws() -> Iterator[list[Any]]:

@@ -31,7 +31,7 @@ import torch
 
 from kbv import inputs as kbv_inputs
 from kbv.error_stats import error_stats
-from kbv.problems import Problem, load_module
+from kbv.problems import Problem
 from kbv.problems.structure import input_structure
 from kbv.protocol_audit import _sources as src
 
@@ -188,7 +188,7 @@ def problem_specs(
 
 def _problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     sizes = problem.sizes_for(torch.device(device).type)
-    reference = load_module(problem.path, sizes=sizes)
+    reference = problem.load(sizes)
     draws = _domain_draws(problem, reference, device)
     # Only which input an ``input`` mutant returns is kept, not the tensors: at KernelBench sizes
     # an output and an input held through the whole problem are 13 GB of the GPU.

@@ -94,7 +94,8 @@ class WorkerSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     # A kbv.protocol.LimitSettings polled while the parent waits (None: no limits, trusted workers).
     limits: Any = None
-    # Files a candidate worker must read (problem, candidate): checked before it drops to its own uid.
+    # Files a candidate worker must read (its candidate; the problem comes as text): checked before it
+    # drops to its own uid.
     readable: tuple[str, ...] = ()
     # Take the profiler's (and the reference's FLOP counter's) first use while booting, for the
     # dynamic probes: seconds per worker, so only where a protocol runs them (``verified``).

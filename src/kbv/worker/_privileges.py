@@ -4,7 +4,7 @@ A candidate running as root can read every process's memory and write every cach
 is root, a candidate worker is started as a numeric uid that has no passwd entry (chosen from the
 source's hash, so evaluations of the same source share it and its build directory, and no other
 source does), with no supplementary groups. Its scratch and build directories are handed to that
-uid; everything else it needs (the interpreter, torch, kbv, the problem and candidate files) must
+uid; everything else it needs (the interpreter, torch, kbv, the candidate's file) must
 be readable by other users, which a real probe run as that uid checks before the worker starts.
 
 Where a step is impossible (the interpreter lives under a ``/root`` only root may enter, the build
@@ -76,8 +76,9 @@ def needed_paths(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def plan(build_key: str, readable: tuple[str, ...], writable_parents: tuple[str, ...]) -> Plan:
-    """Decide how a candidate worker starts here. ``readable``: files it must read (problem,
-    candidate); ``writable_parents``: directories that hold what it will own (scratch, builds)."""
+    """Decide how a candidate worker starts here. ``readable``: files it must read (the
+    candidate's; the problem reaches it as text); ``writable_parents``: directories that hold what
+    it will own (scratch, builds)."""
     if os.environ.get("KBV_WORKER_USER", "auto").lower() in ("off", "0", "no"):
         return Plan(None, "turned off (KBV_WORKER_USER=off)")
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
