@@ -12,6 +12,10 @@ workers boot while one is evaluated, so an evaluation does not start its workers
     python benchmarks/reference_as_candidate.py ../shared/kernelbench/level1 --device cuda \\
         --out $OUT/reference.jsonl [--tf32] [--shard 0/2] [--budget-s 540]
 
+Issue 39's acceptance evaluates in half precision, each problem several times on fresh seeds:
+``--precision bf16 --runs 3`` (a problem is done once its latest ``--runs`` rows of that precision
+passed).
+
 Static findings that name the reference's own operators (``reference_operator``) are warnings by
 design; a ``fail`` finding or an outcome other than ``passed`` is what the lead must fix or explain.
 """
@@ -58,17 +62,21 @@ def candidate_source(problem_source: str, tf32: bool) -> str:
     return source
 
 
-def _done(out: Path) -> set[str]:
-    """Problems whose latest row passed. Rows are appended, so the file keeps every earlier run; a
-    problem that did not pass is evaluated again (after a fix, or to tell a flaky verdict)."""
+def _done(out: Path, precision: str = "fp32", runs: int = 1) -> dict[str, int]:
+    """Per problem, how many of its latest rows of ``precision`` passed in a row (at most ``runs``).
+    Rows are appended, so the file keeps every earlier run; a problem whose latest row did not pass
+    starts again (after a fix, or to tell a flaky verdict)."""
     if not out.is_file():
-        return set()
-    latest = {}
+        return {}
+    passed: dict[str, int] = {}
     for line in out.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            latest[row["problem"]] = row["outcome"]
-    return {problem for problem, outcome in latest.items() if outcome == "passed"}
+            if row.get("precision", "fp32") != precision:
+                continue
+            ok = row["outcome"] == "passed"
+            passed[row["problem"]] = min(runs, passed.get(row["problem"], 0) + 1) if ok else 0
+    return passed
 
 
 def _write(out, counts: dict, row: dict) -> None:
@@ -86,6 +94,7 @@ def _row(name: str, tf32: bool, record) -> dict:
     return {
         "problem": name,
         "tf32": tf32,
+        "precision": record.protocol.get("settings", {}).get("precision", "fp32"),
         "outcome": record.outcome,
         "seed": record.seeds["master"],
         "failed": [
@@ -112,14 +121,16 @@ def main() -> int:
     ap.add_argument("--shard", default="0/1", help="i/n: evaluate every n-th problem starting at i")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no evaluation after this many seconds")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    ap.add_argument("--runs", type=int, default=1, help="passing runs (fresh seeds) wanted per problem")
     args = ap.parse_args()
     index, count = (int(x) for x in args.shard.split("/"))
     files = [f for k, f in enumerate(discover(args.problems)) if k % count == index]
-    done = _done(args.out)
-    todo = [f for f in files if f.stem not in done]
+    done = _done(args.out, args.precision, args.runs)
+    todo = [f for f in files for _ in range(args.runs - done.get(f.stem, 0))]
     if args.tf32:  # where TF32 changes the numbers first: a call cut by its budget proves those
         todo.sort(key=lambda f: not uses_tf32_ops(f.read_text()))
-    protocol = load_protocol("verified")
+    protocol = load_protocol("verified").with_precision(args.precision)
     started = time.monotonic()
     counts = {"failures": 0, "left": 0}
     with tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp, args.out.open("a") as out:
@@ -137,6 +148,7 @@ def main() -> int:
                     {
                         "problem": problem_path.stem,
                         "tf32": args.tf32,
+                        "precision": args.precision,
                         "seconds": 0.0,
                         "outcome": "harness_error",
                         "error": f"{type(exc).__name__}: {exc}"[:500],
@@ -160,6 +172,7 @@ def main() -> int:
                 else {
                     "problem": problem.path.stem,
                     "tf32": args.tf32,
+                    "precision": args.precision,
                     "outcome": "harness_error",
                     "error": f"{type(exc).__name__}: {exc}"[:500],
                 }

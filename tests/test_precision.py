@@ -187,3 +187,53 @@ def test_records_of_different_precisions_are_never_mixed() -> None:
     result = render_comparison(std + std_bf16, fp32 + ver_bf16, Console(record=True, width=120))
     assert result["pairs"] == 1  # the bf16 board: its own pair, against eager_bf16
     assert result["labels"]["model-a"]["verified"]["correct_speedup_vs_reference"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------------------------ protocol audit
+def _audit_problem(tmp_path: Path) -> Path:
+    path = tmp_path / "p" / "row_sum.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return torch.sum(x, dim=1)\n\n\ndef get_inputs():\n    return [torch.randn(16, 512)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+def test_a_half_precision_audit_has_its_own_controls_and_mutants(tmp_path: Path) -> None:
+    from kbv.problems import load_problem
+    from kbv.protocol_audit import _generate as gen
+
+    problem = load_problem(_audit_problem(tmp_path))
+    fp32 = {(s.kind, s.variant) for s in gen.problem_specs(problem, "cpu", tmp_path / "fp32")}
+    bf16 = gen.problem_specs(problem, "cpu", tmp_path / "bf16", precision="bf16")
+    kinds = {s.kind for s in bf16}
+    assert {("bf16", ""), ("fp16", "")} <= fp32 and "fp8" not in {k for k, _ in fp32}
+    assert "fp8" in kinds and not kinds & {"bf16", "fp16", "tf32"}
+    fp16_kinds = {s.kind for s in gen.problem_specs(problem, "cpu", tmp_path / "fp16", precision="fp16")}
+    assert {"bf16", "fp8"} <= fp16_kinds and "fp16" not in fp16_kinds
+    by_kind = {(s.kind, s.variant): s for s in bf16}
+    assert by_kind[("fp8", "")].status == "evaluate"  # not equivalent: rounding to fp8 shows
+    # the reordered controls accumulate a bf16 input in float32, rounded once
+    blocked = gen._import(Path(by_kind[("reordered", "blocked")].path))
+    x = torch.randn(16, 512).bfloat16()
+    got = blocked.ModelNew()(x)
+    assert got.dtype == torch.bfloat16
+    exact = x.double().sum(1)
+    # one rounding of a float32 sum: within bf16's unit roundoff (a bf16 accumulation is not)
+    assert bool(((got.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all())
+
+
+def test_verified_kills_zeros_constant_and_subsets_at_bf16_and_passes_the_controls(tmp_path: Path) -> None:
+    from kbv.protocol_audit import audit_protocols
+
+    result = audit_protocols(
+        _audit_problem(tmp_path), ["verified"], device="cpu", db=tmp_path / "a.sqlite", precision="bf16"
+    )
+    (summary,) = result.summaries
+    assert summary["protocol"]["precision"] == "bf16"
+    assert summary["false_rejection"]["count"] == 0 and summary["false_rejection"]["n"] >= 3
+    for kind in ("zeros", "constant", "first_rows", "stride", "head_tail", "fp8"):
+        entry = summary["by_kind"][kind]
+        assert entry["count"] == entry["n"] >= 1, (kind, entry)

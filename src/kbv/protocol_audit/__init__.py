@@ -45,6 +45,7 @@ def audit_protocols(
     console: Any = None,
     evaluate: bool = True,
     roles: Sequence[str] = ROLES,
+    precision: str = "fp32",
 ) -> AuditResult:
     """Audit each protocol on the problems under ``problems``; candidates are written under
     ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
@@ -69,7 +70,7 @@ def audit_protocols(
     if unknown:
         raise ValueError(f"roles must be among {ROLES}, not {unknown}")
     device = device or default_device()
-    resolved = [load_protocol(p) for p in protocols]
+    resolved = [load_protocol(p).with_precision(precision) for p in protocols]
     db = Path(db)
     work = Path(work_dir) if work_dir else db.parent / "audit-candidates"
     loaded, load_errors = load_problems(problems)
@@ -86,6 +87,7 @@ def audit_protocols(
                 work / device.split(":")[0],
                 SpecCache(db),
                 recorded_torch=recorded["torch"] if recorded else None,
+                precision=precision,
             )
         except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
             result.errors.append(
@@ -136,6 +138,7 @@ def audit_protocols(
                 "version": protocol.version,
                 "sha256": protocol.with_timeout(timeout_s).sha256()[:12],
                 "device": device,
+                "precision": protocol.precision,
             }
             left_out = [s for s in result.specs if s.status != "evaluate"]
             result.summaries.append(

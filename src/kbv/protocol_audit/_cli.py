@@ -71,6 +71,15 @@ def register(sub: Any) -> None:
     ap.add_argument(
         "--json", action="store_true", help="one JSON object per protocol on stdout (rates, kinds, rows)"
     )
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help=(
+            "audit the protocols in this precision: controls and mutants judged with inputs and "
+            "parameters cast to it, the precision mutants those below it (default fp32)"
+        ),
+    )
     ap.set_defaults(handler=_cmd_audit)
     p.set_defaults(handler=_need_action)
 
@@ -116,6 +125,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         console=Console(stderr=True),
         evaluate=not args.report_only,
         roles={"controls": ("control",), "mutants": ("mutant",)}.get(args.only, ("control", "mutant")),
+        precision=args.precision,
     )
     if args.json:
         for summary in result.summaries:
@@ -144,7 +154,11 @@ def render(summaries: list[dict[str, Any]], console: Any) -> None:
     table = Table(title="protocol audit")
     table.add_column("")
     for s in summaries:
-        table.add_column(f"{s['protocol']['name']} v{s['protocol']['version']} ({s['protocol']['device']})")
+        precision = s["protocol"].get("precision", "fp32")
+        table.add_column(
+            f"{s['protocol']['name']} v{s['protocol']['version']} ({s['protocol']['device']}"
+            + (f", {precision})" if precision != "fp32" else ")")
+        )
     table.add_row("false-rejection rate", *[fmt_rate(s["false_rejection"]) for s in summaries])
     table.add_row("kill rate", *[fmt_rate(s["kill"]) for s in summaries])
     kinds = sorted({k for s in summaries for k in s["by_kind"]})

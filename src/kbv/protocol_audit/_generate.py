@@ -99,7 +99,9 @@ class SpecCache:
     def __init__(self, db: str | Path) -> None:
         self.db = Path(db)
 
-    def key(self, problem: Problem, device: str, torch_version: str | None = None) -> str:
+    def key(
+        self, problem: Problem, device: str, torch_version: str | None = None, precision: str = "fp32"
+    ) -> str:
         """``torch_version``: the one the trusted run used (default: this process's); a report made
         elsewhere from the store names the version its records carry."""
         kind = torch.device(device).type
@@ -111,6 +113,8 @@ class SpecCache:
             problem.source,
             *(Path(str(sys.modules[name].__file__)).read_text() for name in self._MODULES),
         ]
+        if precision != "fp32":  # (fp32 keys as before)
+            parts.append(f"precision={precision}")
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def get(self, key: str) -> list[dict[str, Any]] | None:
@@ -163,15 +167,17 @@ def problem_specs(
     cache: SpecCache | None = None,
     *,
     recorded_torch: str | None = None,
+    precision: str = "fp32",
 ) -> list[Spec]:
     """Every control and mutant of ``problem``, written under ``out_dir/<problem>/`` and checked.
     With ``cache``, a problem already checked by the same code on the same kind of device is not
     run again: its specs are read back and their files written where they are missing.
     ``recorded_torch`` (a report from the store, which runs nothing): only what the cache holds for
-    that torch version, else :class:`NotJudgedHere`."""
+    that torch version, else :class:`NotJudgedHere`. ``precision``: the evaluation precision the
+    audit judges in (its controls and precision mutants differ; see :func:`_drafts`)."""
     if cache is None:
-        return _problem_specs(problem, device, out_dir)
-    key = cache.key(problem, device, recorded_torch)
+        return _problem_specs(problem, device, out_dir, precision)
+    key = cache.key(problem, device, recorded_torch, precision)
     known = cache.get(key)
     if known is not None:
         return [_restored(item, out_dir) for item in known]
@@ -181,12 +187,12 @@ def problem_specs(
             f"{recorded_torch} by this version of the audit's judge: run the audit (not --report-only) "
             "on that machine"
         )
-    specs = _problem_specs(problem, device, out_dir)
+    specs = _problem_specs(problem, device, out_dir, precision)
     cache.put(key, specs)
     return specs
 
 
-def _problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
+def _problem_specs(problem: Problem, device: str, out_dir: Path, precision: str = "fp32") -> list[Spec]:
     sizes = problem.sizes_for(torch.device(device).type)
     reference = problem.load(sizes)
     draws = _domain_draws(problem, reference, device)
@@ -194,7 +200,7 @@ def _problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     # an output and an input held through the whole problem are 13 GB of the GPU.
     input_index = _same_shape_input(next(_calls(reference, "Model", draws[:1], device)), draws[0]())
     specs: list[Spec] = []
-    for index, draft in enumerate(_drafts(problem, input_index)):
+    for index, draft in enumerate(_drafts(problem, input_index, precision)):
         kept = sum(1 for s in specs if s.kind == draft.kind and s.status == "evaluate")
         if draft.kind in ("drop_op", "relu_identity") and kept >= MAX_SITES:
             specs.append(
@@ -213,16 +219,24 @@ def _problem_specs(problem: Problem, device: str, out_dir: Path) -> list[Spec]:
     return specs
 
 
-def _drafts(problem: Problem, input_index: int | None) -> Iterator[_Draft]:
+def _drafts(problem: Problem, input_index: int | None, precision: str = "fp32") -> Iterator[_Draft]:
+    """The controls and mutants of ``problem``. In bf16 or fp16 the TF32 control is left out (TF32
+    is fp32's alone), the reordered controls accumulate in float32, and the precision mutants are
+    the formats below the evaluated one (:data:`kbv.protocol_audit._sources.PRECISION_MUTANTS`)."""
     text = problem.source
     yield _Draft("control", "reference", "", lambda: src.reference_control(text))
-    if src.uses_tf32_ops(text):
+    if precision == "fp32" and src.uses_tf32_ops(text):
         yield _Draft("control", "tf32", "", lambda: src.tf32_control(text))
     for order in ("blocked", "reversed", "sequential"):
         yield _Draft(
-            "control", "reordered", order, partial(src.reordered_control, text, order), {"order": order}
+            "control",
+            "reordered",
+            order,
+            partial(src.reordered_control, text, order, precision),
+            {"order": order},
         )
-    for kind in ("zeros", "constant", "cached", "scaled", "bf16", "fp16", *src.SAMPLINGS):
+    lower = src.PRECISION_MUTANTS[precision]
+    for kind in ("zeros", "constant", "cached", "scaled", *lower, *src.SAMPLINGS):
         yield _Draft("mutant", kind, "", partial(src.wrapped_mutant, text, kind))
     if input_index is not None:
         yield _Draft(

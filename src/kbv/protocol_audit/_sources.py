@@ -19,7 +19,11 @@ REFERENCE_NAME = "_KbvReference"
 #: Unit roundoff of the formats the precision mutants compute in, and the scaled mutant's factor:
 #: the relative perturbation each mutant kind makes (``_report.by_design`` compares it with the
 #: tolerance a protocol states).
-PERTURBATION = {"bf16": 2.0**-8, "fp16": 2.0**-11, "scaled": 1e-2}
+PERTURBATION = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp8": 2.0**-4, "scaled": 1e-2}
+
+#: The precision mutants of an audit in each evaluation precision: only formats below it. In bf16
+#: an fp16 computation is not one (more significand bits), in fp16 a bf16 one is (fewer).
+PRECISION_MUTANTS = {"fp32": ("bf16", "fp16"), "bf16": ("fp8",), "fp16": ("bf16", "fp8")}
 
 #: Activations that are the identity on [0, 1) (KernelBench's inputs), so identity passes there.
 RELU_LIKE_FUNCTIONS = frozenset(
@@ -272,16 +276,34 @@ class _Reorder(ast.NodeTransformer):
         return ast.Call(ast.Name("_kbv_reduce", ast.Load()), args, keywords)
 
 
-def reordered_control(source: str, order: str) -> str:
-    """The reference with every explicit sum/mean of its ``forward`` in another order; SourceError
-    when ``forward`` has none."""
+#: In a bf16 or fp16 audit a reordered control accumulates in float32 (its 16-bit inputs upcast,
+#: the sum rounded once to their dtype), as an honest half-precision kernel does.
+REDUCE_HELPER_HALF = """
+
+_kbv_reduce_in_dtype = _kbv_reduce
+
+
+def _kbv_reduce(x, dim=None, keepdim=False, *, op, order):
+    if x.dtype in (_kbv_torch_half.float16, _kbv_torch_half.bfloat16):
+        return _kbv_reduce_in_dtype(x.float(), dim, keepdim, op=op, order=order).to(x.dtype)
+    return _kbv_reduce_in_dtype(x, dim, keepdim, op=op, order=order)
+
+
+import torch as _kbv_torch_half
+"""
+
+
+def reordered_control(source: str, order: str, precision: str = "fp32") -> str:
+    """The reference with every explicit sum/mean of its ``forward`` in another order (float32
+    accumulation in a half ``precision``); SourceError when ``forward`` has none."""
     tree = renamed_tree(source, "ModelNew")
     transformer = _Reorder(order)
     for fn in _methods(tree, "ModelNew", "forward"):
         transformer.visit(fn)
     if not transformer.count:
         raise SourceError("forward has no explicit torch.sum/torch.mean to reorder")
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" + REDUCE_HELPER
+    helper = REDUCE_HELPER + (REDUCE_HELPER_HALF if precision != "fp32" else "")
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n" + helper
 
 
 # ------------------------------------------------------------------------------------ wrapped mutants
@@ -364,6 +386,22 @@ _WRAP_FORWARDS: dict[str, str] = {
     def forward(self, *args):
         return super().forward(*[_kbv_sample(a, HOW) for a in args])
 """,
+    "rounded": """
+    _kbv_plain = False
+
+    def forward(self, *args):
+        if self._kbv_plain:
+            return super().forward(*args)
+        low = _kbv_copy.deepcopy(self)
+        low._kbv_plain = True
+        with _kbv_torch.no_grad():
+            for t in [*low.parameters(), *low.buffers()]:
+                if t.is_floating_point():
+                    t.copy_(t.to(LOW).to(t.dtype))
+        low_args = [a.to(LOW).to(a.dtype) if isinstance(a, _kbv_torch.Tensor) and a.is_floating_point() else a for a in args]
+        return low(*low_args)
+""",  # noqa: E501 (inputs and parameters rounded to fp8, computed in the evaluated dtype: fp8 GEMMs
+    # have no CPU kernels, and rounding the operands is what an fp8 kernel's error comes from)
     "precision": """
     _kbv_plain = False
 
@@ -384,10 +422,19 @@ SAMPLINGS = ("first_rows", "stride", "head_tail")
 def wrapped_mutant(source: str, kind: str, *, input_index: int = 0) -> str:
     """The reference wrapped in a ``ModelNew`` whose ``forward`` post-processes its outputs (exact:
     the reference runs unchanged inside)."""
-    template = "sampled" if kind in SAMPLINGS else "precision" if kind in ("bf16", "fp16") else kind
+    template = (
+        "sampled"
+        if kind in SAMPLINGS
+        else "precision"
+        if kind in ("bf16", "fp16")
+        else "rounded"
+        if kind == "fp8"
+        else kind
+    )
     forward = _WRAP_FORWARDS[template]
     forward = forward.replace("HOW", repr(kind)).replace("INPUT_INDEX", str(input_index))
-    forward = forward.replace("LOW", "_kbv_torch.bfloat16" if kind == "bf16" else "_kbv_torch.float16")
+    low = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}.get(kind, "float16")
+    forward = forward.replace("LOW", f"_kbv_torch.{low}")
     return ast.unparse(renamed_tree(source, REFERENCE_NAME)) + "\n" + _WRAP_COMMON + forward
 
 
