@@ -237,3 +237,15 @@ def test_verified_kills_zeros_constant_and_subsets_at_bf16_and_passes_the_contro
     for kind in ("zeros", "constant", "first_rows", "stride", "head_tail", "fp8"):
         entry = summary["by_kind"][kind]
         assert entry["count"] == entry["n"] >= 1, (kind, entry)
+
+
+def test_the_generation_prompt_says_the_precision_and_fp32_prompts_are_unchanged() -> None:
+    from kbv.generate._prompts import build_prompt
+
+    source = (SUITE / "level1" / "1_ReLU.py").read_text()
+    fp32 = build_prompt(source)
+    assert build_prompt(source, precision="fp32").text == fp32.text
+    assert "judged in" not in fp32.text
+    bf16 = build_prompt(source, precision="bf16").text
+    assert "judged in bf16" in bf16 and "torch.bfloat16" in bf16
+    assert "torch.float16" in build_prompt(source, precision="fp16").text

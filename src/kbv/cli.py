@@ -83,6 +83,7 @@ def _add_pipeline(sub: Any) -> None:
             protocol=args.protocol,
             device=args.device,
             timeout=args.timeout,
+            precision=getattr(args, "precision", None),
             db=getattr(args, "db", None),
             label=Path(candidates_dir).name,
             resume=False,
@@ -128,7 +129,10 @@ PRECISION_CHOICES = ("fp32", "bf16", "fp16")  # kbv.protocol.PRECISIONS, without
 
 
 def add_precision_flag(p: argparse.ArgumentParser) -> None:
-    """``--precision``: the problem's floating inputs and parameters cast to it (docs/precision.md)."""
+    """``--precision``: the problem's floating inputs and parameters cast to it (docs/correctness.md,
+    "Half precision"). ``kbv pipeline`` has it from ``kbv generate`` already: one flag for both."""
+    if "--precision" in p._option_string_actions:
+        return
     p.add_argument(
         "--precision",
         default=None,

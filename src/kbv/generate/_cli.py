@@ -77,6 +77,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="hide concrete input sizes and values from the prompt",
     )
     parser.add_argument("--template", help="prompt template name or file (default kernelbench-v1)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="the precision the kernels will be judged in, said in the prompt (default fp32)",
+    )
     parser.add_argument("--max-requests", type=int, help="budget: requests to send at most in this run")
     parser.add_argument("--max-tokens-total", type=int, help="budget: input+output tokens to spend at most")
     parser.add_argument("--cache-dir", help="response cache directory (default OUT/.cache/responses)")
@@ -152,6 +158,7 @@ def build_configs(args: argparse.Namespace) -> list[tuple[Path, GenerationConfig
         "backend": args.backend,
         "input_blind": args.input_blind,
         "template": args.template,
+        "precision": args.precision,
     }
     common = {
         "concurrency": args.concurrency,

@@ -43,6 +43,7 @@ class GenerationConfig:
     backend: str = "cuda"
     template: str = "kernelbench-v1"
     input_blind: bool = False
+    precision: str = "fp32"  # the precision the kernels will be judged in, said in the prompt
     concurrency: int = 4
     max_requests: int | None = None
     max_tokens_total: int | None = None
@@ -74,6 +75,7 @@ _PRESET_FIELDS = {
     "backend",
     "template",
     "input_blind",
+    "precision",
 }
 
 

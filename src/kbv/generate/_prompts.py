@@ -34,6 +34,22 @@ _BLIND_NOTE = (
     "valid size, not specialised to one.\n"
 )
 _BLIND_MARK = "  # not given: chosen at evaluation time"
+_PRECISION_NAMES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def precision_note(precision: str) -> str:
+    """What the prompt says of a bf16 or fp16 evaluation ("" in fp32: KernelBench's own prompt)."""
+    if precision == "fp32":
+        return ""
+    if precision not in _PRECISION_NAMES:
+        raise PromptError(f"unknown precision {precision!r}; choose one of fp32, bf16, fp16")
+    dtype = _PRECISION_NAMES[precision]
+    return (
+        f"\nThe kernel will be judged in {precision}: the model's floating-point parameters and inputs "
+        f"are cast to {dtype} before forward is called, and its floating outputs must be {dtype}. "
+        f"Computing in {precision} with float32 accumulation is expected; computing below {precision} "
+        "(fp8, or long reductions accumulated in 16 bits) makes errors the evaluation rejects.\n"
+    )
 
 
 class PromptError(ValueError):
@@ -99,8 +115,9 @@ def build_prompt(
     backend: str = "cuda",
     template: Template | None = None,
     input_blind: bool = False,
+    precision: str = "fp32",
 ) -> Prompt:
-    """The single-turn prompt for one problem's source."""
+    """The single-turn prompt for one problem's source; ``precision`` (bf16, fp16) is said in it."""
     if backend not in BACKENDS:
         raise PromptError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     template = template or load_template()
@@ -114,7 +131,8 @@ def build_prompt(
         "example_problem": _example("example_problem"),
         "example_solution": _example(f"example_{backend}"),
         "problem_source": shown.rstrip("\n"),
-        "input_note": _BLIND_NOTE if input_blind else "",
+        # (after the blind note: an fp32 prompt is KernelBench's, byte for byte as before)
+        "input_note": (_BLIND_NOTE if input_blind else "") + precision_note(precision),
     }
     try:
         text = string.Template(template.text).substitute(values)

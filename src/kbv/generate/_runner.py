@@ -360,7 +360,7 @@ def generate(
 
 
 def _jobs_for(item: NumberedProblem, config: GenerationConfig, template: Any) -> list[_Job]:
-    prompt = build_prompt(item.problem.source, config.backend, template, config.input_blind)
+    prompt = build_prompt(item.problem.source, config.backend, template, config.input_blind, config.precision)
     request = ChatRequest(
         provider=config.provider,
         model=config.model,
