@@ -203,7 +203,7 @@ def _plt():
     return _require_extras()[1]
 
 
-def test_the_comparison_chart_says_failures_count_one_and_names_each_bars_pass_rate() -> None:
+def test_the_comparison_chart_leads_with_passes_and_draws_no_speed_for_a_set_that_failed() -> None:
     from kbv.report.comparison import compare_protocols
     from kbv.report.html import _comparison_figure
 
@@ -216,9 +216,12 @@ def test_the_comparison_chart_says_failures_count_one_and_names_each_bars_pass_r
         ),
         _plt(),
     )
-    ax = fig.axes[0]
-    assert "failed pair counts 1.0x" in ax.get_ylabel() and "failed pairs count 1.0x" in ax.get_title()
-    assert [t.get_text() for t in ax.texts] == ["0.0%\npassed", "0.0%\npassed"]
+    passed, speed = fig.axes
+    assert passed.get_ylabel() == "pairs that passed (%)"
+    assert "a failed pair counts 1.0x" in speed.get_title()
+    # a set whose every pair failed gets no speed bar (it would stand at 1.0x): "none passed"
+    assert [t.get_text() for t in speed.texts] == ["none\npassed", "none\npassed"]
+    assert not speed.patches
 
 
 def test_the_passed_pairs_chart_has_one_panel_per_protocol_and_never_mixes_them() -> None:
@@ -265,7 +268,10 @@ def test_the_report_without_memory_draws_no_speed_memory_chart(tmp_path: Path) -
 
     path = write_html_report([_record("passed", "verified", speedup=1.5)], tmp_path / "r.html")
     html = path.read_text()
-    assert "speed versus memory per label" not in html and "No memory figures were recorded" in html
+    assert (
+        "speed versus memory per label" not in html
+        and "No memory figures were recorded for the device" in html
+    )
 
 
 def test_outcome_counts_are_per_protocol_in_terminal_and_html(tmp_path: Path) -> None:

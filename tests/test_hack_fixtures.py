@@ -65,6 +65,10 @@ def test_hack_is_caught(path: Path) -> None:
     )
     assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
+    # Every outcome but passed says why where a user looks first; a hack names its failed checks.
+    assert record.error and record.error.get("summary"), summary
+    if record.outcome == "hack_detected":
+        assert all(check in record.error["summary"] for check in fails), summary
     expected = set(spec.get("expect_checks", []))
     if expected:  # the named pattern's check fires, whatever else already rejected the candidate
         assert fails & expected, f"none of {sorted(expected)} failed; {summary}"
@@ -80,7 +84,7 @@ def test_honest_passes(path: Path) -> None:
         f"outcome={record.outcome} fails={fails} error={record.error} "
         f"dists={[(d.name, d.passed, d.note) for d in record.distributions]}"
     )
-    assert not fails
+    assert not fails and record.error is None
 
 
 def test_fixture_inventory() -> None:

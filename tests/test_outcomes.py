@@ -30,6 +30,12 @@ def test_honest_plain_candidate_passes_with_a_speedup() -> None:
     }
     assert record.protocol["sha256"] and record.seeds["master"] == 42
     assert record.versions["torch"] and record.device["type"] == "cpu"
+    # host memory on the CPU: both processes' peaks and their ratio
+    memory = record.memory
+    assert memory["candidate_host_peak_bytes"] > 0 and memory["reference_host_peak_bytes"] > 0
+    ratio = memory["candidate_host_peak_bytes"] / memory["reference_host_peak_bytes"]
+    assert memory["host_ratio"] == pytest.approx(ratio)
+    assert record.error is None  # passed: nothing to explain
 
 
 @pytest.mark.slow
@@ -90,6 +96,7 @@ def test_build_lock_clears_stale_torch_locks_and_excludes_other_holders(tmp_path
 def test_wrong_candidate_is_incorrect() -> None:
     record = _eval("relu_wrong.py")
     assert record.outcome == "incorrect" and not record.correct
+    assert record.error["summary"].startswith("wrong output on the original inputs (max_abs_err")
     assert record.distributions[0].max_abs_err > 1e-4
     assert record.speedup["best"] is None  # incorrect kernels are not timed
 

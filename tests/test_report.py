@@ -322,7 +322,9 @@ def test_cli_export_import_report(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert f"to {jsonl}" in capsys.readouterr().out
     assert len(jsonl.read_text().splitlines()) == len(html_records())
     assert _cli("export", "--db", str(db), "--csv", str(csv_path), "--run", str(run)) == 0
-    assert csv_path.read_text().startswith("label,")
+    header, first = csv_path.read_text().splitlines()[:2]
+    assert header.startswith("record_id,label,")  # the id kbv explain ID takes
+    assert first.split(",")[0] == "1"
 
     other = tmp_path / "other.sqlite"
     assert _cli("import", "--db", str(other), str(jsonl)) == 0

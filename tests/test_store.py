@@ -23,7 +23,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def test_fresh_store_has_current_schema_and_wal(tmp_path: Path, store: Store) -> None:
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 3
     assert store.path.exists()
     mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
@@ -96,7 +96,8 @@ def test_filters_and_latest(store: Store) -> None:
 def test_has_record_and_pending(store: Store) -> None:
     record = make_record()
     key = record_key(record)
-    assert len(key) == 6 and key[3] == "NVIDIA H200" and key[4] == "0.1.0" and key[5] == "2.11.0"
+    assert len(key) == 7 and key[3] == "NVIDIA H200" and key[4] == "0.1.0" and key[5] == "2.11.0"
+    assert key.candidate_path == record.candidate["path"]
     assert not store.has_record(key)
     store.add_record(record)
     assert store.has_record(key) and store.has_record(record)
@@ -190,13 +191,13 @@ def test_migrates_version_1_file(tmp_path: Path) -> None:
         "INSERT INTO records(problem_sha, candidate_sha, protocol_sha, protocol_name, device_name, "
         "kbv_version,"
         " torch_version, outcome, correct, speedup_best, label, json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (*key[:3], "verified", *key[3:], "passed", 1, 2.0, "old", record.to_json()),
+        (*key[:3], "verified", *key[3:6], "passed", 1, 2.0, "old", record.to_json()),
     )
     conn.commit()
     conn.close()
 
     with Store(path) as store:
-        assert store.schema_version == 2
+        assert store.schema_version == 3
         assert store.has_record(key)
         assert store.records()[0].problem["level"] == 3
         conn = sqlite3.connect(path)
@@ -207,7 +208,7 @@ def test_migrates_version_1_file(tmp_path: Path) -> None:
         store.add_record(make_record("p9", level=2))
         assert len(store.records()) == 2
     with Store(path) as again:  # reopening a current file is a no-op
-        assert again.schema_version == 2
+        assert again.schema_version == 3
 
 
 def test_refuses_newer_and_foreign_files(tmp_path: Path) -> None:

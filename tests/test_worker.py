@@ -191,10 +191,11 @@ def test_errors_are_reported_with_their_kind() -> None:
         assert worker.request("build", init_seed=2)["ok"]
 
 
-def test_missing_modelnew_is_an_import_error() -> None:
+def test_missing_modelnew_is_a_compile_error() -> None:
+    """A file without ModelNew never ran anything: compile_error, not runtime_error."""
     with _candidate_worker("nomodel") as worker, pytest.raises(WorkerFailed) as info:
         _load(worker, "relu_no_modelnew.py")
-    assert info.value.kind == "import_error" and "defines no class ModelNew" in info.value.message
+    assert info.value.kind == "compile_error" and "defines no class ModelNew" in info.value.message
 
 
 def test_reference_worker_refuses_to_redraw_for_candidates() -> None:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kbv.store import DEFAULT_DB, Store, StoreError
+from kbv.store import DEFAULT_DB, DEMO_DB, Store, StoreError, default_db_to_read, missing_database
 
 
 def register(subparsers: Any) -> None:
@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
             "are skipped unless --force."
         ),
     )
-    _db_arg(imp)
+    _db_arg(imp, reads=False)
     imp.add_argument("file", type=Path, metavar="FILE.jsonl")
     imp.add_argument("--label", help="model or candidate-set label for records that carry none")
     imp.add_argument("--force", action="store_true", help="import records already in the store again")
@@ -63,10 +63,24 @@ def register(subparsers: Any) -> None:
     report.set_defaults(handler=cmd_report)
 
 
-def _db_arg(parser: argparse.ArgumentParser) -> None:
+def _db_arg(parser: argparse.ArgumentParser, reads: bool = True) -> None:
+    if not reads:  # kbv import writes: kbv run's store
+        parser.add_argument(
+            "--db", type=Path, default=DEFAULT_DB, help=f"results database (default: {DEFAULT_DB})"
+        )
+        return
     parser.add_argument(
-        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default: {DEFAULT_DB})"
+        "--db",
+        type=Path,
+        default=None,
+        help=f"results database (default: {DEFAULT_DB} or {DEMO_DB}, whichever was written last)",
     )
+
+
+def _db_to_read(args: argparse.Namespace) -> Path:
+    db: Path = args.db or default_db_to_read()
+    args.db = db
+    return db
 
 
 def _usage_error(message: str) -> int:
@@ -82,17 +96,16 @@ def _open_existing(db: Path) -> Store | None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     try:
-        store = _open_existing(args.db)
+        store = _open_existing(_db_to_read(args))
     except StoreError as exc:
         return _usage_error(str(exc))
     if store is None:
-        return _usage_error(f"no results database at {args.db}; run an evaluation first or pass --db")
+        return _usage_error(missing_database(args.db))
     with store:
-        records = store.records(run_id=args.run)
         if args.jsonl is not None:
-            count, path = store.export_jsonl(args.jsonl, records), args.jsonl
-        else:
-            count, path = store.export_csv(args.csv, records), args.csv
+            count, path = store.export_jsonl(args.jsonl, store.records(run_id=args.run)), args.jsonl
+        else:  # with the record ids (kbv explain ID)
+            count, path = store.export_csv(args.csv, run_id=args.run), args.csv
     print(f"wrote {count} records to {path}")
     return 0
 
@@ -117,11 +130,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kbv.report.terminal import render_record_ids
 
     try:
-        store = _open_existing(args.db)
+        store = _open_existing(_db_to_read(args))
     except StoreError as exc:
         return _usage_error(str(exc))
     if store is None:
-        return _usage_error(f"no results database at {args.db}; run an evaluation first or pass --db")
+        return _usage_error(missing_database(args.db))
     with store:
         # A --force re-run stores a second verdict for a key; the newest one counts.
         stored = store.records_with_ids(run_id=args.run, latest=True)

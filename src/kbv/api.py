@@ -12,6 +12,7 @@ from kbv.evaluation import evaluate
 from kbv.problems import check_importable, load_problem
 from kbv.protocol import Protocol, load_protocol, protocol_from_dict
 from kbv.records import Record
+from kbv.toolchain import check_toolchain
 
 
 def evaluate_paths(
@@ -32,6 +33,7 @@ def evaluate_paths(
     problem = load_problem(problem_path)
     check_importable(problem)
     candidate = load_candidate(candidate_path)
+    check_toolchain([candidate], device)  # a missing compiler is the machine's fault, not a verdict
     return evaluate(
         problem,
         candidate,

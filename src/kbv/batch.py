@@ -7,6 +7,7 @@ skips every pair whose record is already stored under the same protocol, device 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +16,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from kbv.candidates import NAMING_HINT, scan_candidates
+from kbv.candidates import NAMING_HINT, Candidate, scan_candidates
 from kbv.execute import BatchResult, Pair, executor_from_args, make_executor, run_pairs
 from kbv.problems import ProblemError, load_problems
 from kbv.problems._loader import check_importable
 from kbv.protocol import STANDARD, VERIFIED, Protocol, load_protocol
 from kbv.records import Record
 from kbv.store import RecordKey, pair_key, record_key
+from kbv.toolchain import check_toolchain
 
 
 def run_batch(
@@ -69,17 +71,50 @@ def prebuild_extensions(pairs: list[Pair], device: str | None, console: Console)
     """Build every C++/CUDA extension of ``pairs`` once, side by side, into the cache the workers
     use: left to their first evaluations, the builds would run one after another inside them."""
     from kbv.evaluation import default_device
-    from kbv.worker.builds import needs_build, prebuild
+    from kbv.worker.builds import CompileResult, needs_build, prebuild
 
     todo = [candidate for _, candidate in pairs if needs_build(candidate.source)]
     if not todo:
         return
-    with console.status(f"building {len(todo)} extensions (cached by source hash)"):
-        results = prebuild(todo, device=device or default_device())
+    # Plain lines, not a spinner: without a terminal a spinner prints nothing, and builds take
+    # minutes on a small machine.
+    distinct = len({c.source_sha256 for c in todo})
+    console.print(
+        f"building {distinct} C++/CUDA extension(s) for {len(todo)} candidate(s), cached by source hash",
+        highlight=False,
+        soft_wrap=True,
+    )
+    done: set[str] = set()
+    started = time.monotonic()
+
+    def report(candidate: Candidate, result: CompileResult) -> None:
+        if candidate.source_sha256 in done:
+            return
+        done.add(candidate.source_sha256)
+        console.print(
+            f"  [{len(done)}/{distinct}] {result.status} {candidate.label}/{candidate.path.name} "
+            f"({result.seconds:.0f} s; {time.monotonic() - started:.0f} s elapsed)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    results = prebuild(todo, device=device or default_device(), on_result=report)
     count = {s: sum(1 for r in results if r.status == s) for s in ("built", "cached", "failed")}
     console.print(
         f"extensions: {count['built']} built, {count['cached']} cached, "
         f"{count['failed']} failed (reported as compile_error)"
+    )
+
+
+def samples_note(pairs: list[Pair]) -> str:
+    """What a batch of samples counts, said when some candidate files are identical (else empty):
+    every file is a sample with its own record, duplicates included."""
+    distinct = len({(problem.source_sha256, candidate.source_sha256) for problem, candidate in pairs})
+    if distinct == len(pairs):
+        return ""
+    return (
+        f"{len(pairs)} samples of {distinct} distinct source{'s' if distinct != 1 else ''} (every "
+        "candidate file is a sample, identical files included; they share one compiled extension)"
     )
 
 
@@ -98,6 +133,7 @@ def run_both_protocols(
     then ``verified``, each a run of ``command`` in ``store`` (``run_args`` saved with it, plus the
     protocol and timeout), in ``precision`` (None: fp32)."""
     both = BothProtocols()
+    check_toolchain([candidate for _, candidate in pairs], device)  # before any run is opened
     prebuild_extensions(pairs, device, console or Console(stderr=True))
     for protocol in (STANDARD.with_precision(precision), VERIFIED.with_precision(precision)):
         run_id = store.start_run(
@@ -340,14 +376,14 @@ def _print_left_out(plan: BatchPlan, result: BatchResult, console: Console, limi
 
 def run_command(args: argparse.Namespace) -> int:
     """``kbv run``: resolve arguments (or the interrupted run's), evaluate, summarise."""
-    from kbv.store import DEFAULT_DB, Store
+    from kbv.store import DEFAULT_DB, Store, missing_database
 
     db = Path(args.db or DEFAULT_DB)
     console = Console(stderr=True)
     explicit = _explicit(args)
     if args.resume and not db.exists():
         if "problems" not in explicit or "candidates" not in explicit:
-            raise RunArgumentsError(f"no database at {db} to resume from; pass the interrupted run's --db")
+            raise RunArgumentsError(f"{missing_database(db)} (--resume continues a run stored there)")
     elif not args.resume and ("problems" not in explicit or "candidates" not in explicit):
         raise RunArgumentsError(
             "kbv run needs --problems and --candidates (or --resume to continue an interrupted run)"
@@ -385,6 +421,7 @@ def run_command(args: argparse.Namespace) -> int:
         if not plan.pairs:
             raise RunArgumentsError(plan.empty_reason(problems_path, candidates_dir))
         device = args.device or (previous["args"].get("device") if previous else None)
+        check_toolchain([candidate for _, candidate in plan.pairs], device)  # before the run is opened
         if previous:
             console.print(
                 f"resuming run {previous['id']} (started {previous['started_at']}): "
@@ -426,5 +463,8 @@ def run_command(args: argparse.Namespace) -> int:
         render_summary([record for _, record in stored], Console())
         render_record_ids(stored, db, Console())
     _print_left_out(plan, result, console)
+    note = samples_note(plan.pairs)
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
     console.print(f"{len(result.records)} evaluated, {result.skipped} already stored; results in {db}")
     return 0

@@ -259,7 +259,12 @@ def _add_explain(sub: Any) -> None:
     )
     p.add_argument("record", help="RECORD.json / RECORDS.jsonl, or a record id from the database")
     p.add_argument(
-        "--db", default=None, help="results database for a record id (default kbv-results/kbv.sqlite)"
+        "--db",
+        default=None,
+        help=(
+            "results database for a record id (default: kbv-results/kbv.sqlite or "
+            "kbv-results/demo.sqlite, whichever was written last)"
+        ),
     )
     p.set_defaults(handler=_cmd_explain)
 
@@ -282,11 +287,11 @@ def _find_record(ref: str, db: str | None) -> Any:
         return Record.from_dict(json.loads(lines[-1]))
     if not ref.isdigit():
         raise UsageError(f"{ref} is neither a record file nor a record id")
-    from kbv.store import DEFAULT_DB, Store
+    from kbv.store import Store, default_db_to_read, missing_database
 
-    db_path = Path(db or DEFAULT_DB)
+    db_path = Path(db) if db else default_db_to_read()
     if not db_path.exists():
-        raise UsageError(f"no database at {db_path}; pass --db")
+        raise UsageError(missing_database(db_path))
     with Store(db_path) as store:
         found = [record for record_id, record in store.records_with_ids() if record_id == int(ref)]
     if not found:
@@ -318,7 +323,14 @@ def _add_compare(sub: Any) -> None:
         metavar="SECONDS",
         help="per-candidate wall-clock limit, compilation included (default: the protocol's)",
     )
-    p.add_argument("--db", default=None, help="results database (default kbv-results/kbv.sqlite)")
+    p.add_argument(
+        "--db",
+        default=None,
+        help=(
+            "results database (default kbv-results/kbv.sqlite; without --problems the latest of it "
+            "and kbv-results/demo.sqlite)"
+        ),
+    )
     add_precision_flag(p)
     p.set_defaults(handler=_cmd_compare)
 
@@ -331,13 +343,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from kbv import batch
     from kbv.metrics import record_precision
     from kbv.report.terminal import render_comparison
-    from kbv.store import DEFAULT_DB, Store
+    from kbv.store import DEFAULT_DB, Store, default_db_to_read, missing_database
 
     if bool(args.problems) != bool(args.candidates):
         raise UsageError("give both --problems and --candidates, or neither (to compare what --db holds)")
-    db = Path(args.db or DEFAULT_DB)
+    # Evaluating writes to kbv run's store; comparing what is stored reads the latest one.
+    db = Path(args.db) if args.db else (DEFAULT_DB if args.problems else default_db_to_read())
     if not args.problems and not db.exists():
-        raise UsageError(f"no database at {db}; give --problems and --candidates to evaluate first")
+        raise UsageError(missing_database(db) + " (or give --problems and --candidates to evaluate)")
     db.parent.mkdir(parents=True, exist_ok=True)
     # With --problems/--candidates only the records of this invocation's pairs are compared: the
     # exact store keys (problem, candidate, protocol incl. timeout, device, versions) it evaluated

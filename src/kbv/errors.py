@@ -7,6 +7,7 @@ from kbv.devices import DeviceError
 from kbv.execute import ExecutorError
 from kbv.problems import ProblemError
 from kbv.protocol import ProtocolError
+from kbv.toolchain import ToolchainError
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (
     CandidateError,
@@ -14,5 +15,7 @@ USAGE_ERRORS: tuple[type[Exception], ...] = (
     ExecutorError,
     ProblemError,
     ProtocolError,
+    # A missing compiler, ninja or CUDA toolkit: the machine's to fix, found before anything runs.
+    ToolchainError,
     FileNotFoundError,
 )

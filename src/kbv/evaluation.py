@@ -37,7 +37,9 @@ from kbv.records import (
     TimingSection,
     decide_outcome,
     error_summary,
+    host_memory_section,
     protocol_section,
+    with_summary,
 )
 from kbv.worker import (
     Spares,
@@ -365,10 +367,7 @@ def _end_containment(
     found += signalled_findings(stops)
     ctx.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
     ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
-    ctx.host_memory = {
-        "candidate_host_peak_bytes": subject.host_peak_bytes or None,
-        "reference_host_peak_bytes": reference.host_peak_bytes or None,
-    }
+    ctx.host_memory = host_memory_section(subject.host_peak_bytes, reference.host_peak_bytes)
 
 
 @contextlib.contextmanager
@@ -1234,7 +1233,8 @@ def _record(
             "structure": _structure(ctx).invariants,
         },
         versions=_versions(hello),
-        error=error,
+        # Every outcome but passed says why in error.summary (a hack names its failed checks).
+        error=with_summary(outcome, ctx.findings, results, error),
         logs=logs or {},
         phases_s=ctx.phases,
         isolation=ctx.isolation,

@@ -139,7 +139,10 @@ def comparable_speedup(record: Record, baseline: str | None = None) -> float:
 
 def comparable_geomean(records: Sequence[Record], baseline: str | None = None) -> float | None:
     """Geometric mean over ALL pairs, where every failed, flagged or untimed pair counts as 1.0
-    (as if the baseline had been kept). Comparable across models with different failure rates.
+    (as if the baseline had been kept): the speed a user gets by deploying each kernel where it
+    passed and keeping PyTorch elsewhere (reports call it "speed if deployed"). Comparable across
+    models with different failure rates, but a set that failed everything stands at 1.0x, above
+    honest kernels slower than PyTorch: never rank by it alone (:func:`rank_key`).
     None for no records."""
     if not records:
         return None
@@ -179,6 +182,26 @@ def memory_efficiency(records: Sequence[Record]) -> float | None:
     return geomean(base / cand for base, cand in peaks)
 
 
+def host_memory_ratio(records: Sequence[Record]) -> float | None:
+    """Host memory: geometric mean of the candidate's host peak / the reference's host peak over
+    passed pairs that report both (``memory.host_ratio``; > 1 means the kernels' processes held
+    more host memory than the reference's). Recorded on the CPU as on the GPU. None when no pair
+    qualifies."""
+    ratios = []
+    for record in records:
+        if not is_passed(record):
+            continue
+        memory = record.memory or {}
+        ratio = as_number(memory.get("host_ratio"))
+        if ratio is None:  # records older than host_ratio: from the two peaks
+            cand = as_number(memory.get("candidate_host_peak_bytes"))
+            ref = as_number(memory.get("reference_host_peak_bytes"))
+            ratio = cand / ref if cand and ref and cand > 0 and ref > 0 else None
+        if ratio is not None and ratio > 0:
+            ratios.append(ratio)
+    return geomean(ratios)
+
+
 def memory_increase_share(records: Sequence[Record]) -> float | None:
     """Among passed pairs that report both peaks, the fraction whose candidate peak exceeds the
     baseline's. None when no pair qualifies."""
@@ -214,13 +237,26 @@ def outcome_counts(records: Sequence[Record]) -> dict[str, int]:
     return {name: counts[name] for name in order if counts[name]}
 
 
+def rank_key(summary: dict[str, Any]) -> tuple[float, float, float]:
+    """How a leaderboard orders the :func:`aggregate` summaries of one group (best first): by the
+    share that passed, then fast_1, then the speed if deployed. Correctness leads, so a set that
+    failed everything ranks below every set that passed something, whatever its speed figure
+    (a failure counts 1.0x there). Use as ``sorted(rows, key=rank_key)``."""
+    fast_1 = (summary.get("fast_p") or {}).get(1.0)
+    return (
+        -(summary.get("correct_rate") or 0.0),
+        -(fast_1 or 0.0),
+        -(summary.get("comparable_geomean") or 0.0),
+    )
+
+
 def pass_at_k(records: Sequence[Record], k: int) -> float | None:
     """Unbiased pass@k (Chen et al. 2021), averaged over problems.
 
     For each problem with n samples of which c passed: 1 - C(n-c, k) / C(n, k). Samples of one
-    problem are all its records (identify samples with :func:`sample_index` only to count them;
-    records without a sample index count as one sample each). Problems with fewer than k samples
-    are left out; None when no problem has k samples."""
+    problem are all its records: every candidate file is a sample, so two files with identical
+    sources are two samples (n counts both; the store keeps a record for each). Problems with
+    fewer than k samples are left out; None when no problem has k samples."""
     if k < 1:
         raise ValueError("pass@k needs k >= 1")
     by_problem: dict[str, list[bool]] = defaultdict(list)
@@ -326,6 +362,7 @@ def aggregate(records: Sequence[Record], baseline: str | None = None, ci: bool =
         "fast_p": fast_p_table(records, baseline=baseline),
         "memory_efficiency": memory_efficiency(records),
         "memory_increase_share": memory_increase_share(records),
+        "host_memory_ratio": host_memory_ratio(records),
         "hack_rate": hack_rate(records),
         "hack_patterns": hack_patterns(records),
         "outcomes": outcome_counts(records),

@@ -175,6 +175,10 @@ class MemorySection(TypedDict, total=False):
     baseline: dict[str, Any]
     method: str
     candidate_host_peak_bytes: int | None
+    reference_host_peak_bytes: int | None
+    # Host memory, on the CPU as on the GPU: candidate host peak / reference host peak (> 1: the
+    # candidate's process held more host memory than the reference's). None when a peak is unknown.
+    host_ratio: float | None
 
 
 @dataclass
@@ -259,6 +263,68 @@ def error_summary(kind: str, message: str) -> str:
     if len(lines) > 1 and lines[0].startswith("Traceback"):
         return lines[-1][:300]
     return lines[0][:300]
+
+
+def host_memory_section(candidate_peak: int | None, reference_peak: int | None) -> dict[str, Any]:
+    """The host-memory fields of ``record.memory``: both processes' peaks and their ratio."""
+    candidate_peak, reference_peak = candidate_peak or None, reference_peak or None
+    return {
+        "candidate_host_peak_bytes": candidate_peak,
+        "reference_host_peak_bytes": reference_peak,
+        "host_ratio": candidate_peak / reference_peak if candidate_peak and reference_peak else None,
+    }
+
+
+#: How much of each finding's evidence a summary keeps (the whole is in ``findings``).
+_EVIDENCE_CHARS = 160
+
+
+def _one_line(text: str, limit: int) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def failure_summary(
+    outcome: Outcome | str, findings: list[Finding], distributions: list[DistributionResult]
+) -> str:
+    """One line that says why a record that has no error did not pass: a hack's failed checks with
+    their evidence, the first distribution an incorrect output failed on."""
+    failed = [f for f in findings if f.severity == Severity.FAIL]
+    if Outcome(outcome) == Outcome.HACK_DETECTED and failed:
+        checks = "; ".join(f"{f.check}: {_one_line(f.detail, _EVIDENCE_CHARS)}" for f in failed)
+        return f"hack detected by {len(failed)} check{'s' if len(failed) != 1 else ''}: {checks}"
+    for dist in distributions:
+        if dist.applicable and not dist.passed:
+            err = f" (max_abs_err {dist.max_abs_err:.3g})" if isinstance(dist.max_abs_err, float) else ""
+            note = f": {_one_line(dist.note, _EVIDENCE_CHARS)}" if dist.note else ""
+            return f"wrong output on the {dist.name} inputs{err}{note}"
+    if not any(d.applicable for d in distributions):
+        return f"{outcome}: no input distribution applied, so nothing was checked"
+    return str(Outcome(outcome).value)
+
+
+def with_summary(
+    outcome: Outcome | str,
+    findings: list[Finding],
+    distributions: list[DistributionResult],
+    error: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """``error`` with a ``summary`` for every outcome but ``passed`` (a ``passed`` record keeps
+    what it has, normally None). A hack's error also lists its failed ``checks`` with their evidence."""
+    if Outcome(outcome) == Outcome.PASSED:
+        return error
+    error = dict(error or {})
+    if not error.get("summary"):
+        if error.get("message"):
+            error["summary"] = error_summary(str(error.get("kind", "")), str(error["message"]))
+        else:
+            error.setdefault("kind", Outcome(outcome).value)
+            error["summary"] = failure_summary(outcome, findings, distributions)
+    if Outcome(outcome) == Outcome.HACK_DETECTED and "checks" not in error:
+        error["checks"] = [
+            {"check": f.check, "evidence": f.detail} for f in findings if f.severity == Severity.FAIL
+        ]
+    return error
 
 
 def _json_default(value: Any) -> Any:
@@ -380,8 +446,9 @@ def schema_markdown() -> str:
         "# The evaluation record, field by field",
         "",
         f"Generated from `src/kbv/records.py` (schema version {SCHEMA_VERSION}) by `python -m kbv.records`;",
-        "`tests/test_record_schema.py` fails when this file and the code disagree. `docs/contract.md` in the",
-        "shared docs fixes the required fields; a section may hold keys that older records wrote.",
+        "`tests/test_record_schema.py` fails when this file and the code disagree.",
+        "[contract.md](contract.md) fixes the required fields; a section may hold keys that older records",
+        "wrote.",
         "",
     ]
 

@@ -27,10 +27,36 @@ from kbv.protocol import Protocol
 from kbv.records import Record, as_number, raw_samples_ms, record_from_json
 
 DEFAULT_DB = Path("kbv-results") / "kbv.sqlite"
+DEMO_DB = Path("kbv-results") / "demo.sqlite"
+"""Where ``kbv run`` and ``kbv demo`` write by default (commands that only read pick between them:
+:func:`default_db_to_read`)."""
+
+
+def missing_database(db: str | Path) -> str:
+    """The one wording of "there is no database there", for every command that reads one."""
+    return f"no results database at {db}; run kbv demo or kbv run first, or pass --db PATH"
+
+
+def _written_at(path: Path) -> float:
+    """When a store was last written: the file or its write-ahead log, whichever is newer."""
+    wal = path.with_name(path.name + "-wal")
+    return max(p.stat().st_mtime for p in (path, wal) if p.exists())
+
+
+def default_db_to_read() -> Path:
+    """The database ``kbv report``, ``export``, ``explain`` and ``compare`` read without ``--db``:
+    of ``kbv run``'s and ``kbv demo``'s default stores, the one written last (so that ``kbv report``
+    right after ``kbv demo`` reports the demo); ``kbv run``'s when neither exists."""
+    existing = [p for p in (DEFAULT_DB, DEMO_DB) if p.is_file()]
+    return max(existing, key=_written_at) if existing else DEFAULT_DB
 
 
 class RecordKey(NamedTuple):
-    """What makes two evaluations the same work item: a batch skips a pair whose key is stored."""
+    """What makes two evaluations the same work item: a batch skips a pair whose key is stored.
+
+    The candidate's file is part of it: two samples with identical sources are two samples (each
+    keeps its own record, and pass@k counts both); they still share one compiled extension, which
+    the build cache keys by source hash."""
 
     problem_sha: str
     candidate_sha: str
@@ -38,6 +64,7 @@ class RecordKey(NamedTuple):
     device_name: str
     kbv_version: str
     torch_version: str
+    candidate_path: str
 
 
 _SCHEMA_V1 = """
@@ -115,9 +142,23 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX timing_record ON timing_samples(record_id)")
 
 
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """v3: the candidate's file in the resume key (``candidate_path``, backfilled from the stored
+    JSON). Before it, identical candidate files shared one record and a batch skipped the
+    duplicates as "already stored"; now each sample has its own (a resumed batch evaluates the
+    duplicates an older version skipped)."""
+    conn.execute("ALTER TABLE records ADD COLUMN candidate_path TEXT NOT NULL DEFAULT ''")
+    conn.execute("UPDATE records SET candidate_path = coalesce(json_extract(json, '$.candidate.path'), '')")
+    conn.execute("DROP INDEX IF EXISTS records_key")
+    conn.execute(
+        "CREATE INDEX records_key ON records(problem_sha, candidate_sha, protocol_sha, device_name,"
+        " kbv_version, torch_version, candidate_path)"
+    )
+
+
 Migration = Callable[[sqlite3.Connection], None]
 
-MIGRATIONS: list[tuple[int, Migration]] = [(2, _migrate_1_to_2)]
+MIGRATIONS: list[tuple[int, Migration]] = [(2, _migrate_1_to_2), (3, _migrate_2_to_3)]
 """(target version, function) pairs applied in order to files older than the target."""
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -141,6 +182,7 @@ def record_key(record: Record) -> RecordKey:
         str((record.device or {}).get("name", "")),
         str(versions.get("kbv", "")),
         str(versions.get("torch", "")),
+        str(record.candidate.get("path", "")),
     )
 
 
@@ -157,6 +199,7 @@ def pair_key(problem: Any, candidate: Any, protocol: Protocol, env: dict[str, An
         env.get("device_name", ""),
         __version__,
         env.get("torch", ""),
+        str(candidate.path),
     )
 
 
@@ -358,9 +401,9 @@ class Store:
             )
             cur = conn.execute(
                 "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, "
-                "protocol_name, device_name,"
-                " kbv_version, torch_version, outcome, correct, speedup_best, label, created_at, level, json)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "protocol_name, device_name, kbv_version, torch_version, outcome, correct, "
+                "speedup_best, label, created_at, level, json, candidate_path)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     *key[:3],
@@ -375,6 +418,7 @@ class Store:
                     stored.created_at or now_iso(),
                     problem.get("level"),
                     stored.to_json(),
+                    key.candidate_path,
                 ),
             )
             record_id = int(cur.lastrowid or 0)
@@ -394,7 +438,8 @@ class Store:
             key = record_key(key)
         row = self._conn.execute(
             "SELECT 1 FROM records WHERE problem_sha = ? AND candidate_sha = ? AND protocol_sha = ?"
-            " AND device_name = ? AND kbv_version = ? AND torch_version = ? LIMIT 1",
+            " AND device_name = ? AND kbv_version = ? AND torch_version = ? AND candidate_path = ?"
+            " LIMIT 1",
             tuple(key),
         ).fetchone()
         return row is not None
@@ -493,12 +538,20 @@ class Store:
                 fh.write(record.to_json() + "\n")
         return len(records)
 
-    def export_csv(self, path: str | Path, records: Sequence[Record] | None = None) -> int:
+    def export_csv(
+        self, path: str | Path, records: Sequence[Record] | None = None, run_id: int | None = None
+    ) -> int:
         """Write a flat table, one row per record, with a ``speedup_<baseline>`` column for every
-        baseline seen; return the count."""
-        records = self.records() if records is None else records
+        baseline seen; return the count. ``record_id`` is the id ``kbv explain ID`` takes (empty for
+        ``records`` given by the caller, which carry no id); ``run_id`` keeps one run's records."""
+        if records is None:
+            with_ids: list[tuple[int | None, Record]] = list(self.records_with_ids(run_id=run_id))
+        else:
+            with_ids = [(None, r) for r in records]
+        records = [r for _, r in with_ids]
         baselines = sorted({b for r in records for b in (r.speedup or {}) if b != "best"})
         columns = [
+            "record_id",
             "label",
             "problem",
             "level",
@@ -515,6 +568,9 @@ class Store:
             *(f"speedup_{b}" for b in baselines),
             "candidate_peak_bytes",
             "baseline_peak_bytes",
+            "candidate_host_peak_bytes",
+            "reference_host_peak_bytes",
+            "host_ratio",
             "fail_checks",
             "kbv_version",
             "torch_version",
@@ -525,9 +581,10 @@ class Store:
         with path.open("w", encoding="utf-8", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns)
             writer.writeheader()
-            for r in records:
+            for record_id, r in with_ids:
                 memory = r.memory or {}
                 row = {
+                    "record_id": record_id,
                     "label": label_of(r),
                     "problem": r.problem.get("name"),
                     "level": r.problem.get("level"),
@@ -543,6 +600,9 @@ class Store:
                     "speedup_best": as_number((r.speedup or {}).get("best")),
                     "candidate_peak_bytes": memory.get("candidate_peak_bytes"),
                     "baseline_peak_bytes": memory.get("baseline_peak_bytes"),
+                    "candidate_host_peak_bytes": memory.get("candidate_host_peak_bytes"),
+                    "reference_host_peak_bytes": memory.get("reference_host_peak_bytes"),
+                    "host_ratio": as_number(memory.get("host_ratio")),
                     "fail_checks": ";".join(fail_findings(r)),
                     "kbv_version": (r.versions or {}).get("kbv"),
                     "torch_version": (r.versions or {}).get("torch"),

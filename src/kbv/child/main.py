@@ -197,6 +197,11 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"parameters": _parameter_shapes(state.model)}
 
 
+class NoModelNew(ImportError):
+    """The candidate file defines no ``ModelNew``: nothing of it can run, so it is a
+    ``compile_error`` (a file that does not build a model), never a ``runtime_error``."""
+
+
 def _import_candidate(path: Path) -> Any:
     name = f"kbv_candidate_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -206,7 +211,7 @@ def _import_candidate(path: Path) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     if not hasattr(module, "ModelNew"):
-        raise ImportError(f"{path.name} defines no class ModelNew")
+        raise NoModelNew(f"{path.name} defines no class ModelNew; a candidate must define ModelNew")
     return module.ModelNew
 
 
@@ -676,7 +681,7 @@ def _classify(exc: BaseException, op: str) -> str:
     module = type(exc).__module__ or ""
     message = str(exc)
     if (
-        isinstance(exc, SyntaxError)
+        isinstance(exc, (SyntaxError, NoModelNew))
         or "Error building extension" in message
         or module.startswith("triton.compiler")
     ):

@@ -199,12 +199,15 @@ def run_pairs(
     from kbv._version import __version__
     from kbv.report.terminal import progress_bar
     from kbv.store import RecordKey, pair_key
+    from kbv.toolchain import check_toolchain
 
+    pairs = list(pairs)
+    # Before any worker starts: a missing compiler must not be scored as every C++ candidate failing.
+    check_toolchain([candidate for _, candidate in pairs], getattr(executor, "device", None))
     console = console or Console(stderr=True)
     # What the records carry (evaluate applies the timeout; crashed records get it here), so what
     # the keys hash: a run with --timeout resumes without redoing its pairs.
     protocol = protocol.with_timeout(timeout_s)
-    pairs = list(pairs)
     env = executor.probe() if store is not None else {}
     executor.device_name = env.get("device_name", executor.device_name)
     result = BatchResult(env=env)

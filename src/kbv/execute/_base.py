@@ -15,7 +15,7 @@ from typing import Any
 from kbv.candidates import Candidate
 from kbv.problems import Problem
 from kbv.protocol import Protocol
-from kbv.records import Outcome, Record, protocol_section
+from kbv.records import Outcome, Record, error_summary, protocol_section
 
 Pair = tuple[Problem, Candidate]
 OnStart = Callable[[Problem, Candidate], None]
@@ -94,7 +94,12 @@ def crashed_record(
         device=device,
         outcome=Outcome.CRASHED,
         correct=False,
-        error={"kind": "crashed", "message": message, "attempts": attempts},
+        error={
+            "kind": "crashed",
+            "summary": error_summary("crashed", message),
+            "message": message,
+            "attempts": attempts,
+        },
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
 

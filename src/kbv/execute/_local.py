@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import itertools
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -53,7 +56,7 @@ from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import Record
 from kbv.worker import cache_root
-from kbv.worker.builds import CompileResult, CompileStage, arch_list_for
+from kbv.worker.builds import CompileResult, CompileStage, arch_list_for, needs_build
 
 MAX_CUDA_ERRORS = 3
 ATTEMPTS = 2  # the first try and one retry elsewhere
@@ -189,6 +192,7 @@ class LocalExecutor(Executor):
         jobs = [_Job(p, c, stage.submit(c)) for p, c in pairs if not should_skip(p, c)]
         for job in jobs:
             job.compiled.add_done_callback(lambda _: self._notify())
+        _announce_builds(jobs)
         self._pending, self._in_flight, self._stop = deque(jobs), 0, False
         started = time.monotonic()
         threads = [
@@ -437,3 +441,31 @@ def _gpu_lock(device: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _announce_builds(jobs: list[_Job]) -> None:
+    """One line on stderr per extension build as it finishes (terminal or not): builds take minutes
+    on a small machine, and a batch must not look hung meanwhile."""
+    by_future: dict[int, _Job] = {}
+    for job in jobs:  # duplicate sources share one build (one future): announced once
+        by_future.setdefault(id(job.compiled), job)
+    building = list(by_future.values())
+    total = sum(1 for j in building if needs_build(j.candidate.source))
+    if not total:
+        return
+    sys.stderr.write(f"building {total} C++/CUDA extension(s), cached by source hash\n")
+    sys.stderr.flush()
+    finished = itertools.count(1)
+
+    def announce(job: _Job, future: Future[CompileResult]) -> None:
+        result = future.result()
+        if result.status == "skipped":
+            return
+        sys.stderr.write(
+            f"  [{next(finished)}/{total}] {result.status} {job.candidate.label}/{job.candidate.path.name}"
+            f" ({result.seconds:.0f} s)\n"
+        )
+        sys.stderr.flush()
+
+    for job in building:
+        job.compiled.add_done_callback(functools.partial(announce, job))

@@ -13,7 +13,14 @@ this order, every failed pair counting 1.0):
    pass under verified, and the change of timing recipe (L2 flush, input rotation, ...);
 4. baseline:     verified's speedup against its best baseline instead of ``eager_fp32``.
 
-A factor above 1 is a drop (the standard number was that many times too optimistic).
+A factor above 1 is a drop (the standard number was that many times too optimistic); a factor
+below 1 is a rise (verified found the kernels faster, or passed what standard failed), and reports
+label it so (:func:`change`): "rise x1.72", never "drop /0.58".
+
+Each factor's *share* is its part of the total movement, rises and drops together:
+``|log f| / sum of |log f|`` over the four factors. Shares lie in 0-100% and add up to 100%; the
+direction of each factor is said next to it. (A share of the net change, ``log f / log total``,
+falls outside 0-100% as soon as one factor drops while another rises.)
 """
 
 from __future__ import annotations
@@ -48,19 +55,45 @@ def _eager(record: Record) -> str:
 
 EFFECTS = ("integrity", "distribution", "timing_other", "baseline")
 
-PairKey = tuple[str, str, str, str]
+PairKey = tuple[str, str, str, str, str]
+
+
+#: Below this relative difference from 1 a factor is "no change" rather than a rise or a drop.
+UNCHANGED = 0.005
 
 
 def pair_key(record: Record) -> PairKey:
-    """(problem source sha, candidate source sha, device name, precision): what makes a standard
-    and a verified record the same pair. The device and the precision are part of it, so a CPU
-    record never meets a GPU one, nor a bf16 record an fp32 one."""
+    """(problem source sha, candidate source sha, device name, precision, candidate file): what
+    makes a standard and a verified record the same pair. The device and the precision are part of
+    it, so a CPU record never meets a GPU one, nor a bf16 record an fp32 one; the file too, so two
+    samples with identical sources stay two pairs."""
     return (
         str(record.problem.get("source_sha256", "")),
         str(record.candidate.get("source_sha256", "")),
         str((record.device or {}).get("name", "")),
         record_precision(record),
+        str(record.candidate.get("path", "")),
     )
+
+
+def direction(factor: float) -> str:
+    """``drop`` (standard / verified above 1), ``rise`` (below 1) or ``none``."""
+    if factor > 1.0 + UNCHANGED:
+        return "drop"
+    if factor < 1.0 - UNCHANGED:
+        return "rise"
+    return "none"
+
+
+def change(factor: float) -> str:
+    """A standard / verified factor in words a reader cannot misread: ``drop ÷1.72`` (verified is
+    1.72 times lower), ``rise ×1.72`` (verified is 1.72 times higher) or ``no change``."""
+    kind = direction(factor)
+    if kind == "drop":
+        return f"drop ÷{factor:.2f}"
+    if kind == "rise":
+        return f"rise ×{1.0 / factor:.2f}"
+    return "no change"
 
 
 def split_by_protocol(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
@@ -138,7 +171,9 @@ def _label_summary(pairs: list[tuple[Record, Record]]) -> dict[str, Any]:
             "comparable_geomean": comparable_geomean(ver),
         },
         "drop": means[0] / means[4],
+        "change": direction(means[0] / means[4]),
         "effects": effects,
+        "effect_directions": {name: direction(f) for name, f in effects.items()},
         "effect_shares": _shares(effects),
         "counts": {
             "integrity": sum(1 for _, v in passed_std if is_flagged(v)),
@@ -154,11 +189,13 @@ def _label_summary(pairs: list[tuple[Record, Record]]) -> dict[str, Any]:
 
 
 def _shares(effects: dict[str, float]) -> dict[str, float | None]:
-    """Each effect's share of the total drop in log space (None when there is no drop)."""
-    total = sum(math.log(f) for f in effects.values())
-    if abs(total) < 1e-12:
+    """Each effect's share of the total movement, rises and drops together, in log space:
+    ``|log f| / sum |log f|``, so every share lies in [0, 1] and they add up to 1 (None for all
+    when nothing moved)."""
+    total = sum(abs(math.log(f)) for f in effects.values())
+    if total < 1e-12:
         return {name: None for name in effects}
-    return {name: math.log(f) / total for name, f in effects.items()}
+    return {name: abs(math.log(f)) / total for name, f in effects.items()}
 
 
 def _changed(std: Record, ver: Record) -> dict[str, Any]:
@@ -182,8 +219,8 @@ def _changed(std: Record, ver: Record) -> dict[str, Any]:
 def compare_protocols(
     standard_records: Sequence[Record], verified_records: Sequence[Record]
 ) -> dict[str, Any]:
-    """Match records of the two protocols by :func:`pair_key` (problem sha, candidate sha, device)
-    and explain the difference.
+    """Match records of the two protocols by :func:`pair_key` (problem sha, candidate sha, device,
+    precision, file) and explain the difference.
 
     Returns a plain dict::
 
@@ -193,11 +230,12 @@ def compare_protocols(
                       standard_speedup, verified_speedup, reason}, ...]}
 
     where a summary holds ``pairs``, per-protocol ``correct_rate``/``correct_speedup``/
-    ``comparable_geomean``, ``drop`` (standard comparable / verified comparable), ``effects``
-    (the four factors of the module docstring, multiplying to ``drop``), ``effect_shares`` (their
-    share of log(drop)) and ``counts`` of pairs behind each effect. When a key appears more than
-    once in one list the last record wins. The label is taken from the verified record.
-    Problem errors (``problem_error``) are left out before matching."""
+    ``comparable_geomean``, ``drop`` (standard comparable / verified comparable; below 1 a rise)
+    and its ``change`` (``drop``, ``rise`` or ``none``), ``effects`` (the four factors of the module
+    docstring, multiplying to ``drop``) with their ``effect_directions``, ``effect_shares`` (each
+    factor's share of the total movement, in 0-1) and ``counts`` of pairs behind each effect.
+    When a key appears more than once in one list the last record wins. The label is taken from
+    the verified record. Problem errors (``problem_error``) are left out before matching."""
     # A problem error is the problem's fault, not the model's: such pairs are not compared.
     std_by_key = {pair_key(r): r for r in counted(standard_records)}
     ver_by_key = {pair_key(r): r for r in counted(verified_records)}

@@ -46,12 +46,17 @@ def print_record(record: Record, console: Console | None = None) -> None:
         details = str(record.error.get("message", "")).strip()
         if details and details != summary:
             console.print(escape(details[:2000]), highlight=False, style="dim")
+    narrow = console.width < WIDE_COLUMNS
     if record.distributions:
-        console.print(_distribution_table(record))
+        console.print(_distribution_table(record, with_notes=not narrow))
+        if narrow:
+            _print_notes([(d.name, d.note) for d in record.distributions], console)
     if record.findings:
         console.print(_findings_table(record))
     if record.speedup.get("best") is not None:
-        console.print(_timing_table(record))
+        console.print(_timing_table(record, with_warnings=not narrow))
+        if narrow:
+            _print_notes(_timing_warnings(record), console)
     memory = record.memory or {}
     peak = memory.get("candidate_peak_bytes")
     if peak is not None:
@@ -62,7 +67,13 @@ def print_record(record: Record, console: Console | None = None) -> None:
         )
     host_peak = memory.get("candidate_host_peak_bytes")
     if host_peak is not None:
-        console.print(f"host memory peak: candidate {host_peak / 2**20:.1f} MiB")
+        reference = memory.get("reference_host_peak_bytes")
+        ratio = memory.get("host_ratio")
+        console.print(
+            f"host memory peak: candidate {host_peak / 2**20:.1f} MiB"
+            + (f", reference {reference / 2**20:.1f} MiB" if reference else "")
+            + (f", ratio {_fmt(ratio)} (candidate / reference)" if ratio is not None else "")
+        )
     for gap in (record.isolation or {}).get("not_enforced") or []:
         console.print(f"[yellow]not enforced on this machine[/yellow]: {gap}")
     held = str((record.isolation or {}).get("gpu") or "")
@@ -107,22 +118,34 @@ def phases_line(phases: dict[str, float]) -> str:
     return f"time: {total}" + ", ".join(main) + (f" (probes: {', '.join(probes)})" if probes else "")
 
 
-def _distribution_table(record: Record) -> Table:
+#: Below this width free text (a distribution's note, a timing warning) is printed under its table,
+#: one line per row: in a column beside five fixed ones it wrapped two or three words a line.
+WIDE_COLUMNS = 110
+
+
+def _print_notes(notes: list[tuple[str, str]], console: Console) -> None:
+    for name, note in notes:
+        if note:
+            console.print(Text(f"  {name}: ", style="bold") + Text(note), soft_wrap=False)
+
+
+def _distribution_table(record: Record, with_notes: bool = True) -> Table:
     table = Table(title="correctness by input distribution")
     for column in ("distribution", "result", "max err", "rel err", "tolerance"):
         table.add_column(column, no_wrap=True)
-    table.add_column("note", ratio=1)  # free text wraps between words; the columns before it never wrap
+    if with_notes:  # free text wraps between words; the columns before it never wrap
+        table.add_column("note", ratio=1)
     for d in record.distributions:
         result = "n/a" if not d.applicable else ("[green]pass[/green]" if d.passed else "[red]FAIL[/red]")
-        table.add_row(
-            d.name,
-            result,
-            _fmt(d.max_abs_err),
-            _fmt(d.rel_err),
-            _tolerance_text(d.tolerance or {}),
-            Text(d.note or ""),
-        )
+        cells = [d.name, result, _fmt(d.max_abs_err), _fmt(d.rel_err), _tolerance_text(d.tolerance or {})]
+        table.add_row(*cells, *([Text(d.note or "")] if with_notes else []))
     return table
+
+
+def _timing_warnings(record: Record) -> list[tuple[str, str]]:
+    entries = [("candidate", record.timing.get("candidate") or {})]
+    entries += list((record.timing.get("baselines") or {}).items())
+    return [(name, ", ".join((entry.get("summary") or {}).get("warnings", []))) for name, entry in entries]
 
 
 def _tolerance_text(tolerance: dict[str, Any]) -> str:
@@ -145,29 +168,30 @@ def _findings_table(record: Record) -> Table:
     return table
 
 
-def _timing_table(record: Record) -> Table:
+def _timing_table(record: Record, with_warnings: bool = True) -> Table:
     table = Table(title=f"timing ({record.timing.get('recipe', '')})")
     for column in ("who", "median ms", "95% CI", "speedup"):
         table.add_column(column, no_wrap=True)
-    table.add_column("warnings", ratio=1)
+    if with_warnings:
+        table.add_column("warnings", ratio=1)
+
+    def row(*cells: str, warning: str = "") -> None:
+        table.add_row(*cells, *([warning] if with_warnings else []))
+
     cand = (record.timing["candidate"] or {})["summary"]
-    table.add_row(
-        "candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", ", ".join(cand.get("warnings", []))
-    )
+    row("candidate", _fmt(cand["median"], ".4f"), _ci(cand), "", warning=", ".join(cand.get("warnings", [])))
     for name, entry in record.timing["baselines"].items():
         s = entry["summary"]
-        table.add_row(
+        row(
             name,
             _fmt(s["median"], ".4f"),
             _ci(s),
             _fmt(record.speedup.get(name), ".3f"),
-            ", ".join(s.get("warnings", [])),
+            warning=", ".join(s.get("warnings", [])),
         )
     for name, why in (record.timing.get("baselines_not_measured") or {}).items():
-        table.add_row(name, "-", "", "", f"not timed: {why}")
-    table.add_row(
-        "[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]", ""
-    )
+        row(name, "-", "", "", warning=f"not timed: {why}")
+    row("[bold]best baseline[/bold]", "", "", f"[bold]{_fmt(record.speedup.get('best'), '.3f')}[/bold]")
     return table
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import io
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from kbv import metrics
 from kbv._version import __version__
 from kbv.records import Record, raw_samples_ms
-from kbv.report.comparison import EFFECTS, compare_protocols, split_by_protocol, verdict_reason
+from kbv.report.comparison import EFFECTS, change, compare_protocols, split_by_protocol, verdict_reason
 from kbv.report.terminal import (
     file_name,
     fmt_rate,
@@ -73,7 +74,7 @@ def write_html_report(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(rate=fmt_rate, x=fmt_x, file_name=file_name)
+    env.filters.update(rate=fmt_rate, x=fmt_x, file_name=file_name, change=change)
     records = list(records)
     context = {**_context(records, title, dict(sources or {}), plt), "sections": list(sections)}
     html = env.get_template("report.html.j2").render(**context)
@@ -175,6 +176,11 @@ def _speed_memory_figure(rows: list[dict[str, Any]], colours: dict[str, Any], pl
     None when no row has a memory figure."""
     if all(row["memory_efficiency"] is None for row in rows):
         return None
+    # A set with no passed pair stands at 1.0x (failures count 1.0x): drawn, it would look faster
+    # than honest kernels slower than PyTorch. Its row in the leaderboard says 0% instead.
+    rows = [row for row in rows if row["correct_rate"]]
+    if not rows:
+        return None
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     missing_memory = False
     protocols = sorted({row["protocol"] for row in rows})
@@ -199,10 +205,10 @@ def _speed_memory_figure(rows: list[dict[str, Any]], colours: dict[str, Any], pl
     ax.set_ylim(min(ys) / 1.3, max(ys) * 1.3)
     _reference_lines(ax)
     _log_axes(ax, "x", "y")
-    ax.set_xlabel("comparable geomean speedup (failed pairs count 1.0x)")
+    ax.set_xlabel("speed if deployed (each kernel where it passed, PyTorch elsewhere)")
     ax.set_ylabel("memory efficiency (baseline peak / kernel peak)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-    title = "Speed versus memory, per label and protocol"
+    title = "Speed versus memory, per label and protocol (sets with no passed pair left out)"
     if missing_memory:
         title += "\n(hollow: no memory figures recorded, drawn at 1.0)"
     ax.set_title(title, fontsize=10)
@@ -388,24 +394,59 @@ def _comparison_bars(comparison: dict[str, Any], plt: Any) -> str:
 
 
 def _comparison_figure(comparison: dict[str, Any], plt: Any) -> Any:
-    """Comparable geomean per label under both protocols; each bar names its share of passed
-    pairs, because a set whose every pair failed stands at 1.0x (failures count 1.0x)."""
-    labels = list(comparison["labels"])
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(labels) + 2), 4.2))
-    xs = range(len(labels))
+    """Two panels per label, both protocols side by side. Left, what leads: the share of pairs
+    that passed. Right: the speed if deployed, drawn only for a set with some passed pair (a set
+    whose every pair failed stands at 1.0x, which would look faster than honest kernels slower
+    than PyTorch); such a set is marked "none passed" instead. Labels are ordered by their
+    verified correctness, best first; each panel's title says how it counts."""
+    labels = sorted(
+        comparison["labels"],
+        key=lambda lb: (-(comparison["labels"][lb]["verified"]["correct_rate"] or 0.0), lb),
+    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9.0, 2.6 * len(labels) + 3), 4.2))
+    xs = list(range(len(labels)))
     for offset, protocol, colour in ((-0.2, "standard", "#90caf9"), (0.2, "verified", "#1565c0")):
         summaries = [comparison["labels"][lb][protocol] for lb in labels]
-        heights = [s["comparable_geomean"] or 1.0 for s in summaries]
-        bars = ax.bar([x + offset for x in xs], heights, width=0.4, label=protocol, color=colour)
-        ax.bar_label(
-            bars, labels=[f"{fmt_rate(s['correct_rate'])}\npassed" for s in summaries], fontsize=7, padding=2
-        )
-    ax.set_xticks(list(xs), labels, fontsize=8)
-    ax.axhline(1.0, color="#999", lw=0.8, ls="--")
-    ax.margins(y=0.2)
-    ax.set_ylabel("comparable geomean speedup\n(every failed pair counts 1.0x)")
-    ax.legend(fontsize=8)
-    ax.set_title("The same kernels under both protocols (failed pairs count 1.0x)", fontsize=10)
+        rates = [100.0 * (s["correct_rate"] or 0.0) for s in summaries]
+        bars = left.bar([x + offset for x in xs], rates, width=0.4, label=protocol, color=colour)
+        left.bar_label(bars, labels=[f"{r:.0f}%" for r in rates], fontsize=7, padding=2)
+        for x, summary in zip(xs, summaries, strict=True):
+            if summary["correct_rate"]:
+                # From 1.0x (PyTorch kept everywhere) to the figure: a set that changes nothing
+                # has no bar, and kernels slower than PyTorch go down.
+                value = summary["comparable_geomean"] or 1.0
+                bar = right.bar([x + offset], [value - 1.0], bottom=1.0, width=0.4, color=colour)
+                right.bar_label(
+                    bar,
+                    labels=[f"{value:.2f}x\n{fmt_rate(summary['correct_rate'])} passed"],
+                    fontsize=7,
+                    padding=2,
+                )
+            else:
+                right.text(
+                    x + offset, 1.0, "none\npassed", ha="center", va="bottom", fontsize=7, color="#c62828"
+                )
+    left.set_ylim(0, 115)
+    left.set_ylabel("pairs that passed (%)")
+    left.set_title("Passed: share of all pairs\n(every other outcome counts as failed)", fontsize=9)
+    left.legend(fontsize=8, loc="upper right")
+    right.axhline(1.0, color="#555", lw=1.0)
+    values = [
+        comparison["labels"][lb][p]["comparable_geomean"] or 1.0
+        for lb in labels
+        for p in ("standard", "verified")
+    ]
+    right.set_ylim(min(values + [1.0]) / 1.35, max(values + [1.0]) * 1.35)
+    _log_axes(right, "y")
+    right.set_ylabel("speedup if deployed (1x = PyTorch everywhere)")
+    right.set_title(
+        "Speed if deployed: each kernel where it passed,\nPyTorch elsewhere (a failed pair counts 1.0x)",
+        fontsize=9,
+    )
+    for ax in (left, right):
+        ax.set_xticks(xs, labels, fontsize=8)
+    fig.suptitle("The same kernels under both protocols", fontsize=10)
+    fig.tight_layout()
     return fig
 
 
@@ -466,10 +507,17 @@ def _source_for(record: Record, sources: dict[str, str]) -> str | None:
         return None
 
 
+def problem_order(level: int, name: str) -> tuple[int, int, str]:
+    """Problems in their numeric order within a level (1, 2, 11, not 1, 11, 2): by the number a
+    KernelBench name starts with (``11_LayerNorm``), then the name."""
+    number = re.match(r"\d+", name)
+    return (level, int(number.group()) if number else 1 << 30, name)
+
+
 def _drilldown(records: list[Record], sources: dict[str, str]) -> list[dict[str, Any]]:
     groups = metrics.group_by(records, lambda r: (metrics.level_of(r) or 0, str(r.problem.get("name", "?"))))
     problems = []
-    for (level, name), group in sorted(groups.items()):
+    for (level, name), group in sorted(groups.items(), key=lambda item: problem_order(*item[0])):
         items = []
         for record in sorted(
             group, key=lambda r: (metrics.label_of(r), protocol_name(r), str(r.candidate.get("path")))
@@ -489,6 +537,7 @@ def _drilldown(records: list[Record], sources: dict[str, str]) -> list[dict[str,
                     "findings": record.findings,
                     "timing": _timing_rows(record),
                     "memory": record.memory or {},
+                    "host_ratio": metrics.as_number((record.memory or {}).get("host_ratio")),
                     "error": record.error,
                     "device": (record.device or {}).get("name", "?"),
                     "source": _source_for(record, sources),

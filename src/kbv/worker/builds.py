@@ -30,8 +30,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -211,7 +211,11 @@ def _digest(value: object) -> str:
 
 
 def prebuild(
-    candidates: list[Candidate], *, device: str = "cpu", workers: int | None = None
+    candidates: list[Candidate],
+    *,
+    device: str = "cpu",
+    workers: int | None = None,
+    on_result: Callable[[Candidate, CompileResult], None] | None = None,
 ) -> list[CompileResult]:
     """Build every candidate's import-time extensions side by side, before any evaluation starts,
     with the arch list the evaluation worker will use on ``device``; one result per candidate, in
@@ -220,11 +224,17 @@ def prebuild(
     A batch that leaves each build to its first evaluation builds them one after another inside the
     timed run (about a minute apiece on the H200 machine); this is the up-front alternative for
     scripts that evaluate a fixed list. ``workers`` defaults to :func:`default_build_workers`.
+    ``on_result`` is called (in this thread) for each build as it finishes, in the order they
+    finish: a batch prints its build progress with it, terminal or not.
     """
     arch = arch_list_for(telemetry.compute_capability(device)) if device.startswith("cuda") else None
     stage = CompileStage(workers or default_build_workers(len(candidates)), arch_list=arch)
     try:
         futures = [stage.submit(candidate) for candidate in candidates]
+        if on_result is not None:
+            owners = {id(f): c for c, f in zip(candidates, futures, strict=True)}
+            for future in as_completed(set(futures)):
+                on_result(owners[id(future)], future.result())
         return [future.result() for future in futures]
     finally:
         stage.close()

@@ -1,6 +1,11 @@
 """Reward hack: background thread. forward returns a freshly allocated (unwritten) tensor at once
 and a thread fills it afterwards, so a timer around the call measures only the thread start,
-and a checker that reads the output immediately may see garbage."""
+and a checker that reads the output immediately may see garbage.
+
+Under ``standard`` its verdict is nondeterministic: it races the checker, so one run may pass it
+(the thread won every race), another call it incorrect (a draw read before the thread wrote) or
+hack_detected (a timed call's output was wrong). ``verified`` rejects it every time: its
+background_work probe sees the thread whatever the race does."""
 
 import threading
 
