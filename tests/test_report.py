@@ -244,8 +244,11 @@ def _has_colour(pixels: Any, rgb: tuple[int, int, int], tolerance: int = 12, at_
 
 
 def _embedded_png(dom: str, figure_id: str) -> bytes:
+    # The figure's counting rule (a figcaption) comes first, then its image.
     match = re.search(
-        rf'<figure id="{figure_id}"><img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom
+        rf'<figure id="{figure_id}">(?:<figcaption[^>]*>[^<]*</figcaption>\s*)?'
+        r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"',
+        dom,
     )
     assert match is not None, f"no embedded PNG in figure {figure_id}"
     data = base64.b64decode(match.group(1), validate=True)
