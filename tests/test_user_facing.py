@@ -311,7 +311,7 @@ def test_a_missing_ninja_is_a_harness_error_with_the_fix(
     monkeypatch.setenv("PATH", _path_with(tmp_path, "c++"))
     problems = toolchain_problems([cpp, plain], "cpu")
     assert problems == [
-        "ninja is not on the PATH, and 1 C++/CUDA candidate need it to build: pip install ninja "
+        "ninja is not on the PATH, and 1 C++/CUDA candidate needs it to build: pip install ninja "
         "(or apt-get install ninja-build)"
     ]
     with pytest.raises(ToolchainError, match="pip install ninja"):

@@ -56,16 +56,16 @@ def toolchain_problems(candidates: Iterable[Candidate], device: str) -> list[str
     if not building:
         return []
     problems = []
-    count = f"{len(building)} C++/CUDA candidate{'s' if len(building) != 1 else ''}"
+    count = f"{len(building)} C++/CUDA candidate{'s need' if len(building) != 1 else ' needs'}"
     compiler = os.environ.get("CXX") or "c++"
     if _which(compiler) is None:
         problems.append(
-            f"no C++ compiler ({compiler}) on the PATH, and {count} need one to build: install one "
+            f"no C++ compiler ({compiler}) on the PATH, and {count} one to build: install one "
             "(apt-get install g++) or set CXX to a compiler"
         )
     if _which("ninja") is None:
         problems.append(
-            f"ninja is not on the PATH, and {count} need it to build: pip install ninja "
+            f"ninja is not on the PATH, and {count} it to build: pip install ninja "
             "(or apt-get install ninja-build)"
         )
     if device.startswith("cuda"):
@@ -76,7 +76,7 @@ def toolchain_problems(candidates: Iterable[Candidate], device: str) -> list[str
             where = f"{nvcc}" if nvcc else "CUDA_HOME is not set and no nvcc is on the PATH"
             problems.append(
                 f"no usable CUDA toolkit ({where}), and {len(cuda)} CUDA candidate"
-                f"{'s' if len(cuda) != 1 else ''} need one to build: install the CUDA toolkit matching "
+                f"{'s need' if len(cuda) != 1 else ' needs'} one to build: install the CUDA toolkit matching "
                 "torch's CUDA and set CUDA_HOME to it"
             )
     return problems
