@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import RELU, ROOT
@@ -583,7 +584,7 @@ def _stopped_below_us() -> list[tuple[int, str]]:
     ]
 
 
-def _evaluate_contained(name: str, protocol: str = "standard", timeout_s: float = 60.0):
+def _evaluate_contained(name: str, protocol: Any = "standard", timeout_s: float = 60.0):
     from kbv.api import evaluate_paths
 
     started = time.monotonic()
@@ -591,25 +592,135 @@ def _evaluate_contained(name: str, protocol: str = "standard", timeout_s: float 
     return record, time.monotonic() - started
 
 
-def test_a_candidate_that_stops_its_siblings_is_caught_and_nothing_stays_stopped() -> None:
-    record, seconds = _evaluate_contained("stop_siblings.py")
-    signalled = [f for f in record.findings if f.check == "signalled_process" and f.severity == "fail"]
-    assert record.outcome == "hack_detected" and signalled, (record.outcome, record.error, record.findings)
-    assert "reference" in signalled[0].detail
-    assert seconds < 50, f"{seconds:.0f} s: the stopped reference was waited for"
+def _scopes_signals() -> bool:
+    from kbv.child import confine
+
+    return (confine.landlock_abi() or 0) >= confine.SCOPE_ABI
+
+
+@pytest.fixture(params=["confined", "unconfined"])
+def confinement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """With the kernel's confinement (Landlock, seccomp) where this kernel scopes signals, and
+    without it (``KBV_CONFINE=0``: an older kernel), where kbv's own waits must still catch it."""
+    if request.param == "confined" and not _scopes_signals():
+        pytest.skip("this kernel's Landlock does not scope signals (ABI 6, Linux 6.12)")
+    if request.param == "unconfined":
+        monkeypatch.setenv("KBV_CONFINE", "0")
+    return str(request.param)
+
+
+def _signalled(record: Any) -> list[Any]:
+    return [f for f in record.findings if f.check == "signalled_process" and f.severity == "fail"]
+
+
+@pytest.mark.parametrize("name", ["stop_siblings.py", "signal_bursts.py"])
+def test_a_candidate_that_signals_its_siblings_is_contained_or_caught(name: str, confinement: str) -> None:
+    """Confined, its signals are refused: the evaluation runs as if it had sent none. Unconfined, a
+    stopped sibling ends the evaluation at once as hack_detected. Either way a record comes back
+    long before any budget, and nothing is left stopped."""
+    record, seconds = _evaluate_contained(name)
+    summary = (record.outcome, record.error, record.findings, record.isolation.get("not_enforced"))
+    if confinement == "confined":
+        assert record.outcome == "passed" and not _signalled(record), summary
+        assert "signals and abstract unix sockets scoped" in record.isolation["confinement"]["landlock"]
+    else:
+        assert record.outcome == "hack_detected" and _signalled(record), summary
+        assert any("KBV_CONFINE=0" in item for item in record.isolation["not_enforced"])
+        if name == "stop_siblings.py":
+            assert "reference" in _signalled(record)[0].detail
+    assert seconds < 50, f"{seconds:.0f} s: a stopped worker was waited for"
     assert _stopped_below_us() == []
 
 
-def test_signal_bursts_at_siblings_end_with_a_record_and_nothing_stopped() -> None:
-    record, seconds = _evaluate_contained("signal_bursts.py")
-    assert record.outcome == "hack_detected", (record.outcome, record.error, record.findings)
-    assert any(f.check == "signalled_process" for f in record.findings)
-    assert seconds < 50
-    assert _stopped_below_us() == []
-
-
-def test_a_candidate_that_signals_only_its_own_child_runs() -> None:
+def test_a_candidate_that_signals_only_its_own_child_runs(confinement: str) -> None:
     with _worker("own-child") as worker:
         _load(worker, CONTAIN / "signal_own_child.py")
         _run(worker)
         assert worker.stopped is None
+        assert ("confinement" in worker.isolation) == (confinement == "confined")
+
+
+def test_a_candidate_cannot_read_or_trace_the_parent_where_confined(confinement: str) -> None:
+    """``process_vm_readv``, ``/proc/<pid>/mem`` and ``ptrace`` on the kbv parent: refused where
+    confined (the right answer comes back); as root without confinement nothing stops the reads."""
+    record, _ = _evaluate_contained("reach_parent_memory.py")
+    if confinement == "confined":
+        assert record.outcome == "passed", (record.outcome, record.error, record.isolation)
+        assert "ptrace" in record.isolation["confinement"]["seccomp"]
+    elif record.isolation["user"].startswith("same as the parent (root)"):
+        assert record.outcome == "incorrect", (record.outcome, record.error)
+
+
+def test_an_honest_candidate_stages_files_in_its_scratch(confinement: str) -> None:
+    record, _ = _evaluate_contained("honest_scratch_files.py")
+    assert record.outcome == "passed", (record.outcome, record.error)
+
+
+def test_confinement_refuses_writes_outside_scratch_and_build_directory(tmp_path: Path) -> None:
+    """The layer itself, in a forked child: writes beneath the named directory and to /dev/null
+    work; a write beside it, a signal to the parent and ptrace fail."""
+    from kbv.child import confine
+
+    if confine.landlock_abi() is None:
+        pytest.skip("no Landlock on this kernel")
+    allowed, outside = tmp_path / "scratch", tmp_path / "elsewhere"
+    allowed.mkdir()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        facts = confine.apply([str(allowed)])
+        results = []
+        for attempt in (
+            lambda: (allowed / "f").write_text("x"),
+            lambda: Path("/dev/null").write_text("x"),
+            lambda: outside.write_text("x"),
+            lambda: os.kill(os.getppid(), 0),
+        ):
+            try:
+                attempt()
+                results.append("ok")
+            except OSError as exc:
+                results.append(str(exc.errno))
+        os.write(write, repr((results, facts["not_enforced"])).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    results, missing = eval(os.read(read, 65536).decode())  # noqa: S307 - our own child's repr
+    assert results[:3] == ["ok", "ok", "13"], (results, missing)
+    if _scopes_signals():
+        assert results[3] == "1", results  # EPERM: outside its domain
+    assert not outside.exists()
+
+
+def test_the_seccomp_filter_denies_what_it_names_and_allows_the_rest() -> None:
+    from kbv.child import confine
+
+    program = confine.seccomp_program("x86_64")
+    assert program[-1][3] == 0x00050000 | 1 and program[-2][3] == 0x7FFF0000  # EPERM; allow
+    denied = {k for code, _, _, k in program if code == 0x15}
+    assert {101, 310, 311, 438}.issubset(denied)  # ptrace, process_vm_readv/writev, pidfd_getfd
+    for index, (code, jt, jf, _) in enumerate(program):
+        if code in (0x15, 0x35):  # every jump to "deny" lands on the EPERM return
+            target = index + 1 + (jt or jf)
+            assert (jt or jf) == 0 or target == len(program) - 1
+
+
+def test_an_ahead_of_time_build_is_confined_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build process imports the candidate (its ``load_inline`` runs there), as the parent's
+    uid: a write outside its build directory and home is refused, as in the worker."""
+    from kbv.candidates import load_candidate
+    from kbv.child import confine
+    from kbv.worker.builds import compile_candidate
+
+    if confine.landlock_abi() is None:
+        pytest.skip("no Landlock on this kernel")
+    monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    outside = tmp_path / "outside.txt"
+    source = tmp_path / "1_ReLU.py"
+    source.write_text(
+        f"import torch.utils.cpp_extension\nopen({str(outside)!r}, 'w').write('x')\n"
+        "class ModelNew:\n    pass\n"
+    )
+    result = compile_candidate(load_candidate(source))
+    assert result.status == "failed" and not outside.exists(), result

@@ -21,6 +21,12 @@ MARKER_ENV = "KBV_WORKER_TAG"
 #: ``os.environ`` (``kbv.child.zygote``). Not a marker itself: it names no owner pid.
 MARKER_SLOT = "-" * 48
 
+#: Set by the parent in a candidate worker's (and an ahead-of-time build's) environment: the
+#: directories it may write beneath, ``os.pathsep``-separated (``kbv.child.confine``, Landlock).
+CONFINE_WRITE_ENV = "KBV_CONFINE_WRITE"
+#: ``1`` where that process may use a GPU (CUDA's device files and ``/dev/shm`` become writable).
+CONFINE_GPU_ENV = "KBV_CONFINE_GPU"
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

@@ -16,6 +16,11 @@ import uuid
 
 
 def main(path: str) -> int:
+    from kbv.child import confine
+
+    confined = confine.from_environment()  # the candidate's code runs at import: confined first
+    if confined is not None and confined["not_enforced"]:
+        print(f"kbv: not enforced in this build: {confined['not_enforced']}", file=sys.stderr)
     name = f"kbv_build_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

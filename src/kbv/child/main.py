@@ -145,12 +145,17 @@ def _release_cached_memory(room_bytes: Any = None) -> None:
 
 
 def _environment_facts() -> dict[str, Any]:
+    from kbv.child import confine as _confine
+
     facts: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda_available": torch.cuda.is_available(),
         "intra_op_threads": torch.get_num_threads(),
     }
+    confinement = _confine.from_environment()  # applied before this greeting, before any candidate code
+    if confinement is not None:
+        facts["confinement"] = confinement
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")  # the CUDA context is made now, while the worker boots
         _sketch.warm(torch.device("cuda"))  # the fused sketch kernel, where it is on, compiled now
@@ -742,9 +747,11 @@ def run(fd: int, role: str, warm_probes: bool) -> None:
     """Boot and serve: what ``python -m kbv.child.main FD ROLE [probes]`` does, and what a process
     forked from kbv's fork server (``kbv.child.zygote``) does once it has become a worker."""
     global _ROLE, _WARM_PROBES
+    from kbv.child import confine as _confine
     from kbv.child import guard as _guard
     from kbv.processes import harden_process
 
+    _confine.from_environment()  # a candidate's Landlock and seccomp (already on where forked), first
     _guard.install()  # subreaper for the candidate's orphans; exit at once when the parent dies
     harden_process()  # another worker (a candidate) must not read this one's memory or files
     _register_probes()

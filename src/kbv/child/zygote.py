@@ -162,6 +162,9 @@ def _become_worker(server: socket.socket, request: dict[str, Any], fds: list[int
             os.setgroups([])
             os.setgid(int(uid))
             os.setuid(int(uid))
+        from kbv.child import confine
+
+        confine.from_environment()  # a candidate's Landlock and seccomp, while this is its only thread
         _fresh_process_state()
         from kbv.child import main as worker
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from kbv import channel as _channel
 from kbv import telemetry
+from kbv.processes import CONFINE_GPU_ENV, CONFINE_WRITE_ENV
 from kbv.processes import harden_process as harden_process  # kbv.worker.harden_process, as documented
 from kbv.worker import _contain, _forkserver, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
@@ -73,6 +74,22 @@ def visible_devices(device: str) -> str | None:
 def worker_device(device: str) -> str:
     """The device name a worker uses: ``cuda`` for any ``cuda:N`` (it sees only that GPU)."""
     return "cuda" if device.startswith("cuda") else device
+
+
+def confinement_env(writable: Iterable[Path | str], gpu: bool) -> dict[str, str]:
+    """What a process running candidate code needs in its environment to confine itself with
+    Landlock and seccomp (``kbv.child.confine``) before that code runs: the directories it may write
+    beneath. Empty where ``KBV_CONFINE=0`` turns that off (``Worker.isolation`` says so)."""
+    if confinement_off():
+        return {}
+    return {
+        CONFINE_WRITE_ENV: os.pathsep.join(str(p) for p in writable),
+        CONFINE_GPU_ENV: "1" if gpu else "0",
+    }
+
+
+def confinement_off() -> bool:
+    return os.environ.get("KBV_CONFINE", "1").lower() in ("0", "off", "no")
 
 
 def cache_root() -> Path:
@@ -182,6 +199,8 @@ class Worker:
         if self.spec.device == "cpu":
             env.setdefault("OMP_NUM_THREADS", CPU_INTRA_OP_THREADS)
         env.update(self.spec.extra_env)
+        if self.spec.role == "candidate":
+            env.update(confinement_env((self.scratch, builds), gpu=self.spec.device.startswith("cuda")))
         env[_contain.MARKER_ENV] = self.marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
         parent_end, child_end = socket.socketpair()
@@ -490,11 +509,27 @@ class Worker:
                 "no private network namespace: "
                 f"{no_netns or 'setpriv(1) is missing to drop the uid after it'}"
             )
+        if self.spec.role == "candidate":
+            confinement = self.hello.get("confinement") if self.hello else None
+            if confinement is not None:
+                facts["confinement"] = {k: confinement.get(k) for k in ("landlock", "seccomp")}
+                not_done.extend(str(item) for item in confinement.get("not_enforced") or [])
+            elif confinement_off():
+                not_done.append(
+                    "Landlock and seccomp turned off (KBV_CONFINE=0): the candidate can signal, trace "
+                    "and write wherever its uid may"
+                )
         if os.geteuid() == 0 and self.uid is None:
+            confined = bool((facts.get("confinement") or {}).get("landlock"))
+            reach = (
+                "Landlock keeps it from other processes and its writes in its scratch and build "
+                "directory, but it reads every file root can"
+                if confined
+                else "it can read other workers' memory and write kbv's caches"
+            )
             not_done.append(
                 "the candidate worker runs as root like the parent "
-                f"({self._no_drop or 'not a candidate worker'}): "
-                "it can read other workers' memory and write kbv's caches "
+                f"({self._no_drop or 'not a candidate worker'}): {reach} "
                 "(docs/architecture.md, 'What isolation does not cover')"
             )
         if (

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from kbv import telemetry
 from kbv.candidates import Candidate
-from kbv.worker import _kbv_src, cache_root
+from kbv.worker import _kbv_src, cache_root, confinement_env
 from kbv.worker._env import arch_list_for, scrubbed_env
 
 __all__ = [
@@ -173,6 +173,7 @@ def _run_build_child(
         if arch_list:
             env["TORCH_CUDA_ARCH_LIST"] = arch_list
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
+        env.update(confinement_env((home, extensions.parent), gpu=False))  # it runs the candidate's import
         source = home / candidate.path.name  # the bytes that were hashed, not whatever is on disk now
         source.write_text(candidate.source)
         log = home / "build.log"
