@@ -724,3 +724,52 @@ def test_an_ahead_of_time_build_is_confined_too(tmp_path: Path, monkeypatch: pyt
     )
     result = compile_candidate(load_candidate(source))
     assert result.status == "failed" and not outside.exists(), result
+
+
+# -- what a candidate writes ----------------------------------------------------------------------
+
+
+def _small_disk() -> Any:
+    """A disk limit small enough that the 4 GiB fixtures stop after 64 MiB (this machine's
+    /dev/shm is shared RAM: nothing larger is ever written)."""
+    return protocol_from_dict({"name": "small-disk", "base": "standard", "limits": {"disk_gb": 0.0625}})
+
+
+@pytest.mark.parametrize("name", ["write_4gib_one_file.py", "write_4gib_many_files.py"])
+def test_writing_4_gib_is_resource_limit_with_the_figure(name: str) -> None:
+    record, _ = _evaluate_contained(name, protocol=_small_disk())
+    assert record.outcome == "resource_limit", (record.outcome, record.error)
+    limit = record.error["limit"]
+    assert limit["limit"] == "disk" and limit["allowed"] == 64 << 20 and limit["figure"] > limit["allowed"]
+    assert limit["figure"] < 2 << 30, limit  # stopped long before 4 GiB
+    assert record.isolation["limits"]["disk_gb"] == 0.0625
+    assert not list(Path("/dev/shm").glob("kbv-candidate-*/home/filler*"))  # the scratch is gone
+
+
+def test_an_honest_candidate_writes_within_a_small_disk_limit() -> None:
+    record, _ = _evaluate_contained("honest_scratch_files.py", protocol=_small_disk())
+    assert record.outcome == "passed", (record.outcome, record.error)
+
+
+def test_the_disk_limit_counts_allocated_bytes_once_and_skips_given_files(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a", tmp_path / "hard")
+    with open(tmp_path / "sparse", "wb") as handle:  # 1 GiB long, nothing in it
+        handle.truncate(1 << 30)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "given").write_bytes(b"y" * 200_000)
+    given = os.stat(tmp_path / "sub" / "given")
+    counted = _contain.files_bytes([tmp_path], {(given.st_dev, given.st_ino)})
+    assert 100_000 <= counted < 150_000
+    limits = LimitSettings(disk_gb=1.0)
+    over = _contain.exceeded(_contain.Usage(1, 0, None, disk_bytes=2 << 30), limits)
+    assert over == {"limit": "disk", "figure": 2 << 30, "allowed": 1 << 30, "unit": "bytes"}
+
+
+def test_the_disk_limit_at_its_default_keeps_the_protocol_hash() -> None:
+    from kbv.protocol import VERIFIED
+
+    default = protocol_from_dict({"name": "verified", "base": "verified", "version": VERIFIED.version})
+    assert "disk_gb" not in default.to_dict()["limits"]
+    assert _small_disk().to_dict()["limits"]["disk_gb"] == 0.0625
+    assert _small_disk().sha256() != protocol_from_dict({"name": "small-disk", "base": "standard"}).sha256()

@@ -135,7 +135,14 @@ class LimitSettings:
     # device_memory_gb. The limit keeps one candidate from starving the evaluations sharing its
     # GPU; alone there are none, and the honest reference needed 72 GB on a 7.5 GB-input problem.
     device_memory_alone_share: float = 0.75
+    # Bytes (GiB) the candidate's files may take: its scratch (HOME, TMPDIR, output files) and its
+    # build directory, measured by the parent's poll, and the size of any one file it writes
+    # (RLIMIT_FSIZE). Landlock keeps its writes there (kbv.child.confine). Left out of the
+    # protocol's hash at this default (Protocol.to_dict): protocols hash as before it existed.
+    disk_gb: float = 16.0
 
+
+DEFAULT_DISK_GB = LimitSettings().disk_gb
 
 #: The precisions a problem can be evaluated in (``--precision``): its floating inputs and
 #: parameters cast to it, as KernelBench's precision option does (docs/precision.md).
@@ -171,6 +178,10 @@ class Protocol:
         if self.precision == "fp32":
             # fp32 settings hash as they did before precisions existed: same records, same hash
             del data["precision"]
+        if self.limits.disk_gb == DEFAULT_DISK_GB:
+            # likewise the disk limit at its default: an honest candidate writes far less, so a
+            # record judged before the limit existed was judged alike; another value hashes apart
+            del data["limits"]["disk_gb"]
         return data
 
     def sha256(self) -> str:

@@ -153,6 +153,10 @@ class Worker:
         #: The uid a candidate worker runs as (None: the parent's), and why not where root could not drop.
         self.uid: int | None = None
         self._no_drop: str | None = None
+        #: The build directory (``launch``), and (device, inode) of the files :meth:`give` put in
+        #: the scratch: the parent's, not counted against the candidate's disk limit.
+        self._builds = cache_root() / "builds" / spec.build_key[:32]
+        self._given: set[tuple[int, int]] = set()
         #: Descriptors of exported device memory that came with the last reply (``kbv.handoff``).
         self._fds: list[int] = []
         self._private_net = False
@@ -178,7 +182,7 @@ class Worker:
         """Start the process without waiting, so several workers can boot at once (again: no-op)."""
         if self._proc is not None:
             return
-        builds = cache_root() / "builds" / self.spec.build_key[:32]
+        builds = self._builds = cache_root() / "builds" / self.spec.build_key[:32]
         extensions, triton_dir = builds / "torch_extensions", builds / "triton"
         extensions.mkdir(parents=True, exist_ok=True)
         triton_dir.mkdir(parents=True, exist_ok=True)
@@ -264,8 +268,14 @@ class Worker:
             kind = str(error.get("kind", "runtime_error"))
             if kind == "cuda_error":
                 self.kill()
-            if self.spec.limits is not None and _contain.is_open_files_error(error):
-                kind, error = "resource_limit", {**error, **_contain.open_files_exceeded(self.spec.limits)}
+            limits = self.spec.limits
+            over = None
+            if limits is not None and _contain.is_open_files_error(error):
+                over = _contain.open_files_exceeded(limits)
+            elif limits is not None and limits.disk_gb and _contain.is_file_size_error(error):
+                over = _contain.file_size_exceeded(limits, self.disk_bytes())
+            if over is not None:
+                kind, error = "resource_limit", {**error, **over}
                 self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
                 self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
             raise WorkerFailed(
@@ -314,13 +324,19 @@ class Worker:
             # into that file, no trusted process reads again.
             os.link(path, target)
             os.chmod(target, 0o644)
+            self._note_given(target)
             return str(target)
         except OSError:
             target.unlink(missing_ok=True)  # another filesystem, or links refused here: copy
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(source, out)
+        self._note_given(target)
         return str(target)
+
+    def _note_given(self, target: Path) -> None:
+        info = os.stat(target, follow_symlinks=False)
+        self._given.add((info.st_dev, info.st_ino))
 
     @property
     def handoff(self) -> str:
@@ -496,7 +512,7 @@ class Worker:
         if limits is not None:
             facts["limits"] = {
                 f: getattr(limits, f)
-                for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files")
+                for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files", "disk_gb")
             }
         not_done = []
         if self._cgroup is None:
@@ -660,6 +676,7 @@ class Worker:
                 self._cgroup = None
         if self.spec.limits is not None:
             _contain.set_open_files_limit(self._proc.pid, int(self.spec.limits.open_files))
+            _contain.set_file_size_limit(self._proc.pid, _contain.disk_limit_bytes(self.spec.limits))
 
     def _watch(self) -> bool:
         """``alive`` for the channel: the worker still runs and is within its limits (killed if not).
@@ -689,6 +706,8 @@ class Worker:
         members = list(table)
         usage = _contain.tree_usage(members, table, count_files=bool(limits and limits.open_files))
         usage.device_bytes = self._device_bytes(members)
+        if limits is not None and limits.disk_gb:
+            usage.disk_bytes = self.disk_bytes()
         self.host_peak_bytes = max(self.host_peak_bytes, usage.rss_bytes)
         if usage.device_bytes is not None:
             self.device_peak_bytes = max(self.device_peak_bytes or 0, usage.device_bytes)
@@ -712,6 +731,11 @@ class Worker:
             known = self._known
         procs = [_contain.read_proc(p) for p in known]
         return {p.pid: p for p in procs if p is not None}
+
+    def disk_bytes(self) -> int:
+        """What this worker's files take: its scratch and its build directory (Landlock keeps its
+        writes there), less the files the parent gave it (:meth:`give`)."""
+        return _contain.files_bytes([self.scratch, self._builds], self._given)
 
     def _device_bytes(self, members: list[int]) -> int | None:
         if not self.spec.device.startswith("cuda") or not (

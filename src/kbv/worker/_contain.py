@@ -254,6 +254,70 @@ def set_open_files_limit(pid: int, limit: int) -> bool:
         return False
 
 
+def disk_limit_bytes(limits: Any) -> int:
+    return int(limits.disk_gb * (1 << 30))
+
+
+def set_file_size_limit(pid: int, limit_bytes: int) -> bool:
+    """A hard ``RLIMIT_FSIZE`` on a started worker (its children inherit it): no file it writes
+    grows past ``limit_bytes`` (Python ignores SIGXFSZ, so the write fails with EFBIG; a compiled
+    program is killed by it). One file only: the parent's poll sums them (:func:`files_bytes`)."""
+    if limit_bytes <= 0 or not hasattr(resource, "prlimit"):
+        return False
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        value = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (value, value))
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def files_bytes(roots: list[Path], skip: set[tuple[int, int]]) -> int:
+    """Bytes the files beneath ``roots`` occupy (allocated blocks, so a sparse file counts what it
+    holds), each inode once, symlinks not followed, files whose (device, inode) is in ``skip`` (what
+    the parent put there) left out."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [str(r) for r in roots]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            key = (info.st_dev, info.st_ino)
+            if key in seen or key in skip:
+                continue
+            seen.add(key)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            else:
+                total += info.st_blocks * 512
+    return total
+
+
+def is_file_size_error(error: dict[str, Any]) -> bool:
+    """A worker's error report that is the hard ``RLIMIT_FSIZE`` refusing a write (EFBIG)."""
+    message = str(error.get("message", ""))
+    return "[Errno 27]" in message or "File too large" in message
+
+
+def file_size_exceeded(limits: Any, measured: int | None) -> dict[str, Any]:
+    """The ``exceeded`` record of a write the kernel refused at the file-size limit: the figure is
+    what the candidate's files took when the parent looked, at least one byte past the limit."""
+    allowed = disk_limit_bytes(limits)
+    over = {"limit": "disk", "figure": max(allowed + 1, measured or 0), "allowed": allowed, "unit": "bytes"}
+    return {
+        **over,
+        "message": f"{describe_exceeded(over)} (the kernel refused to grow a file past the limit)",
+    }
+
+
 @dataclass
 class Usage:
     """What the parent measured of one worker's tree in one poll."""
@@ -262,6 +326,7 @@ class Usage:
     rss_bytes: int
     open_files: int | None
     device_bytes: int | None = None
+    disk_bytes: int | None = None
 
 
 def tree_usage(members: list[int], table: dict[int, Proc], count_files: bool) -> Usage:
@@ -283,6 +348,7 @@ def exceeded(usage: Usage, limits: Any) -> dict[str, Any] | None:
     checks = (
         ("host_memory", usage.rss_bytes, host, "bytes"),
         ("device_memory", usage.device_bytes, device, "bytes"),
+        ("disk", usage.disk_bytes, disk_limit_bytes(limits), "bytes"),
         ("processes", usage.processes, int(limits.processes), "processes"),
         ("open_files", usage.open_files, int(limits.open_files), "descriptors"),
     )
