@@ -1,7 +1,10 @@
 """Containment fixtures, confined and not, as root on this machine (one JSON line per evaluation)."""
 
-import json, os, sys, time
+import json
+import os
+import time
 from pathlib import Path
+
 from kbv.api import evaluate_paths
 from kbv.child import confine
 from kbv.protocol import protocol_from_dict
