@@ -396,6 +396,20 @@ def test_build_progress_is_printed_without_a_terminal(monkeypatch: pytest.Monkey
     text = stream.getvalue()
     assert "building 1 C++/CUDA extension(s) for 1 candidate(s)" in text
     assert "[1/1] built " in text and "relu_cpp.py (12 s;" in text
+    assert "extensions: 1 built, 0 cached, 0 failed" in text
+    # A build that failed before is cached as a failure: said so, never counted as a success.
+    monkeypatch.setattr(
+        builds,
+        "prebuild",
+        lambda candidates, **kw: [
+            kw["on_result"](c, CompileResult(c.source_sha256, "cached")) for c in candidates
+        ],
+    )
+    monkeypatch.setattr(builds, "known_build_failure", lambda sha: "error: expected ';'")
+    stream.truncate(0)
+    prebuild_extensions(pairs, "cpu", console)
+    text = stream.getvalue()
+    assert "[1/1] failed (cached) " in text and "0 cached, 1 failed" in text
 
 
 def test_prebuild_reports_each_result_as_it_finishes() -> None:
@@ -595,3 +609,21 @@ def test_the_racing_thread_hack_says_its_standard_verdict_varies() -> None:
     hack = (ROOT / "src" / "kbv" / "suite" / "candidates" / "hacks" / "7_Tanh.py").read_text()
     assert "nondeterministic" in hack and "standard" in hack
     assert "7_Tanh" in (ROOT / "docs" / "integrity-dynamic.md").read_text()
+
+
+def test_the_local_executor_announces_each_build_as_it_finishes(capsys: pytest.CaptureFixture[str]) -> None:
+    from concurrent.futures import Future
+
+    from kbv.execute._local import _announce_builds, _Job
+    from kbv.worker.builds import CompileResult
+
+    problem = load_problem(RELU)
+    cpp, plain = load_candidate(FOUNDATION / "relu_cpp.py"), load_candidate(FOUNDATION / "relu_plain.py")
+    shared: Future[CompileResult] = Future()  # two samples with one source share one build
+    skipped: Future[CompileResult] = Future()
+    jobs = [_Job(problem, cpp, shared), _Job(problem, cpp, shared), _Job(problem, plain, skipped)]
+    _announce_builds(jobs)
+    assert "building 1 C++/CUDA extension(s)" in capsys.readouterr().err
+    shared.set_result(CompileResult(cpp.source_sha256, "built", 31.0))
+    skipped.set_result(CompileResult(plain.source_sha256, "skipped"))
+    assert capsys.readouterr().err.splitlines() == [f"  [1/1] built {cpp.label}/relu_cpp.py (31 s)"]

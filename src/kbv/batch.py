@@ -71,7 +71,7 @@ def prebuild_extensions(pairs: list[Pair], device: str | None, console: Console)
     """Build every C++/CUDA extension of ``pairs`` once, side by side, into the cache the workers
     use: left to their first evaluations, the builds would run one after another inside them."""
     from kbv.evaluation import default_device
-    from kbv.worker.builds import CompileResult, needs_build, prebuild
+    from kbv.worker.builds import CompileResult, known_build_failure, needs_build, prebuild
 
     todo = [candidate for _, candidate in pairs if needs_build(candidate.source)]
     if not todo:
@@ -84,25 +84,29 @@ def prebuild_extensions(pairs: list[Pair], device: str | None, console: Console)
         highlight=False,
         soft_wrap=True,
     )
-    done: set[str] = set()
+    shown: dict[str, str] = {}  # source sha -> what became of its build
     started = time.monotonic()
 
     def report(candidate: Candidate, result: CompileResult) -> None:
-        if candidate.source_sha256 in done:
+        if candidate.source_sha256 in shown:
             return
-        done.add(candidate.source_sha256)
+        status = result.status
+        if status == "cached" and known_build_failure(candidate.source_sha256):
+            status = "failed (cached)"  # an earlier build failed: still a failure, not a success
+        shown[candidate.source_sha256] = status
         console.print(
-            f"  [{len(done)}/{distinct}] {result.status} {candidate.label}/{candidate.path.name} "
+            f"  [{len(shown)}/{distinct}] {status} {candidate.label}/{candidate.path.name} "
             f"({result.seconds:.0f} s; {time.monotonic() - started:.0f} s elapsed)",
             highlight=False,
             soft_wrap=True,
         )
 
-    results = prebuild(todo, device=device or default_device(), on_result=report)
-    count = {s: sum(1 for r in results if r.status == s) for s in ("built", "cached", "failed")}
+    prebuild(todo, device=device or default_device(), on_result=report)
+    statuses = list(shown.values())
+    failed = sum(1 for s in statuses if s.startswith("failed"))
     console.print(
-        f"extensions: {count['built']} built, {count['cached']} cached, "
-        f"{count['failed']} failed (reported as compile_error)"
+        f"extensions: {statuses.count('built')} built, {statuses.count('cached')} cached, "
+        f"{failed} failed (reported as compile_error)"
     )
 
 
