@@ -249,3 +249,29 @@ def test_the_generation_prompt_says_the_precision_and_fp32_prompts_are_unchanged
     bf16 = build_prompt(source, precision="bf16").text
     assert "judged in bf16" in bf16 and "torch.bfloat16" in bf16
     assert "torch.float16" in build_prompt(source, precision="fp16").text
+
+
+def test_problems_audit_lists_what_cannot_run_in_a_precision() -> None:
+    from kbv.problems import load_problem
+    from kbv.problems.audit import audit_problems
+
+    problem = load_problem(PROBLEMS / "row_sum_overflows_fp16.py")
+    fp16, bf16, fp32 = (
+        audit_problems([problem], "cpu", seed=1, precision=p)[0] for p in ("fp16", "bf16", "fp32")
+    )
+    assert "problem_error" in fp16.flags and "not finite in fp16" in (fp16.error or "")
+    assert fp16.to_dict()["precision"] == "fp16"
+    assert "problem_error" not in bf16.flags and "problem_error" not in fp32.flags
+    (inverse,) = audit_problems(
+        [load_problem(PROBLEMS / "matrix_inverse.py")], "cpu", seed=1, precision="bf16"
+    )
+    assert "problem_error" in inverse.flags and "BFloat16" in (inverse.error or "")
+
+
+def test_an_operator_without_half_support_is_the_problems_error_not_the_candidates(tmp_path: Path) -> None:
+    problem = PROBLEMS / "matrix_inverse.py"
+    candidate = tmp_path / "inverse.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    record = evaluate_paths(problem, candidate, protocol="standard", device="cpu", precision="bf16")
+    assert record.outcome == "problem_error" and (record.error or {}).get("blame") == "problem"
+    assert evaluate_paths(problem, candidate, protocol="standard", device="cpu").outcome == "passed"

@@ -101,10 +101,10 @@ def audit_problem(problem: Problem, device: str = "cpu", seed: int | None = None
 
 
 def audit_problems(
-    problems: list[Problem], device: str = "cpu", seed: int | None = None
+    problems: list[Problem], device: str = "cpu", seed: int | None = None, precision: str = "fp32"
 ) -> list[AuditResult]:
     """Every problem's audit result, in order (see :func:`iter_audit`)."""
-    return list(iter_audit(problems, device, seed))
+    return list(iter_audit(problems, device, seed, precision))
 
 
 def iter_audit(
