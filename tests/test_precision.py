@@ -187,6 +187,10 @@ def test_records_of_different_precisions_are_never_mixed() -> None:
     result = render_comparison(std + std_bf16, fp32 + ver_bf16, Console(record=True, width=120))
     assert result["pairs"] == 1  # the bf16 board: its own pair, against eager_bf16
     assert result["labels"]["model-a"]["verified"]["correct_speedup_vs_reference"] == pytest.approx(0.5)
+    # the HTML report compares every precision at once: one row per label and precision, no overall
+    std_fp32 = [make_record("p1", "c1", protocol="standard", speedup=4.0)]
+    both = compare_protocols(std_fp32 + std_bf16, fp32[:1] + ver_bf16)
+    assert set(both["labels"]) == {"model-a (fp32)", "model-a (bf16)"} and both["overall"] is None
 
 
 # ------------------------------------------------------------------------------------ protocol audit

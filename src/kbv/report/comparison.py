@@ -216,6 +216,11 @@ def _changed(std: Record, ver: Record) -> dict[str, Any]:
     }
 
 
+def _board_label(record: Record, several_precisions: bool) -> str:
+    """The record's label, with its precision where the records compared hold several."""
+    return f"{label_of(record)} ({record_precision(record)})" if several_precisions else label_of(record)
+
+
 def compare_protocols(
     standard_records: Sequence[Record], verified_records: Sequence[Record]
 ) -> dict[str, Any]:
@@ -242,15 +247,17 @@ def compare_protocols(
     keys = [k for k in ver_by_key if k in std_by_key]
     pairs = [(std_by_key[k], ver_by_key[k]) for k in keys]
     by_label: dict[str, list[tuple[Record, Record]]] = {}
+    precisions = {record_precision(v) for _, v in pairs}
     for pair in pairs:
-        by_label.setdefault(label_of(pair[1]), []).append(pair)
+        by_label.setdefault(_board_label(pair[1], len(precisions) > 1), []).append(pair)
     changed = [_changed(s, v) for s, v in pairs if s.outcome != v.outcome]
     changed.sort(key=lambda c: (c["label"], str(c["problem"]), str(c["candidate"])))
     return {
         "pairs": len(pairs),
         "unmatched_standard": len(set(std_by_key) - set(keys)),
         "unmatched_verified": len(set(ver_by_key) - set(keys)),
-        "overall": _label_summary(pairs) if pairs else None,
+        # one precision's pairs only: a bf16 and an fp32 speedup are against different baselines
+        "overall": _label_summary(pairs) if pairs and len(precisions) == 1 else None,
         "labels": {label: _label_summary(by_label[label]) for label in sorted(by_label)},
         "changed": changed,
     }
