@@ -17,7 +17,7 @@ from kbv.candidates import Candidate, CandidateError, load_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 RELU = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
-HONEST = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+HONEST = ROOT / "tests/fixtures/candidates/honest/relu_clamp.py"  # plain PyTorch: no build
 HACK = ROOT / "tests/fixtures/candidates/hacks/identity_relu.py"
 
 

@@ -19,7 +19,15 @@ SRC = Path(kbv.__file__).resolve().parents[1]  # the tree grimp analyses: the kb
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "command line",
-        ("kbv.cli", "kbv._store_cli", "kbv.generate._cli", "kbv.protocol_audit._cli", "kbv.errors"),
+        (
+            "kbv.cli",
+            "kbv._store_cli",
+            "kbv.generate._cli",
+            "kbv.protocol_audit._cli",
+            "kbv.errors",
+            "kbv.serve",
+            "kbv.serve.*",
+        ),
     ),
     (
         "commands",
@@ -27,6 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.demo",
             "kbv.batch",
             "kbv._evaluator",
+            "kbv.client",
+            "kbv.rewards",
             "kbv.generate",
             "kbv.generate.*",
             "kbv.protocol_audit",
@@ -37,7 +47,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation", "kbv._shared_reference")),
     (
         "measurement and judgement",
-        ("kbv.performance", "kbv.correctness", "kbv.integrity", "kbv.integrity.*", "kbv.problems.audit"),
+        (
+            "kbv.performance",
+            "kbv.correctness",
+            "kbv.precision",
+            "kbv.integrity",
+            "kbv.integrity.*",
+            "kbv.problems.audit",
+        ),
     ),
     ("results", ("kbv.store", "kbv.report", "kbv.report.*", "kbv.metrics")),
     ("parent side of the worker", ("kbv.worker", "kbv.worker.*", "kbv.statistics", "kbv.device_lock")),

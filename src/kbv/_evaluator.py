@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import re
 import shutil
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 
 from kbv.candidates import Candidate, candidate_from_source, load_candidate
 from kbv.problems import Problem, ProblemError, bundled_suite_dir, check_importable, load_problem
-from kbv.protocol import Protocol, load_protocol
+from kbv.protocol import Protocol
 from kbv.records import Record
 
 ProblemLike = Problem | str | Path
@@ -72,14 +71,11 @@ class _BatchEvaluate:
 
 
 def resolve_protocol(protocol: str | Path | Protocol, precision: str | None = None) -> Protocol:
-    """``load_protocol``, with ``precision`` passed on where this kbv's protocols take one."""
-    if precision is None:
-        return load_protocol(protocol)
-    if "precision" not in inspect.signature(load_protocol).parameters:
-        raise ValueError(
-            f"precision={precision!r}: this kbv's protocols have no precision setting; leave it out"
-        )
-    return load_protocol(protocol, precision=precision)  # type: ignore[call-arg]
+    """``protocol`` (a name, a .toml file or a Protocol) in ``precision`` (fp32, bf16, fp16; None:
+    the protocol's own), as ``kbv.evaluate_paths`` resolves them."""
+    from kbv.api import resolve_protocol as resolve
+
+    return resolve(protocol, precision)
 
 
 class Evaluator:

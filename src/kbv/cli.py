@@ -432,13 +432,19 @@ def _add_problems(sub: Any) -> None:
 
 def _optional_registrations() -> list[Callable[[Any], object]]:
     """Subcommands that live with their features (store and report, generate, protocol audit,
-    integrity checks)."""
-    from kbv import _store_cli
+    integrity checks, the evaluation service)."""
+    from kbv import _store_cli, serve
     from kbv.generate import _cli as generate_cli
     from kbv.integrity import _cli as checks_cli
     from kbv.protocol_audit import _cli as protocol_audit_cli
 
-    return [_store_cli.register, generate_cli.register, protocol_audit_cli.register, checks_cli.register]
+    return [
+        _store_cli.register,
+        generate_cli.register,
+        protocol_audit_cli.register,
+        checks_cli.register,
+        serve.register,
+    ]
 
 
 def _fail_usage(message: str) -> int:

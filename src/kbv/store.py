@@ -359,9 +359,17 @@ class Store:
     # -- records
 
     def add_record(
-        self, record: Record, run_id: int | None = None, label: str | None = None, source: str | None = None
+        self,
+        record: Record,
+        run_id: int | None = None,
+        label: str | None = None,
+        source: str | None = None,
+        also: Callable[[sqlite3.Connection, int], None] | None = None,
     ) -> int:
         """Store one record in one transaction and return its id.
+
+        ``also(connection, record_id)`` runs inside that transaction: what it writes is committed
+        with the record or not at all (``kbv serve`` marks the request the record answers).
 
         ``label`` is the model or candidate-set name (default: ``record.candidate["label"]``); it is
         written into the stored record's ``candidate["label"]``. ``source`` is the candidate's code;
@@ -430,6 +438,8 @@ class Store:
                 "INSERT INTO findings(record_id, check_name, severity, detail) VALUES (?, ?, ?, ?)",
                 [(record_id, f.check, f.severity, f.detail) for f in stored.findings],
             )
+            if also is not None:
+                also(conn, record_id)
         return record_id
 
     def has_record(self, key: RecordKey | Record) -> bool:

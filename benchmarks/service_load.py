@@ -1,0 +1,258 @@
+"""Load on ``kbv serve``: N concurrent clients submit the bundled CPU candidates mixed with every
+CPU hack fixture; evaluations per hour, latency, the queue past its bound, and every verdict
+against ``kbv run``'s for the same pair.
+
+1. The pairs: each bundled ``honest_cpu``, ``hacks`` and ``broken`` candidate with its bundled
+   problem, and each CPU hack fixture of tests/fixtures/candidates/hacks with the problem its
+   ``KBV_FIXTURE`` names (``--skip-slow`` leaves out those marked slow). Their problems are copied
+   into one tree that the server names them in.
+2. ``kbv run``'s verdicts: the pairs through the sequential executor (``kbv.batch.run_batch``, what
+   ``kbv run`` runs), before the server starts.
+3. The server on 127.0.0.1 (a token, ``--max-queue`` small enough to be reached), and ``--clients``
+   threads each submitting its share of the pairs one request at a time, ``--repeat`` times over.
+   A 429 is counted and retried after its ``Retry-After``.
+4. Each client polls its requests until done: latency is from the 202 to the first poll that sees
+   the record. Evaluations per hour are the finished requests over the wall time from the first
+   submission to the last record.
+
+    PYTHONPATH=$PWD/src python benchmarks/service_load.py --clients 8 --max-queue 12 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "src" / "kbv" / "suite"
+HACKS = ROOT / "tests" / "fixtures" / "candidates" / "hacks"
+TOKEN = "service-load-" + os.urandom(12).hex()
+
+
+def _fixture_spec(path: Path) -> dict[str, Any]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def collect_pairs(skip_slow: bool) -> list[tuple[Path, Path]]:
+    """(problem file, candidate file) of every bundled CPU candidate and CPU hack fixture."""
+    problems = {p.stem: p for p in (SUITE / "problems").rglob("*.py")}
+    pairs = []
+    for kind in ("honest_cpu", "hacks", "broken"):
+        for candidate in sorted((SUITE / "candidates" / kind).glob("*.py")):
+            if candidate.stem in problems:
+                pairs.append((problems[candidate.stem], candidate))
+    for candidate in sorted(HACKS.glob("*.py")):
+        spec = _fixture_spec(candidate)
+        if candidate.stem.startswith("gpu_") or not spec.get("problem") or (skip_slow and spec.get("slow")):
+            continue
+        pairs.append((ROOT / spec["problem"], candidate))
+    return pairs
+
+
+def problem_tree(pairs: list[tuple[Path, Path]], root: Path) -> dict[Path, str]:
+    """Copy the pairs' problems into ``root`` (kept under their own folder names); name -> each."""
+    names = {}
+    for problem, _ in pairs:
+        relative = problem.relative_to(SUITE / "problems") if SUITE in problem.parents else problem.relative_to(ROOT)
+        target = root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(problem, target)
+        names[problem] = str(relative.with_suffix(""))
+    return names
+
+
+def kbv_run_verdicts(pairs: list[tuple[Path, Path]], protocol: str, timeout_s: float) -> dict[tuple[str, str], str]:
+    from rich.console import Console
+
+    from kbv.batch import run_batch
+    from kbv.candidates import load_candidate
+    from kbv.problems import load_problem
+    from kbv.protocol import load_protocol
+
+    loaded = [(load_problem(p), load_candidate(c)) for p, c in pairs]
+    result = run_batch(loaded, load_protocol(protocol), device="cpu", timeout_s=timeout_s, console=Console(quiet=True))
+    return {
+        (r.problem["source_sha256"], r.candidate["source_sha256"]): str(getattr(r.outcome, "value", r.outcome))
+        for r in result.records
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(args: argparse.Namespace, tree: Path, db: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "kbv.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--device", "cpu", "--db", str(db), "--problems", str(tree), "--protocol", args.protocol]
+    command += ["--max-queue", str(args.max_queue), "--timeout", str(args.timeout)]
+    if args.workers:
+        command += ["--executor", "local", "--workers", str(args.workers)]
+    server = subprocess.Popen(command, env={**os.environ, "KBV_SERVE_TOKEN": TOKEN}, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if server.poll() is not None:
+            raise SystemExit("kbv serve exited:\n" + log.read_text()[-3000:])
+    raise SystemExit("kbv serve did not answer /health")
+
+
+class Load:
+    """The clients' shared tallies."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rejected_429 = 0
+        self.retry_after: list[float] = []
+        self.max_queued_seen = 0
+        self.results: list[dict[str, Any]] = []
+
+
+def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll_s: float) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        pending = []
+        for name, problem, candidate in jobs:
+            while True:
+                response = http.post("/v1/evaluations", json={"problem": name, "source": candidate.read_text()})
+                if response.status_code == 429:
+                    wait = float(response.headers.get("retry-after", "1"))
+                    with load.lock:
+                        load.rejected_429 += 1
+                        load.retry_after.append(wait)
+                    time.sleep(min(wait, 5.0))
+                    continue
+                response.raise_for_status()
+                pending.append((response.json()["id"], time.monotonic(), problem, candidate))
+                break
+        while pending:
+            still = []
+            for request_id, sent, problem, candidate in pending:
+                found = http.get(f"/v1/evaluations/{request_id}").json()
+                if found["status"] in ("done", "error"):
+                    with load.lock:
+                        load.results.append({**found, "latency_s": time.monotonic() - sent, "finished": time.monotonic(), "pair": (problem, candidate)})
+                else:
+                    still.append((request_id, sent, problem, candidate))
+            pending = still
+            time.sleep(poll_s)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="times each pair is submitted")
+    parser.add_argument("--max-queue", type=int, default=12, help="the server's bound (small, to reach it)")
+    parser.add_argument("--protocol", default="verified")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--workers", type=int, default=0, help="local executor CPU slots (0: sequential)")
+    parser.add_argument("--skip-slow", action="store_true", help="leave out fixtures marked slow")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many pairs (0: all)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    pairs = collect_pairs(args.skip_slow)[: args.limit or None]
+    work = Path(tempfile.mkdtemp(prefix="kbv-service-load-"))
+    names = problem_tree(pairs, work / "problems")
+    started = time.monotonic()
+    expected = kbv_run_verdicts(pairs, args.protocol, args.timeout)
+    kbv_run_s = time.monotonic() - started
+    port = free_port()
+    server = start_server(args, work / "problems", work / "serve.sqlite", port, work / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    jobs = [(names[p], p, c) for _ in range(args.repeat) for p, c in pairs]
+    load = Load()
+    threads = [
+        threading.Thread(target=client_thread, args=(url, jobs[i :: args.clients], load, 0.5)) for i in range(args.clients)
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    with httpx.Client(base_url=url) as http:
+        while any(t.is_alive() for t in threads):
+            load.max_queued_seen = max(load.max_queued_seen, int(http.get("/health").json()["queued"]))
+            time.sleep(0.5)
+        metrics = http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    wall = max(r["finished"] for r in load.results) - started
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=300)
+
+    from kbv.candidates import load_candidate
+    from kbv.problems import load_problem
+
+    mismatches = []
+    for result in load.results:
+        problem, candidate = result["pair"]
+        key = (load_problem(problem).source_sha256, load_candidate(candidate).source_sha256)
+        if result.get("outcome") != expected.get(key):
+            mismatches.append(f"{candidate.relative_to(ROOT)}: service {result.get('outcome')}, kbv run {expected.get(key)}")
+    latencies = [r["latency_s"] for r in load.results]
+    outcomes: dict[str, int] = {}
+    for r in load.results:
+        outcomes[str(r.get("outcome") or r["status"])] = outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    report = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
+        "commit": commit,
+        "pairs": len(pairs),
+        "requests": len(jobs),
+        "clients": args.clients,
+        "protocol": args.protocol,
+        "executor": f"local, {args.workers} CPU slots" if args.workers else "sequential",
+        "finished": len(load.results),
+        "wall_s": round(wall, 1),
+        "evaluations_per_hour": round(len(load.results) / wall * 3600, 1),
+        "latency_p50_s": round(percentile(latencies, 0.5), 1),
+        "latency_p95_s": round(percentile(latencies, 0.95), 1),
+        "latency_mean_s": round(statistics.fmean(latencies), 1) if latencies else None,
+        "queue_bound": args.max_queue,
+        "max_queued_seen": load.max_queued_seen,
+        "answers_429": load.rejected_429,
+        "retry_after_s": sorted(set(load.retry_after)),
+        "outcomes": outcomes,
+        "verdicts_equal_to_kbv_run": not mismatches,
+        "mismatches": mismatches,
+        "kbv_run_s": round(kbv_run_s, 1),
+        "metrics_excerpt": [
+            line for line in metrics.splitlines() if line.startswith("kbv_serve_") and "_created" not in line and "_bucket" not in line
+        ],
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    if mismatches:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
