@@ -245,7 +245,9 @@ def test_fifty_candidates_survive_a_sigkill(tmp_path: Path) -> None:
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
-    assert server.returncode == 0, log.read_text()[-3000:]
+    # uvicorn ends a graceful shutdown by re-raising the SIGTERM it caught.
+    assert server.returncode in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    assert "kbv.serve drained" in log.read_text()
     assert [r["status"] for r in results] == ["done"] * 50
     record_ids = [r["record_id"] for r in results]
     assert len(set(record_ids)) == 50  # one record each

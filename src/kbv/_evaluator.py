@@ -208,8 +208,12 @@ class Evaluator:
         if isinstance(candidate, Path):
             return load_candidate(candidate, label=label)
         if "\n" in candidate:
-            return candidate_from_source(candidate, self._scratch / "candidates", label=label or "inline")
+            return self.candidate_text(candidate, label)
         return load_candidate(candidate, label=label)
+
+    def candidate_text(self, source: str, label: str = "") -> Candidate:
+        """A candidate from source text, whatever it holds (no newline needed: never a path)."""
+        return candidate_from_source(source, self._scratch / "candidates", label=label or "inline")
 
     # --- calls --------------------------------------------------------------------------------
 

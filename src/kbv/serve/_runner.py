@@ -115,30 +115,41 @@ class Runner:
 
     def _claim(self) -> None:
         claimed = self.requests.claim(self.limit - len(self._running))
-        groups: dict[tuple[str, str | None, float | None], list[dict[str, Any]]] = {}
+        groups: dict[tuple[str, str | None, float | None], list[tuple[dict[str, Any], Any]]] = {}
         for row in claimed:
             self._running[row["id"]] = {**row, "claimed_at": time.monotonic()}
-            groups.setdefault((row["protocol"], row["precision"], row["timeout_s"]), []).append(row)
-        for (protocol, precision, timeout_s), rows in groups.items():
+            try:
+                # The name resolved in the server's tree only, the source always taken as text
+                # (never as a path on the server's disk).
+                pair = (
+                    self.evaluator.problem_path(row["problem"]),
+                    self.evaluator.candidate_text(row["source"], label=row["label"] or "serve"),
+                )
+            except Exception as exc:  # checked when accepted; the problem tree changed since
+                self._done.put((row, None, exc))
+                continue
+            groups.setdefault((row["protocol"], row["precision"], row["timeout_s"]), []).append((row, pair))
+        for (protocol, precision, timeout_s), members in groups.items():
             try:
                 futures = self.evaluator.submit_many(
-                    [(row["problem"], row["source"]) for row in rows],
+                    [pair for _, pair in members],
                     protocol=self.protocols[protocol],
                     precision=precision,
                     timeout_s=timeout_s,
-                    label="serve",
                 )
-            except Exception as exc:  # checked when accepted; a problem tree changed since
-                for row in rows:
+            except Exception as exc:  # a problem that no longer imports: each request says so
+                for row, _ in members:
                     self._done.put((row, None, exc))
                 continue
-            for row, future in zip(rows, futures):
+            for (row, _), future in zip(members, futures):
                 future.add_done_callback(self._on_done(row))
 
     def _on_done(self, row: dict[str, Any]) -> Callable[[Future[Record]], None]:
         return lambda future: self._finished(row, future)
 
     def _finished(self, row: dict[str, Any], future: Future[Record]) -> None:
+        if future.cancelled():  # a drain that timed out: the request stays running, queued again at start
+            return
         exc = future.exception()
         self._done.put((row, None if exc else future.result(), exc))
         self._wake.set()
