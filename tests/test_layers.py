@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("executors", ("kbv.execute", "kbv.execute.*")),
-    ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation", "kbv._shared_reference")),
+    ("one evaluation", ("kbv", "kbv.api", "kbv.evaluation", "kbv._shared_reference", "kbv.toolchain")),
     (
         "measurement and judgement",
         (
