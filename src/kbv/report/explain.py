@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from kbv.metrics import record_precision
 from kbv.records import Record, error_summary
 
 _COLOURS = {"passed": "green", "incorrect": "red", "hack_detected": "magenta"}
@@ -29,6 +30,7 @@ def print_record(record: Record, console: Console | None = None) -> None:
         f"[bold]{record.problem['name']}[/bold] x {record.candidate['path']}\n"
         f"protocol {record.protocol['name']} v{record.protocol['version']} "
         f"({record.protocol['sha256'][:12]}) on {record.device.get('name', record.device.get('type'))}"
+        + (f", in {precision}" if (precision := record_precision(record)) != "fp32" else "")
     )
     console.print(f"outcome: [bold {colour}]{record.outcome}[/bold {colour}]   correct: {record.correct}")
     if record.outcome == "problem_error":
