@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import FOUNDATION, ROOT, SUITE
 
 from kbv.api import evaluate_paths
@@ -306,3 +307,119 @@ def test_spiked_catches_a_strided_mean_that_iid_inputs_hide() -> None:
         HUBER, VERIFIED_FIXTURES / "huber_block_sums.py", protocol=_only(("original", "spiked")), device="cpu"
     )
     assert honest.outcome == "passed", [(d.name, d.rel_err, d.tolerance) for d in honest.distributions]
+
+
+# --- derived state at construction (``kbv.child.construct``) --------------------------------------
+HONEST_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "honest"
+TINY_LINEAR_RELU = ROOT / "tests" / "fixtures" / "problems" / "tiny_linear_relu.py"
+
+
+class _Derives(torch.nn.Module):
+    """Derives state from parameters that ``__init__`` initialises in every way a module does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)  # reset_parameters: nn.init with the tensor by keyword
+        self.scale = torch.nn.Parameter(torch.ones(3))
+        self.bn = torch.nn.BatchNorm1d(3)
+        with torch.no_grad():
+            self.bn.running_var.uniform_(0.5, 2.0)  # a method on the tensor
+            self.bn.weight.data.uniform_(0.5, 1.5)  # through ``.data``, another tensor object
+            self.bn.bias[:] = 3.0  # item assignment
+            torch.nn.init.normal_(self.scale)
+        self.weight_t = self.linear.weight.t().contiguous()
+        self.folded = self.bn.weight * self.scale / torch.sqrt(self.bn.running_var + self.bn.eps)
+
+
+def _drawn_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(5)
+    return {
+        name: torch.rand(value.shape, generator=generator) + 0.5 if value.is_floating_point() else value
+        for name, value in model.state_dict().items()
+    }
+
+
+def test_a_model_built_with_a_state_derives_from_it_whatever_its_init_writes() -> None:
+    from kbv.child.construct import construct_recording, construct_with_state, holds_state
+
+    torch.manual_seed(0)
+    first, order = construct_recording(_Derives)
+    assert order[:3] == ["linear.weight", "linear.bias", "scale"]
+    state = _drawn_state(first)
+    torch.manual_seed(0)
+    model, held = construct_with_state(_Derives, order, state)
+    assert held and holds_state(model, state)
+    assert torch.equal(model.weight_t, state["linear.weight"].t())
+    expected = state["bn.weight"] * state["scale"] / torch.sqrt(state["bn.running_var"] + 1e-5)
+    assert torch.allclose(model.folded, expected)
+    # The random stream after construction is the one a plain construction leaves.
+    torch.manual_seed(0)
+    _Derives()
+    plain = torch.rand(3)
+    torch.manual_seed(0)
+    construct_with_state(_Derives, order, state)
+    assert torch.equal(torch.rand(3), plain)
+
+
+def test_a_construction_that_cannot_take_the_state_says_so() -> None:
+    from kbv.child.construct import construct_recording, construct_with_state
+
+    _, order = construct_recording(_Derives)
+
+    class Reordered(torch.nn.Module):  # same names, registered in another order with other shapes
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(3))
+            self.linear = torch.nn.Linear(4, 3)
+
+    state = _drawn_state(Reordered())
+    _, held = construct_with_state(Reordered, order, state)
+    assert not held  # the worker then loads the state dict after __init__, as before
+
+
+@pytest.mark.parametrize(
+    ("candidate", "problem"),
+    [
+        ("linear_relu_prepacked.py", TINY_LINEAR_RELU),
+        ("conv_bn_folded.py", SUITE / "level2" / "2_Conv2d_BatchNorm_ReLU.py"),
+    ],
+)
+def test_weights_packed_or_folded_at_construction_pass_every_distribution(
+    candidate: str, problem: Path
+) -> None:
+    record = evaluate_paths(problem, HONEST_FIXTURES / candidate, protocol="verified", device="cpu")
+    assert record.seeds["parameters"] == "state_dict"  # judged on the redrawn parameters
+    failed = [(d.name, d.note) for d in record.distributions if d.applicable and not d.passed]
+    assert record.outcome == "passed" and not failed, (record.outcome, failed, record.error)
+
+
+def test_a_reference_that_derives_state_at_construction_is_built_with_the_redrawn_parameters(
+    tmp_path: Path,
+) -> None:
+    problem = tmp_path / "linear_relu_cached.py"
+    problem.write_text(
+        TINY_LINEAR_RELU.read_text()
+        .replace(
+            "        return torch.relu(self.linear(x))",
+            "        return torch.relu(x @ self.weight_t + self.linear.bias)",
+        )
+        .replace(
+            "        self.linear = nn.Linear(in_features, out_features)\n",
+            "        self.linear = nn.Linear(in_features, out_features)\n"
+            # A buffer outside the state dict: the float64 truth's copy casts it with the rest.
+            "        w_t = self.linear.weight.detach().t().contiguous()\n"
+            "        self.register_buffer('weight_t', w_t, persistent=False)\n",
+        )
+    )
+    honest = HONEST_FIXTURES / "linear_relu_fused.py"
+    record = evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert record.seeds["parameters"] == "state_dict"
+    assert record.outcome == "passed", (record.outcome, [(d.name, d.note) for d in record.distributions])
+
+
+def test_a_candidate_that_ignores_its_parameters_passes_standard_and_not_verified() -> None:
+    hack = ROOT / "tests" / "fixtures" / "candidates" / "hacks" / "ignores_parameters.py"
+    standard = evaluate_paths(TINY_LINEAR_RELU, hack, protocol="standard", device="cpu")
+    verified = evaluate_paths(TINY_LINEAR_RELU, hack, protocol="verified", device="cpu")
+    assert standard.outcome == "passed"
+    assert verified.outcome == "incorrect" and verified.seeds["parameters"] == "state_dict"

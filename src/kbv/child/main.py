@@ -32,6 +32,7 @@ from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
 from kbv import telemetry
+from kbv.child import construct as _construct_state
 from kbv.child import tf32_ops as _tf32_ops
 from kbv.child import timing as kbv_timing
 from kbv.problems._loader import load_source
@@ -50,6 +51,10 @@ class _State:
         self.model: Any = None
         self.model_fp64: Any = None
         self.model_compiled: Any = None
+        self.init_seed = 0  # the last build's
+        # The state-dict name of each parameter and buffer registration of the model's __init__,
+        # in order (``kbv.child.construct``), noted at the first build.
+        self.registrations: list[str | None] | None = None
         self.role = "reference"
         self.domain = "any"
         self.structure: list[Any] | None = None  # input invariants, one per positional input
@@ -221,36 +226,58 @@ def _import_candidate(path: Path) -> Any:
 
 
 def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Construct the model under a seed; load a parameter file when the parent sends one."""
-    torch.manual_seed(int(request["init_seed"]))
+    """Construct the model under a seed, with the parameters the parent sends (a file, or the
+    inbox on a GPU) given to it while ``__init__`` runs (``kbv.child.construct``)."""
+    state.init_seed = int(request["init_seed"])
+    state.model = state.model_fp64 = state.model_compiled = None  # its memory free for the new one
+    if request.get("state_path"):
+        loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
+        parameters = _construct(state, loaded)
+    elif request.get("state_inbox") is not None:
+        try:
+            given = _handoff.inbox_tensors(state.inbox, request["state_inbox"], state.device)
+            parameters = _construct(state, given)
+            torch.cuda.synchronize(state.device)  # the copies are done before the inbox goes
+        finally:
+            _handoff.release(state.inbox)
+    else:
+        parameters = _construct(state, None)
+    return {"parameters": parameters}
+
+
+def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
+    """``state.model`` built under ``state.init_seed``; with ``given``, holding those values from
+    the moment ``__init__`` registers them, so what ``__init__`` derives from its parameters (a
+    transposed weight, a folded BatchNorm) is derived from them. Returns how the parameters came:
+    ``matched_seed`` (the seed's own), ``state_dict`` (given during construction) or
+    ``state_dict_after_init`` (this model's construction could not take them: loaded afterwards,
+    as a state dict always was before)."""
+    torch.manual_seed(state.init_seed)
     init_inputs = state.problem.get_init_inputs()
-    torch.manual_seed(int(request["init_seed"]))
-    # Made on the evaluation's device: initialising large layers on the CPU and copying them cost
-    # seconds per build (both workers build alike, so their parameters still match).
-    with torch.device(state.device):
-        model = state.model_cls(*init_inputs)
+    torch.manual_seed(state.init_seed)
+
+    def construct() -> Any:
+        # Made on the evaluation's device: initialising large layers on the CPU and copying them
+        # cost seconds per build (both workers build alike, so their parameters still match).
+        with torch.device(state.device):
+            return state.model_cls(*init_inputs)
+
+    at_init = False
+    if given is None or state.registrations is None:
+        model, state.registrations = _construct_state.construct_recording(construct)
+    else:
+        model, at_init = _construct_state.construct_with_state(construct, state.registrations, given)
     model = model.to(state.device).eval() if isinstance(model, torch.nn.Module) else model
     dtype = kbv_inputs.CAST_DTYPES[state.precision]
     if dtype is not None and isinstance(model, torch.nn.Module):
         model = model.to(dtype)  # floating parameters and buffers only, as KernelBench casts them
-    parameters = "matched_seed"
-    if request.get("state_path"):
-        loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
-        model.load_state_dict(loaded, strict=True)
-        parameters = "state_dict"
-    elif request.get("state_inbox") is not None:
-        try:
-            model.load_state_dict(
-                _handoff.inbox_tensors(state.inbox, request["state_inbox"], state.device), strict=True
-            )
-            torch.cuda.synchronize(state.device)  # the copies are done before the inbox goes
-        finally:
-            _handoff.release(state.inbox)
-        parameters = "state_dict"
     state.model = model
-    state.model_fp64 = None
-    state.model_compiled = None
-    return {"parameters": parameters}
+    if given is None:
+        return "matched_seed"
+    if at_init and _construct_state.holds_state(model, given):
+        return "state_dict"
+    model.load_state_dict(given, strict=True)
+    return "state_dict_after_init"
 
 
 def _inbox(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -273,8 +300,9 @@ def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     if state.role != "reference":
         raise PermissionError("only a reference worker redraws parameters")
     new_state = kbv_inputs.redraw_parameters(state.model, request["distribution"], int(request["seed"]))
-    state.model.load_state_dict(new_state, strict=False)
-    state.model_fp64 = None
+    # Built again with them, as the candidate is: what the problem's __init__ derives is theirs.
+    state.model = state.model_fp64 = state.model_compiled = None
+    _construct(state, new_state)
     if request.get("hand_over"):
         named = state.model.state_dict()
         values = [_handoff.plain_copy(v, state.device, copy=False) for v in named.values()]
