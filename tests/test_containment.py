@@ -773,3 +773,10 @@ def test_the_disk_limit_at_its_default_keeps_the_protocol_hash() -> None:
     assert "disk_gb" not in default.to_dict()["limits"]
     assert _small_disk().to_dict()["limits"]["disk_gb"] == 0.0625
     assert _small_disk().sha256() != protocol_from_dict({"name": "small-disk", "base": "standard"}).sha256()
+
+
+def test_a_candidate_that_stops_its_own_worker_is_a_timeout_at_once() -> None:
+    record, seconds = _evaluate_contained("stop_itself.py", timeout_s=120)
+    assert record.outcome == "timeout" and "found stopped" in record.error["message"], record.error
+    assert not _signalled(record) and seconds < 30
+    assert _stopped_below_us() == []

@@ -133,3 +133,31 @@ def test_a_stopped_worker_is_killed_by_the_fork_server_when_the_kbv_parent_dies(
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_stopped_spare_and_a_stopped_fork_server_are_found_and_dealt_with() -> None:
+    """The end of an evaluation looks at kbv's other processes: a spare stopped by someone else is
+    closed and named, the fork server resumed and named; a spare kbv itself pauses is not named."""
+    from kbv.worker import Spares, stopped_processes
+
+    spec = WorkerSpec(build_key="test-fork-spares", device="cpu", role="reference", budget_s=60)
+    with Spares() as spares:
+        spares.expect([[spec, spec]])
+        spares.launch_expected()
+        stopped, paused = (w for ws in spares._launched.values() for w in ws)
+        for worker in (stopped, paused):
+            worker.wait_ready()
+        server = _forkserver.fork_server(str(Path(_forkserver.__file__).resolve().parents[2]))
+        assert server is not None
+        os.kill(stopped.pid, signal.SIGSTOP)
+        os.kill(server._proc.pid, signal.SIGSTOP)
+        _forkserver.wait_stopped(stopped.pid, 5.0)
+        _forkserver.wait_stopped(server._proc.pid, 5.0)
+        with paused.paused():
+            found = stopped_processes([], spares)
+        assert sorted(s["role"] for s in found) == ["fork server", "reference"], found
+        assert {s["pid"] for s in found} == {stopped.pid, server._proc.pid}
+        assert _forkserver.process_state(server._proc.pid) != "T"
+        assert not stopped.alive() and paused.alive()
+        assert spares.take(spec) is paused
+        paused.close()
