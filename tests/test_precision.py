@@ -279,3 +279,21 @@ def test_an_operator_without_half_support_is_the_problems_error_not_the_candidat
     record = evaluate_paths(problem, candidate, protocol="standard", device="cpu", precision="bf16")
     assert record.outcome == "problem_error" and (record.error or {}).get("blame") == "problem"
     assert evaluate_paths(problem, candidate, protocol="standard", device="cpu").outcome == "passed"
+
+
+def test_the_html_report_keeps_a_board_per_precision(tmp_path: Path) -> None:
+    pytest.importorskip("jinja2")
+    pytest.importorskip("matplotlib")
+    from test_metrics import make_record
+
+    from kbv.report import write_html_report
+
+    records = [
+        make_record("p1", "c1", protocol="standard", speedup=4.0),
+        make_record("p1", "c1", speedup=2.0),
+        _in_precision(make_record("p1", "c1", protocol="standard", speedup=3.0), "bf16"),
+        _in_precision(make_record("p1", "c1", speedup=0.5), "bf16"),
+    ]
+    html = write_html_report(records, tmp_path / "report.html").read_text()
+    assert "verified bf16" in html and "standard bf16" in html
+    assert "model-a (bf16)" in html and "model-a (fp32)" in html  # the comparison, per precision
