@@ -297,3 +297,44 @@ def test_the_html_report_keeps_a_board_per_precision(tmp_path: Path) -> None:
     html = write_html_report(records, tmp_path / "report.html").read_text()
     assert "verified bf16" in html and "standard bf16" in html
     assert "model-a (bf16)" in html and "model-a (fp32)" in html  # the comparison, per precision
+
+
+def test_kbv_compare_in_bf16_stores_and_compares_bf16_records(tmp_path: Path) -> None:
+    from kbv.metrics import record_precision
+    from kbv.store import Store
+
+    problems, candidates = tmp_path / "problems", tmp_path / "candidates"
+    problems.mkdir()
+    candidates.mkdir()
+    (problems / "long_row_sum.py").write_text(LONG_SUM.read_text())
+    (candidates / "long_row_sum.py").write_text(
+        (CANDIDATES / "long_row_sum_fp32_accumulation.py").read_text()
+    )
+    db = tmp_path / "kbv.sqlite"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kbv.cli",
+            "compare",
+            "--problems",
+            str(problems),
+            "--candidates",
+            str(candidates),
+            "--device",
+            "cpu",
+            "--precision",
+            "bf16",
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    with Store(db) as store:
+        records = store.records(latest=True)
+    assert {r.protocol["name"] for r in records} == {"standard", "verified"}
+    assert {record_precision(r) for r in records} == {"bf16"}
+    assert all(r.outcome == "passed" for r in records)
