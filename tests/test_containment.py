@@ -780,3 +780,14 @@ def test_a_candidate_that_stops_its_own_worker_is_a_timeout_at_once() -> None:
     assert record.outcome == "timeout" and "found stopped" in record.error["message"], record.error
     assert not _signalled(record) and seconds < 30
     assert _stopped_below_us() == []
+
+
+def test_confinement_says_what_it_could_not_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine kbv knows no system call numbers for: nothing applied, and the reason given."""
+    from kbv.child import confine
+
+    monkeypatch.setattr(confine.platform, "machine", lambda: "sparc64")
+    facts = confine.apply(["/nowhere"])
+    assert facts["landlock"] is None and facts["seccomp"] is None
+    assert "sparc64" in facts["not_enforced"][0]
+    assert confine.landlock_abi() is None
