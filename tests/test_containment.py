@@ -791,3 +791,45 @@ def test_confinement_says_what_it_could_not_apply(monkeypatch: pytest.MonkeyPatc
     assert facts["landlock"] is None and facts["seccomp"] is None
     assert "sparc64" in facts["not_enforced"][0]
     assert confine.landlock_abi() is None
+
+
+def test_confinement_holds_for_an_ordinary_user() -> None:
+    """kbv run as an ordinary user (no capability): Landlock and seccomp still apply (no_new_privs
+    is all they need), and a signal to a process outside the domain of the same uid is refused."""
+    from kbv.child import confine
+
+    if os.geteuid() != 0 or confine.landlock_abi() is None:
+        pytest.skip("needs root to become an ordinary user, and Landlock")
+    import shutil
+    import tempfile
+
+    allowed = Path(tempfile.mkdtemp(prefix="kbv-test-confine-", dir="/dev/shm"))  # reachable by nobody
+    os.chmod(allowed, 0o777)
+    read, write = os.pipe()
+    sibling = subprocess.Popen(["sleep", "30"], user=65534, group=65534, extra_groups=[])
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        facts = confine.apply([str(allowed)])
+        results = []
+        for attempt in (lambda: (allowed / "f").write_text("x"), lambda: os.kill(sibling.pid, 0)):
+            try:
+                attempt()
+                results.append("ok")
+            except OSError as exc:
+                results.append(str(exc.errno))
+        os.write(write, repr((results, facts)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    sibling.kill()
+    sibling.wait()
+    results, facts = eval(os.read(read, 65536).decode())  # noqa: S307 - our own child's repr
+    shutil.rmtree(allowed, ignore_errors=True)
+    assert facts["landlock"] and facts["seccomp"], facts
+    assert results[0] == "ok", results
+    if _scopes_signals():
+        assert results[1] == "1", results  # the same uid, outside its domain: EPERM
