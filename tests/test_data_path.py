@@ -99,8 +99,12 @@ def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
     assert rounds >= record.protocol["settings"]["timing"]["rounds"]
     assert len(to_candidate) == rounds and len(to_baseline) >= rounds
     for fields in to_candidate:
-        assert set(fields) == {"distribution", "seeds", "precision", "settings", "sketch"}, fields
+        assert set(fields) == {"distribution", "seeds", "precision", "settings", "sketch", "unseen_seeds"}
         assert set(fields["sketch"]) == {"seed", "omega"}
+    # every timed call has a draw of its own: no seed twice, none of them a warm-up set's
+    unseen = [seed for fields in to_candidate for seed in fields["unseen_seeds"]]
+    assert len(unseen) == len(set(unseen)) == rounds * record.protocol["settings"]["timing"]["repeats"]
+    assert not set(unseen) & set(to_candidate[0]["seeds"])
     same_round = {fields["sketch"]["seed"]: fields for fields in to_baseline}
     for fields in to_candidate:
         assert {**fields, "precision": None} == {**same_round[fields["sketch"]["seed"]], "precision": None}

@@ -5,6 +5,13 @@ Each fixture declares ``KBV_FIXTURE = {"problem": ..., "expect_outcome": [...], 
 ones, never "passed", and at least one expected check fired with severity ``fail`` (also when the
 outcome itself, incorrect or crashed, already rejects it); a fixture that names no check is one the
 outcome alone rejects (a crash, or a shortcut the error model itself finds wrong).
+
+A fixture with ``max_speedup`` is a shortcut that ``verified`` takes away instead of naming: a
+remembered result never helps a timed call that runs on inputs no earlier call saw. It may be
+``passed``, but then it earns nothing: its ``speedup.best`` is at most ``max_speedup`` (2: its work
+is the baseline's ``torch.matmul``, so an honest copy of it measures about 1, 0.85-1.4 on two
+loaded cores; a remembered result measured 38-400 under ``standard`` and ``verified`` v3,
+benchmarks/results/2026-12-06-cpu-cache-fixtures/).
 """
 
 from __future__ import annotations
@@ -63,8 +70,12 @@ def test_hack_is_caught(path: Path) -> None:
         f"findings={[(f.check, f.severity, f.detail[:120]) for f in record.findings]} "
         f"error={record.error}"
     )
-    assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
+    if record.outcome == "passed":  # allowed only where the shortcut earned nothing
+        assert "max_speedup" in spec, summary
+        best = record.speedup.get("best")
+        assert best is not None and best <= spec["max_speedup"], f"speedup {best}; {summary}"
+        return
     # Every outcome but passed says why where a user looks first; a hack names its failed checks.
     assert record.error and record.error.get("summary"), summary
     if record.outcome == "hack_detected":

@@ -62,7 +62,7 @@ def test_caching_can_be_switched_off(fresh_cache: Path, tmp_path: Path) -> None:
 def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Path) -> None:
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     candidate = record.timing["candidate"]
-    assert record.timing["recipe"] == "flush-rotate-events-median"
+    assert record.timing["recipe"] == "flush-unseen-events-median"
     # interleaved with the baselines, A B A B A B, then more pairs while a median is imprecise
     precision = record.timing["median_precision"]
     assert 3 <= len(candidate["rounds"]) == precision["rounds"] <= 9

@@ -79,3 +79,29 @@ def test_the_verified_v3_candidate_is_verified_with_spiked_added() -> None:
     # nothing else moves: the audit compares the two on the distribution alone
     same = replace(candidate, name=VERIFIED.name, version=VERIFIED.version)
     assert replace(same, correctness=VERIFIED.correctness) == VERIFIED
+
+
+#: ``standard``'s hash before ``timing.unseen_inputs`` existed: records and stores keep matching it.
+STANDARD_SHA256 = "6d50060cdd3d71494173451c5cea328b10fd9c407ed2cf39c84055f600f06ceb"
+
+
+def test_verified_v4_times_unseen_inputs_and_standard_stays_kernelbenchs() -> None:
+    """Only ``verified`` moves: version 4 gives every timed call an input set of its own;
+    ``standard`` times its one set again and again, as KernelBench does, with the hash it had."""
+    assert VERIFIED.version == 4 and VERIFIED.timing.unseen_inputs
+    assert STANDARD.version == 1 and not STANDARD.timing.unseen_inputs
+    assert STANDARD.sha256() == STANDARD_SHA256
+    assert "unseen_inputs" not in STANDARD.to_dict()["timing"]
+    assert VERIFIED.to_dict()["timing"]["unseen_inputs"] is True
+    # a stored record's settings read back to the same protocol, with or without the setting
+    assert protocol_from_dict({**VERIFIED.to_dict(), "base": "verified"}) == VERIFIED
+    assert protocol_from_dict({**STANDARD.to_dict(), "base": "standard"}) == STANDARD
+
+
+def test_cuda_graphs_and_unseen_inputs_are_refused_together() -> None:
+    with pytest.raises(ProtocolError, match="unseen inputs"):
+        protocol_from_dict({"name": "graphs", "base": "verified", "timing": {"cuda_graph": True}})
+    graphs = protocol_from_dict(
+        {"name": "graphs", "base": "verified", "timing": {"cuda_graph": True, "unseen_inputs": False}}
+    )
+    assert graphs.timing.cuda_graph and not graphs.timing.unseen_inputs

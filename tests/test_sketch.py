@@ -154,6 +154,34 @@ def test_wrong_outputs_fail(wrong: str) -> None:
     assert "tolerance" in verdict["note"]
 
 
+def test_an_unseen_draws_summary_judges_as_its_truth_would() -> None:
+    """The reference worker's summary of an unseen timing draw (its truth's sketch, sum of squares
+    and count, never the truth) gives the tolerance the truth itself gives, passes an honest output
+    and fails one remembered from another draw."""
+    from kbv.error_stats import truth_summary
+
+    torch.manual_seed(2)
+    truth, other = _truth(64, 256), _truth(64, 256)
+    expected = _expected(truth)
+    settings = _settings()
+    direct = correctness.timed_reference(expected, settings, [256])
+    omegas = [sketch.omega_for(direct["rms"][0])]
+    summary = truth_summary([truth], SEED, omegas)
+    targets, reference = correctness.unseen_reference(
+        summary, expected["reference"]["outputs"], expected["baseline_err"], settings, [256]
+    )
+    assert reference["tolerances"] == pytest.approx(direct["tolerances"], rel=1e-12)
+    assert reference["rms"] == pytest.approx(direct["rms"], rel=1e-12)
+    assert targets == [sketch.sketch_tensor(truth, SEED, 0, omegas[0])]
+    spec = {"seed": SEED, "omega": omegas}
+    honest = sketch.sketch_outputs([truth.float()], spec, torch.device("cpu"))
+    remembered = sketch.sketch_outputs([other.float()], spec, torch.device("cpu"))
+    assert correctness.judge_sketch(honest, targets, reference, omegas)["passed"]
+    assert not correctness.judge_sketch(remembered, targets, reference, omegas)["passed"]
+    with pytest.raises(ValueError, match="error_model"):
+        correctness.unseen_reference(summary, [], {}, _settings(mode="allclose"))
+
+
 def test_allclose_bound_maps_to_l2_and_nan_never_matches() -> None:
     reference_out = torch.rand(16, 64)
     expected = {"reference": {"outputs": [reference_out]}}

@@ -272,6 +272,47 @@ def test_on_sample_receives_each_timed_call() -> None:
     assert seen == [(i, CALL_S * 1e3, CALL_S * 1e3) for i in range(3)]
 
 
+def test_unseen_inputs_give_each_timed_call_a_set_made_outside_the_timed_region() -> None:
+    """With ``unseen``, the warm-up rotates over the kept sets and timed call ``i`` runs on the set
+    ``unseen(i)`` makes just before it: the making is outside the samples (and before the flush)."""
+    clock = FakeClock()
+    log: list[Any] = []
+
+    def unseen(i: int):  # type: ignore[no-untyped-def]
+        log.append(f"draw{i}")
+        clock.advance(FLUSH_S)  # a draw slower than the call: none of it may reach a sample
+
+        def run() -> None:
+            log.append(f"unseen{i}")
+            clock.advance(CALL_S)
+
+        return run
+
+    m = measure(
+        make_fn(clock, log),
+        settings=settings(warmup_calls=4, repeats=3, l2_flush=True),
+        n_input_sets=3,
+        timer=LoggingTimer(clock, log),
+        flush=lambda: log.append("flush"),
+        unseen=unseen,
+    )
+    assert log[:4] == [0, 1, 2, 0]  # the warm-up: kept sets only
+    for i in range(3):
+        assert log[4 + 5 * i : 9 + 5 * i] == [f"draw{i}", "flush", "record", f"unseen{i}", "record"]
+    assert m.device_ms == [CALL_S * 1e3] * 3 and m.wall_ms == [CALL_S * 1e3] * 3
+
+
+def test_unseen_inputs_and_cuda_graphs_do_not_go_together() -> None:
+    with pytest.raises(ValueError, match="unseen_inputs"):
+        measure(
+            make_fn(FakeClock()),
+            settings=settings(cuda_graph=True),
+            n_input_sets=1,
+            timer=CpuTimer(FakeClock()),
+            unseen=lambda i: lambda: None,
+        )
+
+
 def test_measure_rejects_bad_arguments() -> None:
     clock = FakeClock()
     with pytest.raises(ValueError, match="n_input_sets"):

@@ -22,6 +22,7 @@ from kbv.error_stats import (
     _is_inexact,
     baseline_error,
     error_stats,
+    finite_sum_sq,
     flat_chunks,
     float_error,
     relative_norm,
@@ -267,15 +268,6 @@ SKETCH_ROUNDING = 1e-12
 _MASK_ROUNDING = 1e-9
 
 
-def _finite_sum_sq(t: torch.Tensor) -> tuple[float, int]:
-    """(sum of squares over the finite positions of ``t``, number of elements), in float64 chunks."""
-    total = torch.zeros((), dtype=torch.float64, device=t.device)
-    for (chunk,) in flat_chunks(t):
-        c = _as_f64(chunk)
-        total += torch.where(torch.isfinite(c), c, 0.0).square().sum()
-    return float(total), t.numel()
-
-
 def _allclose_l2(reference: torch.Tensor, atol: float, rtol: float) -> float:
     """The L2 norm of ``atol + rtol |reference|`` over its finite positions: no output that passes
     ``allclose`` differs from the reference by more than this in L2."""
@@ -307,7 +299,7 @@ def timed_reference(
             tolerances.append(0.0)
             rms.append(0.0)
             continue
-        sum_sq, n = _finite_sum_sq(target)
+        sum_sq, n = finite_sum_sq(target)
         rms.append(math.sqrt(sum_sq / n) if n else 0.0)
         if error_model:
             length = (
@@ -326,6 +318,57 @@ def timed_reference(
             )
             tolerances.append(_allclose_l2(target, atol, rtol))
     return {"targets": targets, "like": like, "tolerances": tolerances, "rms": rms, "nan_equal": error_model}
+
+
+def described_like(described: Any) -> Any:
+    """A meta tensor of the shape and dtype a trusted worker described (``[shape, "float32"]``), or
+    None (an output that is no tensor): what judging needs of an output the parent never held."""
+    if described is None:
+        return None
+    shape, name = described
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"the reference worker described an output of unknown dtype {name!r}")
+    return torch.empty([int(n) for n in shape], dtype=dtype, device="meta")
+
+
+def unseen_reference(
+    summary: list[Any],
+    like: list[Any],
+    baseline_err: dict[str, Any],
+    settings: CorrectnessSettings,
+    reduction_lengths: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`timed_reference` for an unseen timing draw whose truth the parent never held: from the
+    reference worker's summary of it (``kbv.error_stats.truth_summary``: per output its sketch, the
+    sum of squares and count of its finite values) and the error model's norm limit of the
+    baseline's error measured on the phase's first unseen draw (the draws are of one distribution).
+    Returns (the target sketches, the judging data :func:`judge_sketch` reads)."""
+    if settings.mode != "error_model":
+        raise ValueError("unseen_reference needs correctness.mode = error_model (the norm limit)")
+    base = baseline_err.get("outputs") or []
+    targets: list[dict[str, Any]] = []
+    tolerances: list[float] = []
+    rms: list[float] = []
+    for i, entry in enumerate(summary):
+        if not isinstance(entry, dict):
+            targets.append({})
+            tolerances.append(0.0)
+            rms.append(0.0)
+            continue
+        targets.append(entry["sketch"])
+        sum_sq, n = float(entry["sum_sq"]), int(entry["n"])
+        if not entry.get("inexact"):
+            tolerances.append(0.0)
+            rms.append(0.0)
+            continue
+        rms.append(math.sqrt(sum_sq / n) if n else 0.0)
+        length = (
+            int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
+        )
+        _, norm_tol = _error_model_limits(base[i] if i < len(base) else {}, length, settings)
+        tolerances.append(norm_tol * (math.sqrt(sum_sq) if sum_sq > 0 else math.sqrt(max(n, 1))))
+    return targets, {"like": list(like), "tolerances": tolerances, "rms": rms, "nan_equal": True}
 
 
 def _floats(value: Any, n: int) -> list[float] | None:

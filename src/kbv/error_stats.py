@@ -14,7 +14,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["CHUNK_ELEMENTS", "baseline_error", "error_stats", "flat_chunks", "float_error", "relative_norm"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "baseline_error",
+    "error_stats",
+    "finite_sum_sq",
+    "flat_chunks",
+    "float_error",
+    "relative_norm",
+    "truth_summary",
+]
 
 
 def _is_inexact(t: torch.Tensor) -> bool:
@@ -46,6 +55,46 @@ def flat_chunks(*tensors: torch.Tensor) -> Any:
     n = flat[0].numel()
     for start in range(0, max(n, 1), CHUNK_ELEMENTS):
         yield [f[start : start + CHUNK_ELEMENTS] for f in flat]
+
+
+def finite_sum_sq(t: torch.Tensor) -> tuple[float, int]:
+    """(sum of squares over the finite positions of ``t``, number of elements), in float64 chunks."""
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    for (chunk,) in flat_chunks(t):
+        c = _as_f64(chunk)
+        total += torch.where(torch.isfinite(c), c, 0.0).square().sum()
+    return float(total), t.numel()
+
+
+def truth_summary(truth: list[Any], seed: int, omegas: list[float]) -> list[dict[str, Any] | None]:
+    """What judging a timed call's sketch needs of one draw's float64 truth, without the truth: per
+    output its sketch (``kbv.sketch.sketch_tensor`` under ``seed`` and the output's ``omega``), the
+    sum of squares of its finite values and its element count, and whether it is inexact (an exact,
+    integer output must be matched exactly); None for an output that is not a tensor. The trusted
+    reference worker computes it for every unseen timing draw (``truth_sketches`` requests)."""
+    from kbv.sketch import sketch_tensor  # stdlib and torch only, like this module
+
+    summary: list[dict[str, Any] | None] = []
+    for index, t in enumerate(truth):
+        if not isinstance(t, torch.Tensor):
+            summary.append(None)
+            continue
+        inexact = _is_inexact(t)
+        sum_sq, n = finite_sum_sq(t) if inexact else (0.0, t.numel())
+        omega = omegas[index] if index < len(omegas) else 1.0
+        summary.append(
+            {"sketch": sketch_tensor(t, seed, index, omega), "sum_sq": sum_sq, "n": n, "inexact": inexact}
+        )
+    return summary
+
+
+def finite_rms(t: Any) -> float:
+    """The RMS of an inexact tensor's finite values (0 for anything else): what the sketch's map
+    frequency is set from (``kbv.sketch.omega_for``)."""
+    if not isinstance(t, torch.Tensor) or not _is_inexact(t) or t.numel() == 0:
+        return 0.0
+    sum_sq, n = finite_sum_sq(t)
+    return math.sqrt(sum_sq / n)
 
 
 def error_stats(a: torch.Tensor, t: torch.Tensor, close: tuple[float, float] | None = None) -> dict[str, Any]:

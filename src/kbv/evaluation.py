@@ -93,6 +93,13 @@ class _Seeds:
     def timing(self, k: int) -> int:
         return STANDARD_SEED + 1000 + k if self.fixed else inputs.derive_seed(self.master, "timing", k)
 
+    def unseen(self, r: int, repeats: int) -> list[int]:
+        """One seed per timed call of round ``r`` (``timing.unseen_inputs``), none of them another
+        round's, a warm-up set's or a correctness draw's."""
+        if self.fixed:
+            return [STANDARD_SEED + 100_000 + r * repeats + i for i in range(repeats)]
+        return [inputs.derive_seed(self.master, "unseen-timing", r, i) for i in range(repeats)]
+
 
 class ExpectedCache:
     """Reference outputs per (parameters, distribution, seed): the inputs, the realistic baseline's
@@ -1169,6 +1176,8 @@ def _measure(
         recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
         tf32_operators=ctx.tf32_operators,
         precision=ctx.protocol.precision,
+        unseen_seeds=lambda r: ctx.seeds.unseen(r, settings.repeats),
+        unseen_judge=performance.UnseenJudge(ctx.protocol.correctness, tuple(_structure(ctx).numels)),
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing, speedup = performance.named_for_precision(timing, speedup, ctx.protocol.precision)

@@ -24,7 +24,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from kbv import correctness, telemetry
 from kbv import sketch as kbv_sketch
 from kbv import statistics as kbv_timing
 from kbv._version import __version__
-from kbv.protocol import TimingSettings
+from kbv.protocol import CorrectnessSettings, TimingSettings
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
@@ -44,6 +44,16 @@ EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_byt
 #: Trusted batches timed right after the rounds when every candidate round's gap exceeds what the
 #: trusted batches known so far allow (``timing_disagreement``'s re-check, ``bracket_recheck``).
 RECHECK_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class UnseenJudge:
+    """What judging timed calls on unseen draws needs beside the reference's ``truth_sketches``
+    replies: the correctness settings (the error model's norm limit) and the problem's input element
+    counts (each output's reduction length, :func:`kbv.correctness.reduction_lengths`)."""
+
+    settings: CorrectnessSettings
+    input_numels: tuple[int, ...]
 
 
 class MeasureContext:
@@ -66,6 +76,8 @@ class MeasureContext:
         recheck_brackets: bool = False,
         tf32_operators: dict[str, Any] | None = None,
         precision: str = "fp32",
+        unseen_seeds: Callable[[int], list[int]] | None = None,
+        unseen_judge: UnseenJudge | None = None,
     ) -> None:
         """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
         ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
@@ -75,7 +87,13 @@ class MeasureContext:
         parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them).
         ``tf32_operators`` is the trusted reference worker's account of its forward
         (:func:`kbv.child.tf32_ops.summary`); None when it was not recorded. ``precision`` is the
-        evaluation's (``Protocol.precision``): the workers hold the models and draw the inputs in it."""
+        evaluation's (``Protocol.precision``): the workers hold the models and draw the inputs in it.
+
+        ``unseen_seeds(r)`` (``timing.unseen_inputs``) is one seed per timed call of round ``r``,
+        none of them drawn before: every batch of the round times its calls on those draws, and the
+        warm-up alone rotates over ``seeds``. ``unseen_judge`` lets the trusted reference reduce each
+        such draw's truth to its sketch in its own process (one ``truth_sketches`` request a round,
+        under the error model); without it each draw's reference comes from ``timed_reference``."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -90,6 +108,18 @@ class MeasureContext:
         self.recheck_brackets = recheck_brackets
         self.tf32_operators = tf32_operators
         self.precision = precision
+        self.unseen_seeds = unseen_seeds
+        self.unseen_judge = unseen_judge
+        if settings.unseen_inputs and unseen_seeds is None:
+            raise ValueError(
+                "timing.unseen_inputs needs MeasureContext.unseen_seeds (one seed per timed call)"
+            )
+
+    def unseen_for(self, r: int) -> list[int] | None:
+        """The seeds of round ``r``'s timed calls, or None where timed calls rotate over ``seeds``."""
+        if not self.settings.unseen_inputs or self.unseen_seeds is None:
+            return None
+        return list(self.unseen_seeds(r))
 
     @property
     def checks_timed_outputs(self) -> bool:
@@ -107,7 +137,7 @@ def measure_pair(
     names, skipped = measured_baselines(
         tuple(settings.baselines), ctx.device, ctx.tf32_operators, ctx.precision
     )
-    plan = _SketchPlan(ctx) if ctx.checks_timed_outputs else None
+    plan = _plan_for(ctx, reference)
     warmups = _Warmups(settings)
     cached = {name: _cache_read(ctx, name) for name in names}
     cache_checks = _check_cached(ctx, reference, cached, subject, plan, warmups)
@@ -129,13 +159,17 @@ def measure_pair(
                 # A baseline sketches every timed call as the candidate does (the same request but
                 # for the precision), so the sketches cost both sides alike in the parent's bracket.
                 with _others_paused(worker, reference, subject, compile_worker):
-                    batch = _timed_batch(worker, ctx, precision, spec, warmups.budget(worker, precision))
+                    batch = _timed_batch(
+                        worker, ctx, precision, spec, warmups.budget(worker, precision), ctx.unseen_for(r)
+                    )
                 rounds[name].append(batch)
                 baseline_seconds += batch["parent_bracket_s"]
                 if plan is not None:
                     plan.calibrate(name, r, batch)
             with _others_paused(subject, reference, subject, compile_worker):
-                batch = _timed_batch(subject, ctx, "native", spec, warmups.budget(subject, "native"))
+                batch = _timed_batch(
+                    subject, ctx, "native", spec, warmups.budget(subject, "native"), ctx.unseen_for(r)
+                )
             rounds["candidate"].append(batch)
             if plan is not None:
                 plan.judge(r, batch)
@@ -333,12 +367,19 @@ class _SketchPlan:
         got = sketches if isinstance(sketches, list) else []
         verdicts = []
         for i in range(len(measurement["device_ms"])):
-            k = i % len(self.references)
             entry = got[i] if i < len(got) else None
-            verdicts.append(
-                correctness.judge_sketch(entry, self.targets[r][k], self.references[k], self.omegas)
-            )
+            target, reference = self._expected(r, i)
+            verdicts.append(correctness.judge_sketch(entry, target, reference, self.omegas))
         return verdicts
+
+    def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The reference's sketches and judging data for timed call ``i`` of round ``r``."""
+        k = self.input_set(i)
+        return self.targets[r][k], self.references[k]
+
+    def input_set(self, i: int) -> int:
+        """Which input set timed call ``i`` ran on (the record's ``wrong[].input_set``)."""
+        return i % len(self.references)
 
     def judge(self, r: int, measurement: dict[str, Any]) -> None:
         """Judge every timed call of the candidate's batch of round ``r``."""
@@ -353,7 +394,7 @@ class _SketchPlan:
                     {
                         "round": r,
                         "call": i,
-                        "input_set": i % len(self.references),
+                        "input_set": self.input_set(i),
                         "ratio": verdict["ratio"],
                         "note": verdict["note"],
                     }
@@ -385,6 +426,132 @@ class _SketchPlan:
                 "input set"
             ),
         }
+
+
+class _UnseenPlan(_SketchPlan):
+    """Every timed call judged by its sketch when every timed call runs on a draw of its own
+    (``timing.unseen_inputs``): the round's draws are the ``unseen_seeds`` of every batch of the
+    round, the reference's sketch of each is taken when the round starts (:meth:`spec`), and call
+    ``i`` is judged against draw ``i``'s. Under the error model with an :class:`UnseenJudge` the
+    trusted reference reduces the round's truths to their sketches in its own process, one
+    ``truth_sketches`` request a round (no truth crosses to the parent, no baseline forward but the
+    phase's first draw's, whose error sets every call's norm limit); otherwise each draw's reference
+    comes from ``timed_reference`` and is sketched here."""
+
+    def __init__(self, ctx: MeasureContext, reference: Worker) -> None:
+        assert ctx.sketch_seed is not None and ctx.unseen_seeds is not None
+        picker = random.Random(ctx.sketch_seed)
+        settings = ctx.settings
+        self.round_seeds = [
+            picker.getrandbits(63) for _ in range(max(1, settings.rounds, settings.max_rounds))
+        ]
+        self.ctx, self.reference = ctx, reference
+        self.omegas = []
+        self.like: list[Any] | None = None
+        self.baseline_err: dict[str, Any] = {}
+        self.targets = []  # per round, per timed call, per output
+        self.call_references: list[list[dict[str, Any]]] = []  # per round, per timed call
+        self.references = []
+        self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
+        self.wrong = []
+        self.baselines = {}
+
+    def spec(self, r: int) -> dict[str, Any]:
+        while len(self.targets) <= r:
+            self._sketch_round(len(self.targets))
+        return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
+
+    def _sketch_round(self, r: int) -> None:
+        seeds = self.ctx.unseen_for(r) or []
+        if self.ctx.unseen_judge is not None and self.ctx.unseen_judge.settings.mode == "error_model":
+            targets, references = self._from_reference_worker(r, seeds, self.ctx.unseen_judge)
+        else:
+            targets, references = self._from_timed_reference(r, seeds)
+        self.targets.append(targets)
+        self.call_references.append(references)
+
+    def _from_reference_worker(
+        self, r: int, seeds: list[int], judge: UnseenJudge
+    ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+        first = self.like is None
+        fields: dict[str, Any] = {
+            "distribution": "original",
+            "seeds": seeds,
+            "sketch": {"seed": self.round_seeds[r], "omega": list(self.omegas) if self.omegas else None},
+        }
+        if first:  # the realistic baseline's error on the phase's first draw sets every call's norm limit
+            # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it
+            on_cuda = self.ctx.device.startswith("cuda") and self.ctx.precision == "fp32"
+            fields["baseline"] = "tf32" if on_cuda else "fp32"
+        reply = self.reference.request("truth_sketches", **fields)
+        if first:
+            error = reply.get("baseline_error")
+            if not isinstance(error, dict) or "structure_error" in error:
+                raise RuntimeError(f"the reference worker's baseline error on an unseen timing draw: {error}")
+            self.baseline_err = error
+            self.like = [correctness.described_like(d) for d in reply["baseline_outputs"]]
+            self.omegas = [float(w) for w in reply["omega"]]
+        assert self.like is not None
+        sets = reply.get("sets")
+        if not isinstance(sets, list) or len(sets) != len(seeds):
+            raise RuntimeError(
+                f"the reference worker sketched {len(sets or [])} of {len(seeds)} unseen draws"
+            )
+        lengths = correctness.reduction_lengths(judge.input_numels, self.like)
+        judged = [
+            correctness.unseen_reference(summary, self.like, self.baseline_err, judge.settings, lengths)
+            for summary in sets
+        ]
+        return [t for t, _ in judged], [ref for _, ref in judged]
+
+    def _from_timed_reference(
+        self, r: int, seeds: list[int]
+    ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+        assert self.ctx.timed_reference is not None
+        targets, references = [], []
+        for seed in seeds:
+            ref = self.ctx.timed_reference(seed)
+            if not self.omegas:
+                self.omegas = [kbv_sketch.omega_for(float(rms)) for rms in ref["rms"]]
+            seed_r = self.round_seeds[r]
+            targets.append(
+                [_target_sketch(t, seed_r, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
+            )
+            references.append(
+                {
+                    **{k: v for k, v in ref.items() if k != "targets"},
+                    "like": [correctness.stand_in(o) for o in ref["like"]],
+                }
+            )
+            del ref
+        return targets, references
+
+    def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        # A batch has at most ``repeats`` calls, one per seed sent (more samples than that are the
+        # worker's invalid measurement, refused before anything is judged).
+        return self.targets[r][i], self.call_references[r][i]
+
+    def input_set(self, i: int) -> int:
+        return i  # every timed call has a draw of its own
+
+    def summary(self) -> dict[str, Any]:
+        found = super().summary()
+        found["unseen_inputs"] = True
+        found["method"] = (
+            "every timed call of every candidate batch on an input set drawn for it alone, which no "
+            "earlier call saw: a sketch of its outputs (kbv.sketch) taken right after the call "
+            "returned, judged against the reference's sketch of the same draw's float64 truth"
+        )
+        return found
+
+
+def _plan_for(ctx: MeasureContext, reference: Worker) -> _SketchPlan | None:
+    """How the timed calls' outputs are judged: None where they are not."""
+    if not ctx.checks_timed_outputs:
+        return None
+    if ctx.settings.unseen_inputs:
+        return _UnseenPlan(ctx, reference)
+    return _SketchPlan(ctx)
 
 
 #: Wrong timed calls listed in the record (all are counted in ``wrong_calls``).
@@ -516,6 +683,7 @@ def _check_cached(
                 precision,
                 plan.spec(0) if plan else None,
                 warmups.budget(reference, precision) if warmups else None,
+                ctx.unseen_for(0),
             )
         fresh.pop("sketches", None)
         checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
@@ -571,9 +739,17 @@ def _bracket_recheck(
     if not verdict["disagrees"]:
         return None
     with _others_paused(reference, subject):
-        spec = plan.spec(len(candidate_rounds) - 1) if plan is not None else None
+        last = len(candidate_rounds) - 1
+        spec = plan.spec(last) if plan is not None else None
         batches = [
-            _timed_batch(reference, ctx, "fp32", spec, warmups.budget(reference, "fp32") if warmups else None)
+            _timed_batch(
+                reference,
+                ctx,
+                "fp32",
+                spec,
+                warmups.budget(reference, "fp32") if warmups else None,
+                ctx.unseen_for(last),
+            )
             for _ in range(RECHECK_BATCHES)
         ]
     return {
@@ -600,6 +776,7 @@ def _timed_batch(
     precision: str,
     sketch: dict[str, Any] | None = None,
     warmup_s: float | None = None,
+    unseen: list[int] | None = None,
 ) -> dict[str, Any]:
     """One timed batch in ``worker``, bracketed by the parent's clock. The worker's samples are
     checked before anything uses them: impossible ones are the worker's failure (for the candidate,
@@ -607,10 +784,13 @@ def _timed_batch(
     round's :meth:`_SketchPlan.spec`) every timed call is sketched and the reply's sketches are under
     ``sketches`` in the result, for the plan to judge and remove. ``warmup_s`` is the batch's warm-up
     budget (default ``warmup_seconds``); the result keeps it as ``warmup_budget_s``, which the bracket
-    check reads (:func:`kbv.statistics.batch_settings`)."""
+    check reads (:func:`kbv.statistics.batch_settings`). ``unseen`` (the round's seeds under
+    ``timing.unseen_inputs``) gives each timed call a draw of its own."""
     budget = ctx.settings.warmup_seconds if warmup_s is None else float(warmup_s)
     before = telemetry.gpu_state(ctx.device)
     extra: dict[str, Any] = {"sketch": sketch} if sketch is not None else {}
+    if unseen is not None:
+        extra["unseen_seeds"] = unseen
     scheduled = worker.scheduler_ns()
     started = time.monotonic()
     reply = worker.request(

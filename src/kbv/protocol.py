@@ -23,7 +23,7 @@ import json
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,6 +103,12 @@ class TimingSettings:
     # Reuse baseline measurements whose key (problem, inputs, device, driver, torch, these settings)
     # matches; interleaving then applies only to the first candidate that measured them.
     cache_baselines: bool = True
+    # Every timed call gets an input set of its own that no earlier call saw, drawn in the worker
+    # outside the timed region; warm-up calls rotate over the ``input_sets`` kept sets, which are
+    # never timed. Speed that comes from remembering earlier calls then earns nothing
+    # (docs/timing.md, "Every timed call on unseen inputs"). Off: timed calls rotate over the kept
+    # sets, as KernelBench times one set again and again.
+    unseen_inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,10 @@ class Protocol:
             # likewise the disk limit at its default: an honest candidate writes far less, so a
             # record judged before the limit existed was judged alike; another value hashes apart
             del data["limits"]["disk_gb"]
-        return data
+        for section, name in _WRITTEN_WHEN_SET:
+            if not data[section][name]:
+                del data[section][name]
+        return cast(dict[str, Any], data)
 
     def sha256(self) -> str:
         """Hash of the resolved settings: two records with equal hashes were judged alike."""
@@ -223,6 +232,11 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+#: Settings added after protocols were first hashed: written (and hashed) only when set, so a
+#: protocol that leaves them off keeps the hash its records and stores already carry.
+_WRITTEN_WHEN_SET = (("timing", "unseen_inputs"),)
+
+
 STANDARD = Protocol(
     name="standard",
     version=1,
@@ -236,9 +250,12 @@ STANDARD = Protocol(
 # later batches warmed up by warmup_calls alone, and a baseline 1.5x slower than another after the
 # first round timed no further (issue 11; docs/timing.md, "Rounds until precise"). Version 2 timed
 # 3 rounds of 30 calls of every baseline.
+# Version 4: every timed call on an input set no earlier call saw (``unseen_inputs``, issue 37;
+# docs/timing.md, "Every timed call on unseen inputs"). Version 3 timed the same three sets in every
+# call, so a candidate that remembered its outputs was credited the lookup's speed.
 VERIFIED = Protocol(
     name="verified",
-    version=3,
+    version=4,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,
@@ -248,7 +265,7 @@ VERIFIED = Protocol(
         secret_seeds=True,
     ),
     timing=TimingSettings(
-        recipe="flush-rotate-events-median",
+        recipe="flush-unseen-events-median",
         repeats=10,
         l2_flush=True,
         input_sets=3,
@@ -258,6 +275,7 @@ VERIFIED = Protocol(
         median_precision=0.02,
         rewarm_seconds=0.0,
         dominated_factor=1.5,
+        unseen_inputs=True,
     ),
     # A draw that failed once on the same inputs its re-runs passed is a demonstrated wrong output:
     # under verified it fails (docs/correctness.md, "Failing draws are confirmed").
@@ -322,6 +340,11 @@ def protocol_from_dict(data: dict[str, Any], source: str = "<dict>") -> Protocol
             raise ProtocolError(f"{source}: unknown protocol key {key!r}")
     updates.setdefault("version", 1)
     resolved = replace(base, **updates)
+    if resolved.timing.cuda_graph and resolved.timing.unseen_inputs:
+        raise ProtocolError(
+            f"{source} [timing]: cuda_graph replays the inputs it captured, so the timed calls cannot get "
+            "unseen inputs: set unseen_inputs = false with cuda_graph = true (a regime of its own)"
+        )
     return resolved.with_precision(resolved.precision) if resolved.precision != "fp32" else resolved
 
 

@@ -91,7 +91,7 @@ def main(fd: int) -> None:
             break
         started = time.perf_counter()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
-        if op != "time":
+        if op not in ("time", "truth_sketches"):  # the timing phase's requests keep its sets
             state.timing_inputs = None
         try:
             reply = _HANDLERS[str(op)](state, request)
@@ -584,11 +584,15 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """One timed batch. With ``sketch`` (a seed and a map frequency per output, the same in every
     worker's request of a round) every timed call's outputs are sketched (``kbv.sketch``) right after
     the call returned and was synchronised and timed, outside the timed region: the same work for
-    every call, so nothing tells one call from another; the sketches come back with the samples."""
+    every call, so nothing tells one call from another; the sketches come back with the samples.
+    With ``unseen_seeds`` (``timing.unseen_inputs``) timed call ``i`` runs on the draw of the i-th
+    seed, made just before it outside the timed region and dropped once its outputs are sketched;
+    the kept sets of ``seeds`` serve the warm-up only."""
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
     settings = timing_settings_from_dict(request["settings"])
     seeds = [int(s) for s in request["seeds"]]
+    unseen_seeds = [int(s) for s in request.get("unseen_seeds") or []]
     steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
     input_sets = _timing_inputs(state, request["distribution"], seeds, precision)
     steps.mark("inputs")
@@ -597,14 +601,29 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     spec = request.get("sketch")
     sketches: list[list[dict[str, Any]]] = []
     sketch_s = [0.0]
+    unseen_out: list[Any] = [None]
 
     def call(k: int) -> None:
         last[k] = model(*input_sets[k])
 
+    def unseen(i: int) -> Any:
+        if i >= len(unseen_seeds):
+            raise RuntimeError(f"timed call {i} has no unseen input set ({len(unseen_seeds)} sent)")
+        unseen_out[0] = None  # the previous call's set and outputs go before the next is drawn
+        args = _make_inputs(state, request["distribution"], unseen_seeds[i], precision)
+
+        def run() -> None:
+            unseen_out[0] = model(*args)
+
+        return run
+
+    def outputs_of(i: int) -> Any:
+        return unseen_out[0] if unseen_seeds else last[i % len(input_sets)]
+
     def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
         assert spec is not None  # passed to the recipe only with a spec
         started = time.perf_counter()
-        sketches.append(_sketch.sketch_outputs(_as_outputs(last[i % len(input_sets)]), spec, state.device))
+        sketches.append(_sketch.sketch_outputs(_as_outputs(outputs_of(i)), spec, state.device))
         if steps.on:
             if state.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -619,19 +638,69 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             timer=state.timer,
             flush=flush,
             on_sample=on_sample if spec is not None else None,
+            unseen=unseen if unseen_seeds else None,
         )
+    unseen_out[0] = None
     reply: dict[str, Any] = {"measurement": measurement.to_dict()}
     if spec is not None:
         reply["sketches"] = sketches
     if steps.on:
         steps.mark("measure")
         timed_s = sum(measurement.wall_ms) / 1e3
-        # the recipe's seconds split: the timed calls, their sketches, and the rest (warm-up, the L2
-        # flushes, the synchronisations around each call)
+        # the recipe's seconds split: the timed calls, their sketches, and the rest (warm-up, the
+        # unseen sets' draws, the L2 flushes, the synchronisations around each call)
         steps.seconds["timed_calls"] = timed_s
         steps.seconds["sketches"] = sketch_s[0]
         steps.seconds["warmup_flush_sync"] = steps.seconds.pop("measure") - timed_s - sketch_s[0]
         reply["steps_s"] = steps.seconds
+    return reply
+
+
+def _truth_sketches(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """The trusted reference's side of judging timed calls on unseen inputs (``timing.unseen_inputs``):
+    for each of ``seeds`` (one per timed call of a round) the float64 truth of its draw, reduced
+    here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
+    ``sketch``, the sum of squares of its finite values), and never handed over. Without ``omega`` in the spec
+    (the phase's first request) the map's frequency per output comes from the first draw's RMS and
+    is returned. With ``baseline`` (a precision) the first draw also runs the realistic baseline, whose
+    error against the truth (``kbv.error_stats``) sets the norm tolerance of every timed call, and
+    whose outputs' shapes and dtypes are what a candidate's must have."""
+    if state.role != "reference":
+        raise PermissionError("only the trusted reference worker computes a draw's truth")
+    from kbv.error_stats import baseline_error, finite_rms, truth_summary  # numbers, not a verdict
+
+    spec = dict(request["sketch"])
+    baseline_precision = request.get("baseline")
+    sets: list[list[dict[str, Any] | None]] = []
+    reply: dict[str, Any] = {}
+    for k, seed in enumerate(int(s) for s in request["seeds"]):
+        narrow = _make_inputs(state, request["distribution"], seed, "fp32")
+        wide = kbv_inputs.upcast_draw(narrow)
+        _set_precision_flags("fp64")
+        with torch.no_grad():
+            outputs = _as_outputs(_model_for(state, "fp64")(*wide))
+        truth = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
+        del wide, outputs
+        if spec.get("omega") is None:
+            spec["omega"] = [_sketch.omega_for(finite_rms(t)) for t in truth]
+            reply["omega"] = spec["omega"]
+        if k == 0 and baseline_precision is not None:
+            _set_precision_flags(str(baseline_precision))
+            with torch.no_grad():
+                outputs = _as_outputs(state.model(*narrow))
+            base = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
+            del outputs
+            reply["baseline_outputs"] = [_shape_and_dtype(o) for o in base]
+            reply["types"] = _type_names(base)
+            try:
+                reply["baseline_error"] = baseline_error(base, truth)
+            except ValueError as exc:  # the problem's fault: the parent says so
+                reply["baseline_error"] = {"structure_error": str(exc)}
+            del base
+        del narrow
+        sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
+        del truth
+    reply["sets"] = sets
     return reply
 
 
@@ -676,6 +745,7 @@ _HANDLERS = {
     "run": _run,
     "expected": _expected,
     "time": _time,
+    "truth_sketches": _truth_sketches,
     "identities": _identities,
 }
 

@@ -303,6 +303,7 @@ def measure(
     timer: DeviceTimer,
     flush: Callable[[], object] | None = None,
     on_sample: Callable[[int, float, float], object] | None = None,
+    unseen: Callable[[int], Callable[[], object]] | None = None,
 ) -> Measurement:
     """Time ``fn(set_index)`` under ``settings``; return the raw samples.
 
@@ -319,9 +320,20 @@ def measure(
        sample (events on the timed stream) and a wall sample (device-wide sync before and after,
        wall clock around); the wall one also sees work on other streams.
 
+    With ``unseen`` (``settings.unseen_inputs``), timed call ``i`` runs ``unseen(i)()`` instead:
+    ``unseen(i)`` makes the call's own input set, which no earlier call saw, before the flush and
+    outside the timed region, and returns the call to time; the warm-up still rotates over the
+    ``n_input_sets`` sets ``fn`` takes, which are never timed. A CUDA graph replays the inputs it
+    was captured with, so the two do not go together.
+
     ``on_sample(i, device_ms, wall_ms)`` is called after each timed call (outside the region).
     Exceptions from ``fn`` propagate: a failing candidate is the caller's outcome to record.
     """
+    if unseen is not None and settings.cuda_graph:
+        raise ValueError(
+            "timing.cuda_graph replays the inputs it captured, so every timed call cannot get unseen "
+            "inputs: set timing.unseen_inputs = false for the graph regime"
+        )
     if n_input_sets < 1:
         raise ValueError(f"n_input_sets must be >= 1, not {n_input_sets}")
     if settings.repeats < 1:
@@ -340,7 +352,8 @@ def measure(
     else:
         warmed = _warm_up(fn, settings, n_input_sets, timer)
     use_flush = flush if settings.l2_flush else None
-    device_ms, wall_ms = _timed_calls(call, settings, n_input_sets, timer, use_flush, on_sample)
+    prepare = unseen if unseen is not None else _rotation(call, n_input_sets)
+    device_ms, wall_ms = _timed_calls(prepare, settings, timer, use_flush, on_sample)
     return Measurement(
         recipe=recipe_name(settings),
         device_ms=device_ms,
@@ -355,6 +368,11 @@ def measure(
 
 def _bind(fn: Callable[[int], object], k: int) -> Callable[[], object]:
     return lambda: fn(k)
+
+
+def _rotation(fn: Callable[[int], object], n_input_sets: int) -> Callable[[int], Callable[[], object]]:
+    """Timed call ``i`` on kept set ``i % n_input_sets``."""
+    return lambda i: _bind(fn, i % n_input_sets)
 
 
 def _warm_up(
@@ -377,9 +395,8 @@ def _warm_up(
 
 
 def _timed_calls(
-    fn: Callable[[int], object],
+    prepare: Callable[[int], Callable[[], object]],
     settings: TimingSettings,
-    n_input_sets: int,
     timer: DeviceTimer,
     flush: Callable[[], object] | None,
     on_sample: Callable[[int, float, float], object] | None,
@@ -390,13 +407,14 @@ def _timed_calls(
     for i in range(settings.repeats):
         if i > 0 and timer.now() - phase_start >= settings.max_seconds:
             break
+        run = prepare(i)  # the call's inputs, made outside the timed region (before the flush)
         start, end = timer.new_marks()
         if flush is not None:
             flush()
         timer.synchronize()
         w0 = timer.now()
         timer.record(start)
-        fn(i % n_input_sets)
+        run()
         timer.record(end)
         timer.synchronize()
         w1 = timer.now()
