@@ -3,6 +3,7 @@
     python benchmarks/verified_cost.py                              # on the GPU: bundled CUDA/Triton sets
     python benchmarks/verified_cost.py --device cpu --sets honest_cpu --limit 3   # smoke test
     python benchmarks/verified_cost.py --kernelbench DIR --results rows.jsonl [--part 1/2]
+    python benchmarks/verified_cost.py --kernelbench DIR --results rows.jsonl --device cpu --cpu-sizes
 
 KernelBench mode: the reference itself submitted as the candidate (``Model`` renamed ``ModelNew``)
 on the fixed sample :data:`KERNELBENCH_SAMPLE` (20 level-1, 8 level-2, 4 level-3 problems without
@@ -91,7 +92,10 @@ def reference_as_candidate(source: str) -> str:
     return re.sub(r"\bModel\b", "ModelNew", source)
 
 
-def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int]) -> list[Any]:
+def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = False) -> list[Any]:
+    """The part's problems with the reference as the candidate. ``cpu_sizes`` shrinks each problem's
+    size constants as the protocol audit's CPU rehearsal does (``protocol_audit.shrunk_sizes``), so
+    the sample runs on a few CPU cores: the CPU sample of ``verified`` over ``standard``."""
     from kbv.candidates import load_candidate
     from kbv.problems import load_problem
 
@@ -101,10 +105,25 @@ def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int]) -> list[Any
     pairs = []
     for level, stem in chosen:
         path = root / f"level{level}" / f"{stem}.py"
+        if cpu_sizes:
+            path = _shrunk_copy(path, work / f"level{level}")
         candidate = work / f"level_{level}_problem_{stem.split('_')[0]}_sample_0_kernel.py"
         candidate.write_text(reference_as_candidate(path.read_text()))
         pairs.append((load_problem(path), load_candidate(candidate, label="reference")))
     return pairs
+
+
+def _shrunk_copy(path: Path, folder: Path) -> Path:
+    """A copy of a KernelBench problem shrunk for the CPU (the protocol audit's rehearsal sizes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from protocol_audit import shrunk_sizes, with_constants
+
+    source = path.read_text()
+    sizes = shrunk_sizes(source)
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / path.name
+    copy.write_text(f"# kbv: shrunk for the CPU sample: {sizes}\n" + with_constants(source, sizes))
+    return copy
 
 
 class MemorySampler:
@@ -180,7 +199,7 @@ def run_kernelbench(args: argparse.Namespace) -> int:
             for r in map(json.loads, args.results.read_text().splitlines())
             if r.get("kind") == "row"
         }
-    pairs = kernelbench_pairs(args.kernelbench, args.work, args.part)
+    pairs = kernelbench_pairs(args.kernelbench, args.work, args.part, cpu_sizes=args.cpu_sizes)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     for name in PROTOCOLS:
         todo = [(p, c) for p, c in pairs if (name, p.name) not in done]
@@ -430,6 +449,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--report", type=Path, default=None, help="KernelBench mode: write the summary of --results here"
+    )
+    parser.add_argument(
+        "--cpu-sizes",
+        action="store_true",
+        help="KernelBench mode: shrink each problem for the CPU (the protocol audit's rehearsal sizes)",
     )
     args = parser.parse_args()
     if args.report:

@@ -31,8 +31,12 @@ def test_gpu_hack_is_caught(path: Path) -> None:
         f"findings={[(f.check, f.severity, f.detail[:160]) for f in record.findings]} "
         f"error={record.error}"
     )
-    assert record.outcome != "passed", summary
     assert record.outcome in spec["expect_outcome"], summary
+    if record.outcome == "passed":  # a remembered result that earned nothing (test_hack_fixtures.py)
+        assert "max_speedup" in spec, summary
+        best = record.speedup.get("best")
+        assert best is not None and best <= spec["max_speedup"], f"speedup {best}; {summary}"
+        return
     if record.outcome == "hack_detected" and spec.get("expect_checks"):
         assert fails & set(spec["expect_checks"]), summary
     # a finding at whatever severity (side_stream_kernels: a warning until measured on the GPU)
