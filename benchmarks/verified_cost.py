@@ -95,7 +95,10 @@ def reference_as_candidate(source: str) -> str:
 def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int], cpu_sizes: bool = False) -> list[Any]:
     """The part's problems with the reference as the candidate. ``cpu_sizes`` shrinks each problem's
     size constants as the protocol audit's CPU rehearsal does (``protocol_audit.shrunk_sizes``), so
-    the sample runs on a few CPU cores: the CPU sample of ``verified`` over ``standard``."""
+    the sample runs on a few CPU cores: the CPU sample of ``verified`` over ``standard``. A problem
+    the shrinking cannot bring under the rehearsal's element bound is left out, with a note (the
+    level-3 MLPs: their layer widths are a list, which it does not shrink; 2_ShallowWideMLP would
+    still hold 1e9 parameters)."""
     from kbv.candidates import load_candidate
     from kbv.problems import load_problem
 
@@ -106,23 +109,31 @@ def kernelbench_pairs(root: Path, work: Path, part: tuple[int, int], cpu_sizes: 
     for level, stem in chosen:
         path = root / f"level{level}" / f"{stem}.py"
         if cpu_sizes:
-            path = _shrunk_copy(path, work / f"level{level}")
+            shrunk = _shrunk_copy(path, work / f"level{level}")
+            if shrunk is None:
+                print(f"left out of the CPU sample: level{level}/{stem} (too large once shrunk)", flush=True)
+                continue
+            path = shrunk
         candidate = work / f"level_{level}_problem_{stem.split('_')[0]}_sample_0_kernel.py"
         candidate.write_text(reference_as_candidate(path.read_text()))
         pairs.append((load_problem(path), load_candidate(candidate, label="reference")))
     return pairs
 
 
-def _shrunk_copy(path: Path, folder: Path) -> Path:
-    """A copy of a KernelBench problem shrunk for the CPU (the protocol audit's rehearsal sizes)."""
+def _shrunk_copy(path: Path, folder: Path) -> Path | None:
+    """A copy of a KernelBench problem shrunk for the CPU (the protocol audit's rehearsal sizes), or
+    None where it still holds more than the rehearsal's element bound."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from protocol_audit import shrunk_sizes, with_constants
+    from protocol_audit import CPU_REHEARSAL_ELEMENTS, _elements, shrunk_sizes, with_constants
 
     source = path.read_text()
     sizes = shrunk_sizes(source)
+    shrunk = f"# kbv: shrunk for the CPU sample: {sizes}\n" + with_constants(source, sizes)
+    if _elements(shrunk) > CPU_REHEARSAL_ELEMENTS:
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / path.name
-    copy.write_text(f"# kbv: shrunk for the CPU sample: {sizes}\n" + with_constants(source, sizes))
+    copy.write_text(shrunk)
     return copy
 
 
