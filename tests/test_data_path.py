@@ -105,12 +105,24 @@ def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
     unseen = [seed for fields in to_candidate for seed in fields["unseen_seeds"]]
     assert len(unseen) == len(set(unseen)) == rounds * record.protocol["settings"]["timing"]["repeats"]
     assert not set(unseen) & set(to_candidate[0]["seeds"])
+    assert record.seeds["unseen_timing_nonce"] != 0
     same_round = {fields["sketch"]["seed"]: fields for fields in to_baseline}
     for fields in to_candidate:
         assert {**fields, "precision": None} == {**same_round[fields["sketch"]["seed"]], "precision": None}
     checked = record.timing["timed_outputs"]
     assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
     assert checked["wrong"] == [] and checked["max_ratio"] < 1
+
+
+def test_unseen_timing_seeds_are_each_evaluations_own() -> None:
+    """Two evaluations that share a master seed (candidates of one problem in one batch) still time
+    different unseen draws: a result one kept where it outlives it finds none of the other's."""
+    from kbv.evaluation import _Seeds
+
+    one, two = _Seeds(master=7, fixed=False, timing_nonce=1), _Seeds(master=7, fixed=False, timing_nonce=2)
+    assert one.draw("original", 0) == two.draw("original", 0)  # the shared correctness draws
+    assert not set(one.unseen(0, 10) + one.unseen(1, 10)) & set(two.unseen(0, 10) + two.unseen(1, 10))
+    assert len(set(one.unseen(0, 10) + one.unseen(1, 10))) == 20
 
 
 def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen) -> None:

@@ -80,6 +80,11 @@ class _Seeds:
 
     master: int
     fixed: bool
+    # The unseen timing draws' own secret (``unseen``): candidates of one problem in one batch share
+    # their master seed (kbv.Evaluator), and a result one of them kept where it outlives its
+    # evaluation (its build directory is reused by the same source) must not find the next one's
+    # timed inputs. Written into the record (``seeds.unseen_timing_nonce``); 0 with fixed seeds.
+    timing_nonce: int = 0
 
     def init(self, distribution: str) -> int:
         return STANDARD_SEED if self.fixed else inputs.derive_seed(self.master, "init", distribution)
@@ -98,7 +103,9 @@ class _Seeds:
         round's, a warm-up set's or a correctness draw's."""
         if self.fixed:
             return [STANDARD_SEED + 100_000 + r * repeats + i for i in range(repeats)]
-        return [inputs.derive_seed(self.master, "unseen-timing", r, i) for i in range(repeats)]
+        return [
+            inputs.derive_seed(self.master, "unseen-timing", self.timing_nonce, r, i) for i in range(repeats)
+        ]
 
 
 class ExpectedCache:
@@ -232,6 +239,7 @@ def evaluate(
     seeds = _Seeds(
         master=master_seed if master_seed is not None else (STANDARD_SEED if fixed else inputs.new_seed()),
         fixed=fixed,
+        timing_nonce=0 if fixed else inputs.new_seed(),
     )
     ctx = _Context(problem, candidate, protocol, device, seeds, replay_structure=structure)
     ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
@@ -1239,6 +1247,7 @@ def _record(
             "fixed": ctx.seeds.fixed,
             "parameters": ctx.parameters_mode,
             "derivation": "hmac-sha256(master, purpose, distribution, k)",
+            "unseen_timing_nonce": ctx.seeds.timing_nonce,
             "structure": _structure(ctx).invariants,
         },
         versions=_versions(hello),
