@@ -8,6 +8,8 @@ fixture declares them itself. Every candidate fixture that a test evaluates end 
 - ``expect_checks``: the checks of which at least one must fail it (``tests/test_hack_fixtures.py``,
   ``tests/gpu/test_gpu_hacks.py``): the fixture is one the check must reject;
 - ``expect_findings`` and ``expect_warn``: checks that must report it, at any severity;
+- ``max_speedup`` (with ``passed`` among its outcomes): a shortcut ``verified`` takes away rather
+  than names (results remembered from earlier calls, docs/timing.md); it declares no check;
 - an honest fixture (``tests/fixtures/candidates/honest/``, or one whose only ``expect_outcome``
   is ``passed``) declares none of these: it must pass with no ``fail`` finding, so every check
   must accept it;
