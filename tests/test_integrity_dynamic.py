@@ -91,6 +91,30 @@ def test_observation_hacks_fail() -> None:
     assert severities == ["fail", "warn"]
 
 
+def test_threads_the_call_joined_pass_and_one_alive_at_return_fails() -> None:
+    joined = _observation(threads_started=2, threads_alive_at_return=0)
+    assert dynamic.check_background_work(_with_observation(joined)) == []
+    racing = _observation(threads_started=1, threads_alive_at_return=1)
+    found = dynamic.check_background_work(_with_observation(racing))
+    assert [f.severity for f in found] == ["fail"] and "1 of them still running" in found[0].detail
+
+
+def test_a_process_an_earlier_call_left_running_fails() -> None:
+    """The helper started by the probe's warm-up call (or before) is alive across the observed call:
+    no growth across that call, but growth since before the first one."""
+    obs = _observation()
+    idle = {"python_threads": 1, "os_threads": 4, "processes": 0}
+    busy = {"python_threads": 1, "os_threads": 4, "processes": 1}
+    obs["candidate"]["activity"] = {
+        "before_first_call": idle,
+        "before": busy,
+        "after": busy,
+        "after_delay": busy,
+    }
+    found = dynamic.check_background_work(_with_observation(obs))
+    assert [f.severity for f in found] == ["fail"] and "0 before the first call" in found[0].detail
+
+
 def test_os_thread_growth_alone_warns() -> None:
     obs = _observation()
     obs["candidate"]["activity"] = {

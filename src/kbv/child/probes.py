@@ -273,16 +273,32 @@ def _activity() -> dict[str, int]:
     return {"python_threads": _active_count(), "os_threads": _os_threads(), "processes": _descendants()}
 
 
+#: How long a thread started during an observed call is held at its first Python event.
+THREAD_HOLD_S = 0.05
+_current_thread = threading.current_thread
+
+
 class _ThreadStarts:
-    """Counts Python threads started while installed (``threading.setprofile`` runs in each new thread)."""
+    """Python threads started while installed (``threading.setprofile`` runs in each new thread).
+
+    Each is held for :data:`THREAD_HOLD_S` before its target runs. A call that waits for its threads
+    (a pool joined before it returns) then returns after they finished, whatever the scheduler does;
+    one that returns without waiting returns while they are still alive, even when its thread would
+    otherwise have won the race (``hacks/late_write_thread.py``)."""
 
     def __init__(self) -> None:
         self.started = 0
+        self.threads: list[threading.Thread] = []
+
+    def alive(self) -> int:
+        return sum(1 for thread in self.threads if thread.is_alive())
 
     def __enter__(self) -> _ThreadStarts:
         def hook(frame: Any, event: str, arg: Any) -> None:
-            self.started += 1
             sys.setprofile(None)
+            self.started += 1
+            self.threads.append(_current_thread())
+            _sleep(THREAD_HOLD_S)
 
         _settrace_threads(hook)
         return self
@@ -303,9 +319,10 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """
     spec = request["inputs"]
     args = _probe_inputs(state, spec, request.get("precision", "fp32"))
+    before_first = _activity()  # a process the first call leaves running is not lazy set-up
     _forward(
         state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    )  # lazy set-up is not growth
+    )  # lazy set-up (a thread pool kept for later calls) is not growth
     _sleep(0.02)
     before = _activity()
     sums_before = [_checksum(a) for a in args]
@@ -313,6 +330,7 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     with _ThreadStarts() as starts:
         with torch.no_grad():
             outputs = _as_outputs(state.model(*args))
+        alive_at_return = starts.alive()
         right_after = _activity()
         _sync(state)
         first = [_snapshot(state, o) for o in outputs]
@@ -328,8 +346,14 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         "input_checksums_before": sums_before,
         "input_checksums_after": sums_after,
         "aliasing": aliasing,
-        "activity": {"before": before, "after": right_after, "after_delay": later},
+        "activity": {
+            "before_first_call": before_first,
+            "before": before,
+            "after": right_after,
+            "after_delay": later,
+        },
         "threads_started": starts.started,
+        "threads_alive_at_return": alive_at_return,
         "flags": {"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
         "identities_changed": _verify_identities(state.identities) if state.identities else [],
         "harness_changed": harness_changes(),

@@ -7,7 +7,7 @@ candidate's Python file (for embedded C++, the Python line that holds the C++ li
 
 One module per family of checks (importing them registers their checks):
 
-- ``escape``: parse_error, threads_processes, harness_tampering, introspection,
+- ``escape``: parse_error, threads_processes, process_control, harness_tampering, introspection,
   file_network_access, dynamic_code
 - ``streams``: side_stream, cpp_token_pasting, cuda_graph
 - ``outputs``: tensor_subclass, precision_cast, caching

@@ -29,15 +29,23 @@ def check_parse_error(ctx: StaticContext) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------- threads
+#: Threads and executors: host parallelism, honest when the call waits for them (a joined pool).
 _THREAD_MODULES = (
     "threading",
     "_thread",
-    "multiprocessing",
     "concurrent.futures",
+    "sched",
+    "asyncio.to_thread",
+    "torch.jit.fork",
+    "torch.jit._fork",
+)
+#: Processes: a kernel needs none of its own (compilers started by load_inline or Triton do not
+#: appear in the candidate's source); a helper process is work beside or after the call.
+_PROCESS_MODULES = (
+    "multiprocessing",
     "subprocess",
     "torch.multiprocessing",
     "pty",
-    "sched",
     "os.fork",
     "os.forkpty",
     "os.system",
@@ -56,25 +64,37 @@ _THREAD_MODULES = (
     "os.execl",
     "os.execlp",
     "os.execvp",
-    "signal.signal",
-    "signal.alarm",
-    "signal.setitimer",
-    "asyncio.to_thread",
     "asyncio.create_subprocess_exec",
     "asyncio.create_subprocess_shell",
-    "torch.jit.fork",
-    "torch.jit._fork",
     "joblib",
     "dask",
     "ray",
+    "concurrent.futures.ProcessPoolExecutor",
+)
+_CPP_THREADS = re.compile(
+    r"\bstd::(?:thread|jthread|async)\b|\bpthread_create\b"
+    r"|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b|\bcuLaunchHostFunc\b"
+)
+_CPP_PROCESSES = re.compile(
+    r"\bfork\s*\(|\bvfork\s*\(|\bpopen\s*\(|\bsystem\s*\(|\bexecv?[lpe]*\s*\(|\bposix_spawnp?\s*\("
+)
+#: Ending or signalling a process, and signal handlers or timers: nothing a kernel does needs them.
+_PROCESS_CONTROL = (
     "os.kill",
     "os.killpg",
     "os._exit",
     "os.abort",
+    "os.pidfd_open",
+    "signal.signal",
+    "signal.alarm",
+    "signal.setitimer",
+    "signal.pthread_kill",
+    "signal.raise_signal",
+    "signal.pidfd_send_signal",
 )
-_CPP_THREADS = re.compile(
-    r"\bstd::(?:thread|jthread|async)\b|\bpthread_create\b|\bfork\s*\(|\bpopen\s*\(|\bsystem\s*\("
-    r"|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b|\bcuLaunchHostFunc\b"
+_CPP_PROCESS_CONTROL = re.compile(
+    r"\b(?:kill|killpg|tgkill|_exit|_Exit|quick_exit|sigaction|alarm|setitimer|pidfd_send_signal)\s*\("
+    r"|\bsignal\s*\(\s*SIG"
 )
 
 
@@ -82,23 +102,53 @@ _CPP_THREADS = re.compile(
     name="threads_processes",
     kind="static",
     default_severity="fail",
-    doc="""Threads, processes, executors, signal handlers and host callbacks (Python threading,
-    multiprocessing, concurrent.futures, subprocess, os.fork/system, asyncio executors; C++
-    std::thread, pthread_create, fork, cudaLaunchHostFunc), and process control (os.kill, os._exit,
-    os.abort: an early exit after printing a fake result). A forward that returns a placeholder and
-    lets a background worker fill it later makes the timer stop before the work is done. Imports
-    are flagged too, through aliases and __import__ of folded strings. It cannot see threads created
-    by a third-party library the candidate calls; the dynamic thread count covers those.""",
+    doc="""Threads, executors and host callbacks (Python threading, concurrent.futures thread pools,
+    asyncio.to_thread, torch.jit.fork; C++ std::thread/async, pthread_create, cudaLaunchHostFunc)
+    are warnings: a pool whose threads are joined before the call returns (a C++ row sum on
+    std::threads) is ordinary host parallelism, and the evidence that a thread finishes the work
+    after the timer stopped is behaviour, which the dynamic background_work check fails (a thread
+    still running when the call returned, outputs that change afterwards). Processes fail
+    (multiprocessing, subprocess, process pools, os.fork/system/popen/spawn*/exec*, joblib/dask/ray;
+    C++ fork, popen, system, exec*, posix_spawn): a candidate needs no process of its own, the
+    compilers that load_inline and Triton start never appear in its source, and a helper process is
+    work done beside or after the timed call. Imports are flagged too, through aliases and
+    __import__ of folded strings. It cannot see threads or processes created by a third-party
+    library the candidate calls; the dynamic thread and process counts cover those.""",
 )
 def check_threads(ctx: StaticContext) -> list[Finding]:
     rep = _Report("threads_processes", ctx)
     if ctx.analysis is not None:
-        for node, qual in _module_hits(ctx, _THREAD_MODULES):
-            rep.py(node, f"uses {qual}: work may continue after forward returns")
+        for node, qual in _module_hits(ctx, _PROCESS_MODULES):
+            rep.py(node, f"uses {qual}: a process of its own, working beside or after the call")
+        for node, qual in _module_hits(ctx, _THREAD_MODULES, allowed=_PROCESS_MODULES):
+            rep.py(node, f"uses {qual}: fine if the call waits for its threads", "warn")
         for call, _ in ctx.analysis.calls():
             if isinstance(call.func, ast.Attribute) and call.func.attr == "run_in_executor":
-                rep.py(call, "runs work in an executor")
-    rep.cpp_pattern(_CPP_THREADS, "{match} runs host work concurrently with or after the call")
+                rep.py(call, "runs work in an executor", "warn")
+    rep.cpp_pattern(_CPP_PROCESSES, "{match} starts a process")
+    rep.cpp_pattern(
+        _CPP_THREADS, "{match} runs host work concurrently: fine if joined before returning", "warn"
+    )
+    return rep.findings
+
+
+@register_check(
+    name="process_control",
+    kind="static",
+    default_severity="fail",
+    doc="""Ending or signalling a process, or installing signal handlers and timers: os.kill/killpg,
+    os._exit, os.abort, signal.signal/alarm/setitimer/pthread_kill/raise_signal; in C++ kill, _exit,
+    quick_exit, sigaction, signal(SIG...), alarm, setitimer. No kernel needs them: they end the worker
+    early after printing a fake result, stop or signal the harness's other processes, or interrupt
+    the timer. Reading process facts (os.getpid, os.cpu_count, os.environ) is not flagged. It cannot
+    see a signal sent from a precompiled binary; containment of the worker covers those.""",
+)
+def check_process_control(ctx: StaticContext) -> list[Finding]:
+    rep = _Report("process_control", ctx)
+    if ctx.analysis is not None:
+        for node, qual in _module_hits(ctx, _PROCESS_CONTROL):
+            rep.py(node, f"uses {qual}: ends or signals a process, or interrupts one")
+    rep.cpp_pattern(_CPP_PROCESS_CONTROL, "{match} ends or signals a process")
     return rep.findings
 
 
