@@ -280,6 +280,8 @@ def test_compare_and_demo_build_extensions_before_the_first_evaluation(
     from kbv import batch
 
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    # The counting import writes outside its build directory, which confinement refuses.
+    monkeypatch.setenv("KBV_CONFINE", "0")
     counter = tmp_path / "built.txt"
     (tmp_path / "1_ReLU.py").write_text(COUNTING_SOURCE.format(counter=str(counter)))
     pair = (load_problem(SUITE / "level1" / "1_ReLU.py"), load_candidate(tmp_path / "1_ReLU.py"))
@@ -316,6 +318,8 @@ def test_kbv_run_builds_extensions_first_on_the_sequential_path_only(
     from kbv import batch
 
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path / "cache"))
+    # The counting import writes outside its build directory, which confinement refuses.
+    monkeypatch.setenv("KBV_CONFINE", "0")
     counter = tmp_path / "built.txt"
     (tmp_path / "1_ReLU.py").write_text(COUNTING_SOURCE.format(counter=str(counter)))
     pairs = [(load_problem(SUITE / "level1" / "1_ReLU.py"), load_candidate(tmp_path / "1_ReLU.py"))]
