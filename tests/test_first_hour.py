@@ -488,7 +488,9 @@ def test_the_audit_yields_each_result_before_it_audits_the_next_problem(
 
         def close(self) -> None: ...
 
-    def fake_audit(worker: object, problem, device: str, master: int) -> audit.AuditResult:
+    def fake_audit(
+        worker: object, problem, device: str, master: int, precision: str = "fp32"
+    ) -> audit.AuditResult:
         audited.append(problem.name)
         return audit.AuditResult(problem.name, str(problem.path))
 
