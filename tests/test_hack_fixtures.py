@@ -143,3 +143,41 @@ def test_a_candidate_cannot_rewrite_its_problem_file(marked_problem: Path) -> No
     honest = evaluate_paths(marked_problem, honest_candidate, protocol="verified", device="cpu")
     assert honest.outcome == "passed", (honest.outcome, honest.error)
     assert marked_problem.read_bytes() == before
+
+
+def test_a_candidate_that_finds_the_path_in_kbv_evals_command_line_changes_nothing(
+    marked_problem: Path,
+) -> None:
+    """``kbv eval PROBLEM.py`` shows the path in the parent's own command line, which no worker can
+    hide. Where the candidate's writes are confined (Landlock) the file stays as it was; where they
+    are not, the record says the file changed, and the evaluation judged the text read first."""
+    import json
+    import subprocess
+    import sys
+
+    before = marked_problem.read_bytes()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kbv.cli",
+            "eval",
+            str(marked_problem),
+            str(REWRITE),
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout)
+    assert record["outcome"] != "passed"
+    assert record["problem"]["source_sha256"] == hashlib.sha256(before).hexdigest()
+    if "landlock" in record["isolation"].get("confinement", {}):
+        assert marked_problem.read_bytes() == before, "a confined candidate appended to its problem"
+    else:
+        changed = marked_problem.read_bytes() != before
+        assert record["problem"].get("changed_on_disk", False) == changed
