@@ -423,3 +423,36 @@ def test_a_candidate_that_ignores_its_parameters_passes_standard_and_not_verifie
     verified = evaluate_paths(TINY_LINEAR_RELU, hack, protocol="verified", device="cpu")
     assert standard.outcome == "passed"
     assert verified.outcome == "incorrect" and verified.seeds["parameters"] == "state_dict"
+
+
+_BUILT_OTHERWISE = '''
+import torch
+import torch.nn as nn
+
+_BUILDS = [0]
+
+
+class ModelNew(nn.Module):
+    """Builds a throwaway layer first on every build but the first, so its registrations no longer
+    line up with the first build's: the parameters are loaded after __init__, and W^T is stale."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        _BUILDS[0] += 1
+        if _BUILDS[0] > 1:
+            nn.Linear(in_features, out_features)
+        self.linear = nn.Linear(in_features, out_features)
+        self.weight_t = self.linear.weight.detach().t().contiguous()
+
+    def forward(self, x):
+        return torch.relu(x @ self.weight_t + self.linear.bias)
+'''
+
+
+def test_a_build_that_cannot_take_the_parameters_at_init_is_named_in_the_record(tmp_path: Path) -> None:
+    candidate = tmp_path / "linear_relu_built_otherwise.py"
+    candidate.write_text(_BUILT_OTHERWISE)
+    record = evaluate_paths(TINY_LINEAR_RELU, candidate, protocol="verified", device="cpu")
+    assert record.seeds["parameters"] == "state_dict"
+    assert record.seeds.get("parameters_loaded_after_init"), record.seeds
+    assert record.outcome == "incorrect"  # its W^T is the seed's, not the distribution's

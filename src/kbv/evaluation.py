@@ -170,6 +170,9 @@ class _Context:
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     parameters_mode: str = "matched_seed"
+    #: Distributions whose candidate build could not take the parameters during ``__init__`` (they
+    #: were loaded after it: ``kbv.child.construct``), so state it derived there is the seed's.
+    loaded_after_init: list[str] = field(default_factory=list)
     #: A candidate ``build`` was sent without waiting for its reply (``_build_pair(wait=False)``).
     build_pending: bool = False
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
@@ -757,7 +760,15 @@ def _finish_build(ctx: _Context, subject: Worker) -> None:
     """Read the reply of a candidate build sent without waiting (``_build_pair(wait=False)``)."""
     if ctx.build_pending:
         ctx.build_pending = False
-        subject.receive_reply()
+        _note_build(ctx, subject.receive_reply())
+
+
+def _note_build(ctx: _Context, reply: Any) -> None:
+    """Where the candidate's model had its parameters loaded after ``__init__``, the record says so."""
+    if isinstance(reply, dict) and reply.get("parameters") == "state_dict_after_init":
+        distribution = ctx.state_key[1] if len(ctx.state_key) > 1 else "?"
+        if distribution not in ctx.loaded_after_init:
+            ctx.loaded_after_init.append(str(distribution))
 
 
 def _build_pair(
@@ -771,12 +782,14 @@ def _build_pair(
     state: dict[str, Any] = {}
     if ctx.parameters_mode == "state_dict":
         state = _redrawn_state(ctx, reference, subject, distribution)
+    reply = None
     if wait:
-        subject.request("build", init_seed=init_seed, **state)
+        reply = subject.request("build", init_seed=init_seed, **state)
     else:
         subject.send_request("build", init_seed=init_seed, **state)
         ctx.build_pending = True
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
+    _note_build(ctx, reply)
 
 
 def _redrawn_state(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> dict[str, Any]:
@@ -1246,6 +1259,7 @@ def _record(
             "master": ctx.seeds.master,
             "fixed": ctx.seeds.fixed,
             "parameters": ctx.parameters_mode,
+            **({"parameters_loaded_after_init": ctx.loaded_after_init} if ctx.loaded_after_init else {}),
             "derivation": "hmac-sha256(master, purpose, distribution, k)",
             "unseen_timing_nonce": ctx.seeds.timing_nonce,
             "structure": _structure(ctx).invariants,
