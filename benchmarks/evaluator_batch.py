@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--protocol", default="verified")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()  # the code that runs (read before any rebase)
     sources = [_source(args.problem, i) for i in range(args.n)]
     problem_path = bundled_suite_dir() / f"{args.problem}.py"
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +92,6 @@ def main() -> None:
                 row["reference_outputs_reused"] = _shared_reference.totals["hits"] - before["hits"]
                 row["reference_outputs_computed"] = _shared_reference.totals["misses"] - before["misses"]
                 rows.append(row)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "problem": args.problem,
         "candidates": args.n,

@@ -128,6 +128,8 @@ class Load:
         self.rejected_429 = 0
         self.retry_after: list[float] = []
         self.max_queued_seen = 0
+        self.max_unfinished_seen = 0
+        self.errors: list[str] = []
         self.results: list[dict[str, Any]] = []
 
 
@@ -145,13 +147,22 @@ def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll
                         load.retry_after.append(wait)
                     time.sleep(min(wait, 5.0))
                     continue
-                response.raise_for_status()
+                if response.status_code >= 400:
+                    with load.lock:
+                        load.errors.append(f"POST {response.status_code}: {response.text[:200]}")
+                    break
                 pending.append((response.json()["id"], time.monotonic(), problem, candidate))
                 break
         while pending:
             still = []
             for request_id, sent, problem, candidate in pending:
-                found = http.get(f"/v1/evaluations/{request_id}").json()
+                response = http.get(f"/v1/evaluations/{request_id}")
+                if response.status_code != 200:
+                    with load.lock:
+                        load.errors.append(f"GET {response.status_code}: {response.text[:200]}")
+                    still.append((request_id, sent, problem, candidate))
+                    continue
+                found = response.json()
                 if found["status"] in ("done", "error"):
                     with load.lock:
                         load.results.append({**found, "latency_s": time.monotonic() - sent, "finished": time.monotonic(), "pair": (problem, candidate)})
@@ -178,6 +189,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most this many pairs (0: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()  # the code that runs (read before any rebase)
 
     pairs = collect_pairs(args.skip_slow)[: args.limit or None]
     work = Path(tempfile.mkdtemp(prefix="kbv-service-load-"))
@@ -198,7 +210,9 @@ def main() -> None:
         thread.start()
     with httpx.Client(base_url=url) as http:
         while any(t.is_alive() for t in threads):
-            load.max_queued_seen = max(load.max_queued_seen, int(http.get("/health").json()["queued"]))
+            health = http.get("/health").json()
+            load.max_queued_seen = max(load.max_queued_seen, int(health["queued"]))
+            load.max_unfinished_seen = max(load.max_unfinished_seen, int(health["queued"]) + int(health["running"]))
             time.sleep(0.5)
         metrics = http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     wall = max(r["finished"] for r in load.results) - started
@@ -218,7 +232,6 @@ def main() -> None:
     outcomes: dict[str, int] = {}
     for r in load.results:
         outcomes[str(r.get("outcome") or r["status"])] = outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     report = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
@@ -236,6 +249,8 @@ def main() -> None:
         "latency_mean_s": round(statistics.fmean(latencies), 1) if latencies else None,
         "queue_bound": args.max_queue,
         "max_queued_seen": load.max_queued_seen,
+        "max_unfinished_seen": load.max_unfinished_seen,
+        "http_errors": load.errors[:20],
         "answers_429": load.rejected_429,
         "retry_after_s": sorted(set(load.retry_after)),
         "outcomes": outcomes,
@@ -249,9 +264,9 @@ def main() -> None:
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if mismatches or load.errors or len(load.results) != len(jobs):
+        raise SystemExit(f"verdicts or requests went wrong; the server's log is in {work}")
     shutil.rmtree(work, ignore_errors=True)
-    if mismatches:
-        raise SystemExit(1)
 
 
 if __name__ == "__main__":

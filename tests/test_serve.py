@@ -128,6 +128,34 @@ def test_idempotency_and_the_queue_bound(app_state: AppState) -> None:
     assert len(listed["evaluations"]) == 3
 
 
+def test_a_record_with_nan_is_served(app_state: AppState) -> None:
+    """Records hold NaN (an error that could not be measured): served as the contract writes them."""
+    from kbv.protocol import VERIFIED
+    from kbv.records import Outcome, Record, protocol_section
+    from kbv.serve._queue import NewRequest
+
+    [(request_id, _)] = app_state.requests.add(
+        [NewRequest("level1/1_ReLU", "x\n", "verified", None, None, "")], 10
+    )
+    app_state.requests.claim(1)
+    record = Record(
+        problem={"name": "1_ReLU", "source_sha256": "p"},
+        candidate={"path": "c.py", "source_sha256": "c", "label": "t", "sample": None},
+        protocol=protocol_section(VERIFIED),
+        device={"name": "cpu"},
+        outcome=Outcome.INCORRECT,
+        correct=False,
+        speedup={"best": float("nan")},
+    )
+    with Store(app_state.requests.db) as store:
+        store.add_record(
+            record, also=lambda conn, rid: RequestQueue.mark_done(conn, request_id, rid, "incorrect")
+        )
+    response = TestClient(make_app(app_state)).get(f"/v1/evaluations/{request_id}", headers=_auth())
+    assert response.status_code == 200, response.text
+    assert response.json()["record"]["speedup"]["best"] == "nan" and response.json()["status"] == "done"
+
+
 def test_token_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KBV_SERVE_TOKEN", raising=False)
     with pytest.raises(ServeError, match="no bearer token"):

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbv.records import record_from_json
-
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_requests (
     id TEXT PRIMARY KEY,
@@ -249,5 +247,6 @@ class RequestQueue:
         }
         if with_record and row["record_id"] is not None:
             found = conn.execute("SELECT json FROM records WHERE id = ?", (row["record_id"],)).fetchone()
-            view["record"] = record_from_json(found["json"]).to_dict() if found else None
+            # The stored text is the contract's JSON (NaN and Inf as strings): served as it is.
+            view["record"] = json.loads(found["json"]) if found else None
         return view

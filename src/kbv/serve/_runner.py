@@ -43,7 +43,16 @@ class Throughput:
             self.finished.popleft()
 
     def per_second(self) -> float:
+        """Over the window, or over the span of its finished evaluations while they cover less of
+        it (a server just started would otherwise report a fraction of its rate)."""
         self._trim()
+        if len(self.finished) >= 2:
+            span = self.finished[-1][0] - self.finished[0][0]
+            return (
+                (len(self.finished) - 1) / max(span, 1.0)
+                if span < WINDOW_S
+                else len(self.finished) / WINDOW_S
+            )
         return len(self.finished) / WINDOW_S
 
     def busy_share(self) -> float:
