@@ -81,7 +81,11 @@ def test_get_check_unknown_names_the_known_ones():
         get_check("no_such_check")
 
 
-def test_register_check_validates_and_registers_dynamic_checks():
+def test_register_check_validates_and_registers_dynamic_checks(monkeypatch: pytest.MonkeyPatch):
+    from kbv.integrity import _registry
+
+    # A copy of the registry, so the probe registered here leaks into no later test.
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
     with pytest.raises(ValueError, match="snake_case"):
         register_check(name="BadName", kind="static", default_severity="fail", doc="x")
     with pytest.raises(ValueError, match="kind"):
