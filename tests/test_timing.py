@@ -302,6 +302,31 @@ def test_unseen_inputs_give_each_timed_call_a_set_made_outside_the_timed_region(
     assert m.device_ms == [CALL_S * 1e3] * 3 and m.wall_ms == [CALL_S * 1e3] * 3
 
 
+def test_each_unseen_set_is_released_before_the_next_is_made() -> None:
+    """One unseen set in memory at a time (a KernelBench-size set is gigabytes on the GPU)."""
+    import weakref
+
+    class Inputs:
+        pass
+
+    alive: list[weakref.ref] = []
+
+    def unseen(i: int):  # type: ignore[no-untyped-def]
+        assert all(ref() is None for ref in alive), f"call {i}: an earlier set is still held"
+        inputs = Inputs()
+        alive.append(weakref.ref(inputs))
+        return lambda: inputs
+
+    measure(
+        make_fn(FakeClock()),
+        settings=settings(repeats=4),
+        n_input_sets=1,
+        timer=CpuTimer(FakeClock()),
+        unseen=unseen,
+    )
+    assert len(alive) == 4
+
+
 def test_unseen_inputs_and_cuda_graphs_do_not_go_together() -> None:
     with pytest.raises(ValueError, match="unseen_inputs"):
         measure(

@@ -422,6 +422,7 @@ def _timed_calls(
         wall_ms.append((w1 - w0) * 1e3)
         if on_sample is not None:
             on_sample(i, device_ms[-1], wall_ms[-1])
+        del run  # an unseen set goes before the next is made: one set in memory at a time, not two
     return device_ms, wall_ms
 
 
