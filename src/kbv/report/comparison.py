@@ -10,7 +10,7 @@ this order, every failed pair counting 1.0):
 2. distribution: pairs that verified judged incorrect on some input distribution fall to 1.0;
 3. timing/other: the remaining pairs take verified's status and its speedup against the same
    baseline as standard (``eager_fp32``): other failures (timeouts, crashes), pairs that only
-   pass under verified, and the change of timing recipe (L2 flush, input rotation, ...);
+   pass under verified, and the change of timing recipe (L2 flush, unseen inputs for every timed call, ...);
 4. baseline:     verified's speedup against its best baseline instead of ``eager_fp32``.
 
 A factor above 1 is a drop (the standard number was that many times too optimistic); a factor
