@@ -86,3 +86,6 @@ def test_batch_shares_seeds_and_reference_outputs(evaluator) -> None:
 def test_unknown_protocol_and_precision_are_refused(evaluator) -> None:
     with pytest.raises(Exception, match="protocol"):
         evaluator.submit("level1/1_ReLU", HONEST, protocol="no-such-protocol")
+    with pytest.raises(Exception, match="precision"):
+        evaluator.submit("level1/1_ReLU", HONEST, precision="fp8")
+    assert evaluator.queued == 0  # nothing was queued

@@ -156,6 +156,31 @@ def test_a_record_with_nan_is_served(app_state: AppState) -> None:
     assert response.json()["record"]["speedup"]["best"] == "nan" and response.json()["status"] == "done"
 
 
+def test_async_client(app_state: AppState) -> None:
+    """kbv.client.AsyncClient against the app in process: submit, get, list, a refusal as ServiceError."""
+    import asyncio
+
+    from kbv.client import AsyncClient, ServiceError, evaluation
+
+    app = make_app(app_state)  # (the blocking Client runs against a real server in the acceptance test)
+
+    async def use() -> None:
+        async with AsyncClient("http://kbv", TOKEN, transport=httpx.ASGITransport(app=app)) as client:
+            request_id = await client.submit("level1/1_ReLU", "class ModelNew: pass\n", idempotency_key="a")
+            assert (await client.get(request_id))["status"] == "queued"
+            ids = await client.submit_batch([evaluation("level1/1_ReLU", "y\n")])
+            assert len(ids) == 1 and len(await client.list_evaluations(status="queued")) == 2
+            try:
+                await client.submit("level1/999_None", "x\n")
+            except ServiceError as exc:
+                assert exc.status == 404 and "no problem" in exc.reason
+            else:
+                raise AssertionError("an unknown problem was accepted")
+            assert (await client.health())["queued"] == 2
+
+    asyncio.run(use())
+
+
 def test_token_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KBV_SERVE_TOKEN", raising=False)
     with pytest.raises(ServeError, match="no bearer token"):

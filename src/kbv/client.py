@@ -77,7 +77,8 @@ def _retry_after(response: httpx.Response) -> float:
 
 
 class Client:
-    """Blocking client. ``token``: the bearer token (default ``$KBV_SERVE_TOKEN``)."""
+    """Blocking client. ``token``: the bearer token (default ``$KBV_SERVE_TOKEN``); ``transport``:
+    httpx's (tests pass one that calls the app in process)."""
 
     def __init__(
         self,
@@ -87,8 +88,11 @@ class Client:
         timeout_s: float = 60.0,
         retry_for_s: float = 600.0,
         poll_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=url, headers=_headers(token), timeout=timeout_s, transport=transport
+        )
         self.retry_for_s = retry_for_s
         self.poll_s = poll_s
 
@@ -175,8 +179,11 @@ class AsyncClient:
         timeout_s: float = 60.0,
         retry_for_s: float = 600.0,
         poll_s: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(base_url=url, headers=_headers(token), timeout=timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=_headers(token), timeout=timeout_s, transport=transport
+        )
         self.retry_for_s = retry_for_s
         self.poll_s = poll_s
 
