@@ -109,7 +109,7 @@ def test_fixture_inventory() -> None:
         assert (ROOT / fixture_spec(path)["problem"]).is_file(), path.name
 
 
-# An evaluation never changes its problem (``docs/architecture.md``, "How workers load problems").
+# An evaluation never changes its problem (``docs/isolation.md``, "How workers load problems").
 RELU_PROBLEM = ROOT / "src" / "kbv" / "suite" / "problems" / "level1" / "1_ReLU.py"
 REWRITE = FIXTURES / "hacks" / "rewrite_problem_file.py"
 # The only files rewrite_problem_file.py will ever append to carry this line.
