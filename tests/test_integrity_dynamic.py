@@ -51,7 +51,7 @@ def _with_observation(obs: dict) -> dynamic.DynamicContext:
 
 def test_every_dynamic_check_is_ordered_and_documented() -> None:
     names = {c.name for c in list_checks("dynamic")}
-    assert names == set(dynamic.ORDER)
+    assert names == set(dynamic.dynamic_order())
     assert all(c.doc for c in list_checks("dynamic"))
 
 
@@ -329,7 +329,7 @@ def test_caching_probe_judges_each_call_against_its_own_values() -> None:
 
 
 def test_max_diff_over_chunks_finds_the_worst_difference_and_nan_mismatches(monkeypatch) -> None:
-    monkeypatch.setattr(dynamic, "_DIFF_CHUNK", 4)
+    monkeypatch.setattr(dynamic._context, "_DIFF_CHUNK", 4)
     a = torch.zeros(10)
     b = torch.zeros(10)
     b[9] = 3.0  # in the last chunk
@@ -543,3 +543,46 @@ def test_an_input_checksum_sees_a_flipped_bit_and_a_zero_sized_input() -> None:
     assert _probes._checksum(torch.empty(0)) == {"sum": 0.0, "sha": "0"}
     odd = torch.arange(7, dtype=torch.uint8)  # not a whole number of 32-bit words: digested bytewise
     assert _probes._checksum(odd)["sum"] == 21.0
+
+
+def test_the_registry_orders_the_checks_and_says_which_need_a_probe() -> None:
+    order = dynamic.dynamic_order()
+    # timing first (it may correct the speedup), plausibility after the correction, containment last
+    assert order[0] == "timed_call_outputs"
+    assert order.index("timing_disagreement") < order.index("plausibility")
+    assert order[-3:] == ["processes_left", "device_lock_tampering", "signalled_process"]
+    probeless = {c.name for c in list_checks("dynamic") if not c.needs_probe}
+    assert probeless == {
+        "timed_call_outputs",
+        "transient_mismatch",
+        "processes_left",
+        "device_lock_tampering",
+        "signalled_process",
+    }
+    assert {c.name for c in list_checks("dynamic") if c.at_end} == set(order[-3:])
+    assert not any(c.needs_probe or c.at_end for c in list_checks("static"))
+
+
+def test_findings_without_probes_are_made_by_the_registered_checks() -> None:
+    wrong = {"round": 0, "call": 3, "note": "sketch 9x the tolerance's"}
+    timing = {"timed_outputs": {"checked": 30, "wrong": [wrong], "wrong_calls": 1}}
+    transients = [{"draw": "signed#1", "max_abs_err": 0.5, "rel_err": 0.1, "reruns": 2}]
+    found = dynamic.findings_without_probes(timing, transients)
+    # in the registry's order: timed_call_outputs runs first, transient_mismatch among the output checks
+    assert [f.check for f in found] == ["timed_call_outputs", "transient_mismatch"]
+    assert [f.severity for f in found] == ["fail", "warn"]
+    assert dynamic.findings_without_probes({}, []) == []  # an honest evaluation: nothing to report
+
+
+def test_containment_findings_are_made_by_the_registered_checks() -> None:
+    left = [{"pid": 7, "command": "sleep 987", "own_session": True}]
+    killed = [{"pid": 8, "files": ["gpu0.lock"], "command": "python hold.py"}]
+    stops = [{"role": "reference", "pid": 9, "state": "T"}]
+    found = dynamic.containment_findings(left, killed, stops)
+    assert [(f.check, f.severity) for f in found] == [
+        ("processes_left", "fail"),
+        ("device_lock_tampering", "fail"),
+        ("signalled_process", "fail"),
+    ]
+    assert "pid 7 (own session)" in found[0].detail and "reference (pid 9)" in found[2].detail
+    assert dynamic.containment_findings([], [], []) == []

@@ -375,14 +375,13 @@ def _end_containment(
     holding kbv's GPU lock files, kbv's processes found stopped by a signal kbv did not send (the
     trusted worker whose stop ended the evaluation, if one did), host memory peaks, isolation."""
     from kbv import integrity
-    from kbv.integrity.dynamic import left_behind_findings, lock_tampering_findings, signalled_findings
+    from kbv.integrity.dynamic import containment_findings
 
     stops = stopped_processes([reference], spares)
     if failure is not None and failure.role != "candidate" and failure.details.get("stopped"):
         stops.insert(0, dict(failure.details["stopped"]))
     reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
-    found = left_behind_findings(subject.finish()) + lock_tampering_findings(gpu.take_tampering())
-    found += signalled_findings(stops)
+    found = containment_findings(subject.finish(), gpu.take_tampering(), stops)
     ctx.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
     ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
     ctx.host_memory = host_memory_section(subject.host_peak_bytes, reference.host_peak_bytes)
@@ -459,7 +458,7 @@ def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Find
     from kbv import integrity
     from kbv.integrity import dynamic
 
-    found = dynamic.transient_findings(ctx.transients) + dynamic.timed_call_findings(timing)
+    found = dynamic.findings_without_probes(timing, ctx.transients)
     return integrity.apply_severity(found, ctx.protocol.integrity)
 
 

@@ -2,7 +2,11 @@
 
 A check has a stable snake_case ``name`` (it is written into records), a ``kind`` (``static``
 checks read source text in the trusted parent; ``dynamic`` checks observe a running candidate), a
-default severity, a one-paragraph ``doc`` and a function. Checks register themselves with
+default severity, a one-paragraph ``doc`` and a function. A dynamic check also carries its place in
+the run (``order``: ``timing_disagreement`` corrects the speedup before ``plausibility`` reads it),
+whether it ``needs_probe`` (those that need none are made under every protocol, from what the
+evaluation recorded) and whether it is made ``at_end`` of the evaluation, from what containment
+found. Checks register themselves with
 :func:`register_check`; the registry itself knows nothing about what a check inspects, so dynamic
 checks use the same decorator with their own context type.
 """
@@ -21,6 +25,8 @@ SEVERITIES = ("fail", "warn", "info")
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 
 CheckFunction = Callable[[Any], "list[Finding]"]
+#: The order of a check that names none: after every ordered one.
+UNORDERED = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class Check:
     default_severity: str
     doc: str
     func: CheckFunction
+    #: Where the check runs among its kind's (lower first; ties by name).
+    order: int = UNORDERED
+    #: Whether the check needs live workers to probe (every dynamic one unless it says otherwise; no
+    #: static one); a dynamic check that needs none is made under every protocol.
+    needs_probe: bool = False
+    #: Whether the check is made at the evaluation's end, from what containment found.
+    at_end: bool = False
 
     def run(self, context: Any) -> list[Finding]:
         return list(self.func(context))
@@ -45,7 +58,14 @@ _REGISTRY: dict[str, Check] = {}
 
 
 def register_check(
-    *, name: str, kind: str, default_severity: str, doc: str
+    *,
+    name: str,
+    kind: str,
+    default_severity: str,
+    doc: str,
+    order: int = UNORDERED,
+    needs_probe: bool | None = None,
+    at_end: bool = False,
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register the decorated function as the check ``name``; the function itself is returned unchanged."""
     if not _NAME.match(name):
@@ -57,6 +77,8 @@ def register_check(
     if not doc.strip():
         raise ValueError(f"check {name!r} needs a doc paragraph: what it catches and why")
 
+    probes = kind == "dynamic" if needs_probe is None else needs_probe
+
     def decorate(func: CheckFunction) -> CheckFunction:
         existing = _REGISTRY.get(name)
         if existing is not None and existing.func is not func:
@@ -66,7 +88,9 @@ def register_check(
             )
             if not same_origin:  # a module re-import may register the same function again
                 raise ValueError(f"an integrity check named {name!r} is already registered")
-        _REGISTRY[name] = Check(name, kind, default_severity, " ".join(doc.split()), func)
+        _REGISTRY[name] = Check(
+            name, kind, default_severity, " ".join(doc.split()), func, order, probes, at_end
+        )
         return func
 
     return decorate
@@ -77,6 +101,11 @@ def list_checks(kind: str | None = None) -> list[Check]:
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS} or None, not {kind!r}")
     return sorted((c for c in _REGISTRY.values() if kind is None or c.kind == kind), key=lambda c: c.name)
+
+
+def ordered_checks(kind: str) -> list[Check]:
+    """The checks of one kind in the order they run (``order``, then name)."""
+    return sorted(list_checks(kind), key=lambda c: (c.order, c.name))
 
 
 def get_check(name: str) -> Check:

@@ -1,0 +1,320 @@
+"""The dynamic checks' context: the live session and each probe's results, computed once.
+
+Probes run in the workers (``kbv.child.probes``) and report raw observations; this context asks for
+them, caches them for the checks that read them and turns a candidate's failure inside a probe into
+``_ProbeFailed`` (a reference's into ``_ReferenceProbeFailed``: kbv's problem, never the candidate's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kbv.integrity._registry import get_check
+from kbv.records import Finding
+from kbv.worker import WorkerFailed
+
+#: Seconds the observe probe waits before looking at the outputs and the thread count again.
+OBSERVE_DELAY_S = 0.2
+#: Worker failures that end the evaluation (the pipeline records them as outcomes).
+_REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
+
+
+def _out_of_memory(failure: WorkerFailed) -> bool:
+    """A probe that ran out of memory shows no hack: it ends the evaluation as the candidate's
+    ``runtime_error``, as an ordinary call that runs out does, not as ``hack_detected``. (On an H200
+    shared with other evaluations, the reference itself was called a hack by ``caching_probe`` when
+    the device filled up under it.) Not passed either way: a candidate gains nothing by running out."""
+    return "out of memory" in failure.message.lower()
+
+
+class _ProbeFailed(Exception):
+    """The candidate raised inside a probe (its worker is still alive)."""
+
+
+class _ReferenceProbeFailed(Exception):
+    """The reference raised inside a probe: kbv's problem, reported as info, never blamed on the candidate."""
+
+
+@dataclass
+class DynamicContext:
+    """The session plus probe results computed once and shared between checks.
+
+    Probes run on the correctness draws of the session's probe distribution (``draw(k)``), so the
+    reference outputs they are judged against were already computed; each probe's seconds go to
+    ``session.phases`` (the first check that needs a shared probe pays for it)."""
+
+    session: Any
+    _cache: dict[str, Any] = field(default_factory=dict)
+    #: What checks correct, for the caller to apply (checks never change the session): ``speedup``
+    #: (the corrected speedups) and ``trusted_candidate_ms`` (the per-call time the parent's
+    #: bracket supports), both from timing_disagreement; later checks read them here.
+    corrections: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def timing(self) -> dict[str, Any] | None:
+        """The evaluation's timing section (what the checks that need no probe read)."""
+        return self.session.timing  # type: ignore[no-any-return]
+
+    @property
+    def transients(self) -> list[dict[str, Any]]:
+        """The correctness draws whose failure did not repeat."""
+        return list(self.session.transients)
+
+    def speedup(self) -> dict[str, Any]:
+        """The speedups as the checks so far leave them (corrected, else the session's)."""
+        return dict(self.corrections.get("speedup") or self.session.speedup or {})
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def once(self, key: str, compute: Any) -> Any:
+        """A probe's result, computed at most once (a failure :meth:`concurrently` stored is raised)."""
+        if key not in self._cache:
+            started = time.monotonic()
+            try:
+                self._cache[key] = compute()
+            finally:
+                phases = getattr(self.session, "phases", None)
+                if phases is not None:
+                    phases[key] = phases.get(key, 0.0) + time.monotonic() - started
+        value = self._cache[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def request(self, worker: Any, op: str, **fields: Any) -> dict[str, Any]:
+        return self._answer(worker, lambda: worker.request(op, **fields))
+
+    def _answer(self, worker: Any, receive: Any) -> dict[str, Any]:
+        try:
+            return dict(receive())
+        except WorkerFailed as exc:
+            if worker is self.session.reference:
+                raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+            if exc.kind in _REFUSE or _out_of_memory(exc):
+                raise
+            raise _ProbeFailed(
+                f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}"
+            ) from exc
+
+    def handed(self, worker: Any, reply: dict[str, Any]) -> list[list[Any]]:
+        """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
+        try:
+            flat = worker.receive_outputs((reply.get("outputs") or {}).get("outputs"))
+        except WorkerFailed as exc:
+            if _out_of_memory(exc):
+                raise
+            raise _ProbeFailed(exc.message) from exc
+        sizes = (reply.get("outputs") or {}).get("sizes")
+        if (
+            not isinstance(sizes, list)
+            or not all(isinstance(n, int) and n >= 0 for n in sizes)
+            or sum(sizes) != len(flat)
+        ):
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+        groups, position = [], 0
+        for n in sizes:
+            groups.append(flat[position : position + n])
+            position += n
+        return groups
+
+    def concurrently(self, requests: dict[str, tuple[Any, str, dict[str, Any]]]) -> None:
+        """Run independent probes in both workers at once (``{cache key: (worker, op, fields)}``);
+        each result is kept under its key as :meth:`once` would, a failure is raised when read."""
+        started = time.monotonic()
+        sent = []
+        for key, (worker, op, fields) in requests.items():
+            if key not in self._cache:
+                worker.send_request(op, **fields)
+                sent.append((key, worker))
+        for key, worker in sent:
+            try:
+                self._cache[key] = self._answer(worker, worker.receive_reply)
+            except (_ProbeFailed, _ReferenceProbeFailed) as exc:
+                self._cache[key] = exc
+        phases = getattr(self.session, "phases", None)
+        if phases is not None and sent:
+            phases["+".join(k for k, _ in sent)] = time.monotonic() - started
+
+    def release(self, key: str) -> None:
+        """Drop a probe's results once no later check reads them (their outputs hold device memory)."""
+        if self._cache.pop(key, None) is not None and self.on_cuda:
+            torch.cuda.empty_cache()
+
+    @property
+    def on_cuda(self) -> bool:
+        return str(self.session.device).startswith("cuda")
+
+    # -- reference side ---------------------------------------------------------------------------
+    def reference_runs(self, spec: dict[str, Any], precision: str, repeats: int = 1) -> list[list[Any]]:
+        """Fresh reference runs (not the shared ones): for its own run-to-run spread."""
+        try:
+            return list(self.session.reference_runs(spec, precision, repeats))
+        except WorkerFailed as exc:
+            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+
+    def expected(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """What the pipeline's judge needs for one input spec (computed once per evaluation): the
+        reference (its shapes and dtypes, and its values under allclose), the float64 truth and the
+        realistic baseline (TF32 on the GPU, fp32 on the CPU)."""
+        try:
+            return dict(self.session.reference_outputs(spec))
+        except WorkerFailed as exc:
+            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+
+    def judge(self, outputs: list[Any], spec: dict[str, Any]) -> dict[str, Any]:
+        return self.session.judge(_wrap(outputs), self.expected(spec))
+
+    def distribution(self) -> str:
+        """The probe distribution: signed inputs where correctness ran them (identity-on-ReLU must
+        not pass), else the protocol's first distribution."""
+        return str(self.session.probe_distribution)
+
+    def draw(self, k: int) -> dict[str, Any]:
+        """Correctness draw ``k`` of the probe distribution (its reference outputs are known)."""
+        return dict(self.session.draw_spec(k))
+
+    # -- probes -----------------------------------------------------------------------------------
+    def observe(self) -> dict[str, Any]:
+        def compute() -> dict[str, Any]:
+            spec = self.draw(0)
+            sub, ref = self.session.subject, self.session.reference
+            candidate_fields = {
+                "inputs": spec,
+                "delay_s": OBSERVE_DELAY_S,
+                "out_path": sub.new_path("probe-observe"),
+            }
+            reference_fields = {
+                "inputs": spec,
+                "delay_s": 0.0,
+                "hand_outputs": False,
+                "out_path": ref.new_path("probe-observe"),
+            }
+            if getattr(self.session, "side_by_side", False):
+                # Where the GPU has room for both forwards: each observation counts its own process's
+                # threads and children, and the reference's runs while the candidate's waits out its
+                # delay; on a GPU, so do the reference's answers to the cache probe's draws (they
+                # reach the parent by CUDA IPC; on the CPU through a file, which a candidate running
+                # beside it could read: kbv.evaluation.draws_overlap). The candidate's reply is read
+                # even when the reference failed: a reply left unread would answer the next request.
+                sub.send_request("probe_observe", **candidate_fields)
+                ref.send_request("probe_observe", **reference_fields)
+                try:
+                    refr = self._answer(ref, ref.receive_reply)
+                    if self.on_cuda:
+                        self._expected_quietly(self.cache_specs())
+                finally:
+                    cand = self._answer(sub, sub.receive_reply)
+            else:
+                cand = self.request(sub, "probe_observe", **candidate_fields)
+                refr = self.request(ref, "probe_observe", **reference_fields)
+            first, late = self.handed(sub, cand)
+            # Only the difference is kept: the outputs themselves would hold device memory all phase.
+            return {
+                "spec": spec,
+                "candidate": cand,
+                "reference": refr,
+                "late_diff": _max_diff(first, late),
+                "first_tensors": [isinstance(t, torch.Tensor) for t in first],
+            }
+
+        return self.once("observe", compute)
+
+    def cache_specs(self) -> list[dict[str, Any]]:
+        """The cache probe's four calls' inputs: two draws the candidate has never seen (a cache must
+        not find them from correctness), A, B, B again and their mix; drawn once per evaluation."""
+        if "cache_specs" not in self._cache:
+            dist = self.distribution()
+            seed_a, seed_b = self.session.fresh_seed("cache-a"), self.session.fresh_seed("cache-b")
+            self._cache["cache_specs"] = [
+                {"distribution": dist, "seed": seed_a},
+                {"distribution": dist, "seed": seed_b},
+                {"distribution": dist, "seed": seed_b},
+                {"distribution": dist, "seed": seed_a, "mix_seed": seed_b},
+            ]
+        return list(self._cache["cache_specs"])
+
+    def _expected_quietly(self, specs: list[dict[str, Any]]) -> None:
+        """The reference's answers to ``specs`` computed ahead of the check that reads them (the
+        pipeline keeps them); a failure here is left for that check to meet and report."""
+        for spec in specs:
+            with contextlib.suppress(_ReferenceProbeFailed):
+                self.expected(spec)
+
+    def cache_probe(self) -> dict[str, Any]:
+        def compute() -> dict[str, Any]:
+            specs = self.cache_specs()
+            sub = self.session.subject
+            reply = self.request(
+                sub,
+                "probe_cache",
+                distribution=specs[0]["distribution"],
+                seed_a=specs[0]["seed"],
+                seed_b=specs[1]["seed"],
+                out_path=sub.new_path("probe-cache"),
+            )
+            return {"outputs": self.handed(sub, reply), "specs": specs}
+
+        return self.once("cache", compute)
+
+    def poison_probe(self) -> dict[str, Any]:
+        def compute() -> dict[str, Any]:
+            spec = self.draw(1)
+            sub = self.session.subject
+            # Blocks of exactly the outputs' sizes are what the CPU heap hands back to ``torch.empty``.
+            sizes = [
+                int(t.numel() * t.element_size())
+                for t in self.expected(spec)["truth"]["outputs"]
+                if isinstance(t, torch.Tensor)
+            ]
+            reply = self.request(
+                sub, "probe_poison", inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes
+            )
+            return {"spec": spec, "runs": self.handed(sub, reply)}
+
+        return self.once("poison", compute)
+
+
+def _wrap(outputs: list[Any]) -> dict[str, Any]:
+    return {
+        "outputs": list(outputs),
+        "types": ["torch.Tensor" if isinstance(o, torch.Tensor) else type(o).__name__ for o in outputs],
+    }
+
+
+def _max_diff(a: list[Any], b: list[Any]) -> float:
+    """Largest elementwise difference between two output lists (inf when shapes differ or NaN appears)."""
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            worst = max(worst, 0.0 if x == y else math.inf)
+            continue
+        if x.shape != y.shape:
+            return math.inf
+        if x.numel() == 0:
+            continue
+        flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+        for start in range(0, flat_x.numel(), _DIFF_CHUNK):  # bounded float64 temporaries
+            xd, yd = (
+                flat_x[start : start + _DIFF_CHUNK].double(),
+                flat_y[start : start + _DIFF_CHUNK].double(),
+            )
+            if bool((torch.isnan(xd) != torch.isnan(yd)).any()):
+                return math.inf
+            worst = max(worst, float((xd - yd).abs().nan_to_num(nan=0.0, posinf=math.inf).max()))
+    return worst if len(a) == len(b) else math.inf
+
+
+_DIFF_CHUNK = 1 << 25
+
+
+def _finding(check: str, detail: str, severity: str | None = None) -> Finding:
+    return Finding(check, severity or get_check(check).default_severity, detail)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"

@@ -1,0 +1,226 @@
+"""Checks on the candidate's outputs over several calls: results remembered from other inputs,
+outputs left unwritten, runs that disagree, and draws whose failure did not repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kbv.integrity._registry import register_check
+from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt, _max_diff
+from kbv.records import Finding
+
+
+@register_check(
+    name="caching_probe",
+    order=110,
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Memoisation keyed on data_ptr, id(), shape or a value sample. Four calls: draw A on fresh
+    buffers; draw B copied into A's buffers (same pointers, new contents); B in new buffers; a mix
+    that keeps A's first/last 64 and middle elements and B's values elsewhere. A and B are fresh
+    secret draws the candidate has not seen (unlike the other probes, which reuse correctness draws).
+    Each output is judged against the reference for the values actually passed; the first call is
+    the control. A call that returns, bit for bit, an earlier call's output for other inputs (where
+    the reference's answers differ) is a cache hit whatever else happened; an integer output
+    (argmax indices repeat honestly) counts only when it is also wrong.""",
+)
+def check_caching(ctx: DynamicContext) -> list[Finding]:
+    probe = ctx.cache_probe()
+    labels = [
+        "fresh buffers (control)",
+        "same buffers, new contents",
+        "new buffers, same contents",
+        "same sampled values, other data",
+    ]
+    repeated = _repeated_output(ctx, probe["outputs"], probe["specs"], labels)
+    if repeated:  # evidence of a cache even when the candidate is wrong everywhere
+        return [_finding("caching_probe", repeated)]
+    verdicts = [ctx.judge(out, spec) for out, spec in zip(probe["outputs"], probe["specs"])]
+    if not verdicts or not verdicts[0]["passed"]:
+        note = (
+            (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}")
+            if verdicts
+            else "no outputs"
+        )
+        if ctx.session.correct:  # right in the correctness phase, wrong on fresh buffers now: a stale answer
+            return [
+                _finding(
+                    "caching_probe",
+                    f"a call on fresh buffers is wrong ({note}) although correctness passed; a "
+                    "reused address or object may have hit a cache",
+                )
+            ]
+        return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
+    bad = [
+        f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip()
+        for i, v in enumerate(verdicts)
+        if i and not v["passed"]
+    ]
+    return (
+        [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))]
+        if bad
+        else []
+    )
+
+
+def _repeated_output(
+    ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]
+) -> str | None:
+    """A call that returned, bit for bit, an earlier call's output for other input values, where the
+    reference's answers to the two differ: it came from a cache, not from the inputs. A discrete
+    output (integer or bool, such as argmax indices) that repeats and is right for its own inputs
+    is no evidence: indices of other inputs are often the same."""
+    for i in range(1, len(outputs)):
+        for j in range(i):
+            if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
+                continue  # a uniform output (all zeros, say) is a constant, which correctness judges
+            if _bitwise_equal(
+                ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]
+            ):
+                continue  # the reference cannot tell these inputs apart either
+            if _discrete(outputs[i]) and ctx.judge(outputs[i], specs[i])["passed"]:
+                continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
+            return (
+                f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) "
+                "for different input values"
+            )
+    return None
+
+
+def _discrete(outputs: list[Any]) -> bool:
+    return all(isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()) for x in outputs)
+
+
+def _uniform(outputs: list[Any]) -> bool:
+    return all(
+        isinstance(x, torch.Tensor) and (x.numel() <= 1 or bool((x == x.reshape(-1)[0]).all()))
+        for x in outputs
+    )
+
+
+def _bitwise_equal(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        isinstance(x, torch.Tensor)
+        and isinstance(y, torch.Tensor)
+        and x.shape == y.shape
+        and x.dtype == y.dtype
+        and torch.equal(x, y)
+        for x, y in zip(a, b)
+    )
+
+
+def _nan_where_finite(got: list[Any], truth: list[Any]) -> int:
+    count = 0
+    for g, t in zip(got, truth):
+        if (
+            isinstance(g, torch.Tensor)
+            and isinstance(t, torch.Tensor)
+            and g.is_floating_point()
+            and g.shape == t.shape
+        ):
+            count += int((torch.isnan(g) & torch.isfinite(t)).sum())
+    return count
+
+
+@register_check(
+    name="unwritten_output",
+    order=120,
+    kind="dynamic",
+    default_severity="fail",
+    doc="""Output memory that the candidate never wrote. Freed allocator memory is filled with NaN
+    before each of two calls on the same values in fresh buffers; NaN where the float64 truth is
+    finite means the output was (partly) left as found; so does a poisoned run judged wrong from a
+    candidate that passed correctness (a merely incorrect candidate is the correctness verdict's).""",
+)
+def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
+    probe = ctx.poison_probe()
+    truth = ctx.expected(probe["spec"])["truth"]["outputs"]
+    findings = []
+    for k, run in enumerate(probe["runs"]):
+        nans = _nan_where_finite(run, truth)
+        verdict = ctx.judge(run, probe["spec"])
+        if nans:
+            findings.append(
+                _finding(
+                    "unwritten_output",
+                    f"poisoned run {k + 1}: {nans} NaN element(s) where the truth is finite",
+                )
+            )
+        elif not verdict["passed"] and ctx.session.correct:
+            findings.append(
+                _finding(
+                    "unwritten_output",
+                    f"poisoned run {k + 1} is wrong: max_abs_err "
+                    f"{_fmt(verdict.get('max_abs_err'))} {verdict.get('note') or ''}".strip(),
+                )
+            )
+    return findings[:1]
+
+
+@register_check(
+    name="nondeterminism",
+    order=130,
+    kind="dynamic",
+    default_severity="warn",
+    doc="""Two calls on identical values in fresh buffers disagree by more than the reference's own
+    run-to-run difference (measured by running the reference twice). Within tolerance it is a
+    warning (atomics reorder sums); when one of the runs is judged wrong it fails.""",
+)
+def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
+    probe = ctx.poison_probe()
+    runs = probe["runs"]
+    if len(runs) < 2:
+        return []
+    cand_diff = _max_diff(runs[0], runs[1])
+    ref_runs = ctx.reference_runs(probe["spec"], "fp32", repeats=2)
+    ref_diff = _max_diff(ref_runs[0], ref_runs[1])
+    if cand_diff <= ref_diff:
+        return []
+    passed = [ctx.judge(r, probe["spec"])["passed"] for r in runs]
+    severity = "warn" if all(passed) else "fail"
+    return [
+        _finding(
+            "nondeterminism",
+            f"two runs on identical inputs differ by {_fmt(cand_diff)} (reference: "
+            f"{_fmt(ref_diff)}); runs judged {passed}",
+            severity,
+        )
+    ]
+
+
+@register_check(
+    name="transient_mismatch",
+    order=140,
+    needs_probe=False,
+    kind="dynamic",
+    default_severity="warn",
+    doc="""A correctness draw failed, then passed every re-run on the same inputs (the pipeline
+    re-runs a failing draw before it counts). By default one such draw is a warning and two or more
+    fail (unstable outputs: a racy kernel is not correct); the verified protocol raises it to fail
+    on the first, since a wrong output on given inputs was demonstrated. The record says which draw
+    and by how much, so a runtime glitch can be told from a racy kernel.""",
+)
+def check_transient_mismatch(ctx: DynamicContext) -> list[Finding]:
+    return transient_findings(ctx.transients)
+
+
+def transient_findings(transients: list[dict[str, Any]]) -> list[Finding]:
+    """The ``transient_mismatch`` finding for the draws whose failure did not repeat (if any)."""
+    if not transients:
+        return []
+    described = "; ".join(
+        f"{t['draw']}: first run max_abs_err={_fmt(t.get('max_abs_err'))}, "
+        f"rel_err={_fmt(t.get('rel_err'))}, then {t['reruns']} re-run(s) passed"
+        for t in transients
+    )
+    severity = "warn" if len(transients) == 1 else "fail"
+    return [
+        _finding(
+            "transient_mismatch",
+            f"{len(transients)} draw(s) failed once and not again: {described}",
+            severity,
+        )
+    ]
