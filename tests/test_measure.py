@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
-from kbv import correctness, sketch
+from kbv import baseline_cache, correctness, sketch
 from kbv import performance as measure
 from kbv.api import evaluate_paths
 from kbv.protocol import CorrectnessSettings, TimingSettings
@@ -32,7 +32,7 @@ def test_baselines_are_cached_and_any_key_change_invalidates_them(
 ) -> None:
     # The cache's keys are under test here, not its noise checks (3 us calls on a busy 2-core
     # machine differ by more than 1.5x from batch to batch): those have their own tests below.
-    monkeypatch.setattr(measure, "CACHE_CHECK_FACTOR", 1e6)
+    monkeypatch.setattr(baseline_cache, "CACHE_CHECK_FACTOR", 1e6)
     first = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert _sources(first) == {"eager_fp32": "measured"}
     assert len(list((fresh_cache / "baselines").glob("*.json"))) == 1  # no eager_tf32 on the CPU
@@ -280,12 +280,12 @@ def test_the_request_names_no_call_and_is_the_same_for_the_candidate_and_the_bas
 
 def test_cache_key_names_the_kbv_and_triton_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = _mctx()
-    key = measure.cache_key(ctx, "eager_fp32")
-    monkeypatch.setattr(measure, "__version__", "9.9.9")
-    assert measure.cache_key(ctx, "eager_fp32") != key
+    key = baseline_cache.key_for(ctx, "eager_fp32")
+    monkeypatch.setattr(baseline_cache, "__version__", "9.9.9")
+    assert baseline_cache.key_for(ctx, "eager_fp32") != key
     monkeypatch.undo()
-    monkeypatch.setattr(measure, "_triton_version", lambda: "0.0.1-test")
-    assert measure.cache_key(ctx, "eager_fp32") != key
+    monkeypatch.setattr(baseline_cache, "_triton_version", lambda: "0.0.1-test")
+    assert baseline_cache.key_for(ctx, "eager_fp32") != key
 
 
 class _PausableWorker(_FakeWorker):
@@ -340,7 +340,8 @@ def test_a_machine_that_gets_busy_after_the_cache_check_does_not_reject_an_hones
 
     from kbv.worker import Worker
 
-    monkeypatch.setattr(measure, "CACHE_CHECK_FACTOR", 1e6)  # the cached entry is used whatever the noise
+    # the cached entry is used whatever the noise
+    monkeypatch.setattr(baseline_cache, "CACHE_CHECK_FACTOR", 1e6)
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     real, busy = Worker.request, [False]
 
@@ -381,8 +382,8 @@ def test_a_cached_baseline_that_a_fresh_batch_contradicts_is_measured_again(
     machine cannot decide the test: the 100x edit is what must be caught.)"""
     import json
 
-    monkeypatch.setattr(measure, "CACHE_CHECK_FACTOR", 10.0)
-    monkeypatch.setattr(measure, "cacheable", lambda rounds: True)
+    monkeypatch.setattr(baseline_cache, "CACHE_CHECK_FACTOR", 10.0)
+    monkeypatch.setattr(baseline_cache, "cacheable", lambda rounds: True)
 
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     for path in (fresh_cache / "baselines").glob("*.json"):
@@ -412,17 +413,17 @@ def test_a_busy_cached_baseline_is_rejected_although_its_range_spans_the_fresh_m
     one quiet round at 0.035 ms) has a range that holds any quiet fresh median; the old rule (fresh
     median inside the samples' range widened 2x) accepted it and used the busy median 7.97 ms."""
     busy = _cached(7.97, 8.1, 0.035)
-    check = measure.cache_agreement([0.035, 0.036, 0.034], busy)
+    check = baseline_cache.cache_agreement([0.035, 0.036, 0.034], busy)
     assert check["accepted"] is False and check["cached_median_ms"] == pytest.approx(7.97)
     quiet = _cached(0.035, 0.036, 0.034)
-    assert measure.cache_agreement([0.037, 0.036, 0.038], quiet)["accepted"] is True
-    assert measure.cache_agreement([], quiet)["accepted"] is False
+    assert baseline_cache.cache_agreement([0.037, 0.036, 0.038], quiet)["accepted"] is True
+    assert baseline_cache.cache_agreement([], quiet)["accepted"] is False
 
 
 def test_only_a_measurement_whose_rounds_agree_is_cached() -> None:
-    assert measure.cacheable(_cached(0.035, 0.036, 0.034)["rounds"])
-    assert not measure.cacheable(_cached(7.97, 8.1, 0.035)["rounds"])
-    assert not measure.cacheable([])
+    assert baseline_cache.cacheable(_cached(0.035, 0.036, 0.034)["rounds"])
+    assert not baseline_cache.cacheable(_cached(7.97, 8.1, 0.035)["rounds"])
+    assert not baseline_cache.cacheable([])
 
 
 def test_the_cpu_times_eager_tf32_not_at_all_and_the_gpu_times_both() -> None:

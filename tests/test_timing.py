@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kbv import statistics
+from kbv.baseline_cache import baseline_cache_key
 from kbv.child import timing
 from kbv.child.timing import (
     Clock,
@@ -26,7 +27,6 @@ from kbv.child.timing import (
 from kbv.protocol import TimingSettings
 from kbv.samples import Measurement
 from kbv.statistics import (
-    baseline_cache_key,
     bracket_check,
     paired_speedup,
     quality_warnings,

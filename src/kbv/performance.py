@@ -6,36 +6,31 @@ the CPU times ``eager_fp32`` alone), ``compile`` in a
 worker of its own (``torch.compile`` leaves state behind). Baseline and candidate batches alternate
 (A B A B ...) so that drift cancels; every batch is bracketed by the parent's monotonic clock and by
 NVML readings of clocks, temperature, power and throttling. Baseline measurements are cached under a
-key of everything that could change them.
+key of everything that could change them (``kbv.baseline_cache``).
 
 The candidate's real timed calls are checked too, every one of them: the worker reduces each timed
 call's outputs to a sketch (``kbv.sketch``) right after the call returned, outside the timed region,
-and the parent judges every sketch against the reference's for the same timing inputs. A wrong one
-withdraws the speedup and is the ``timed_call_outputs`` finding (docs/integrity-dynamic.md).
+and the parent judges every sketch against the reference's for the same timing inputs
+(``kbv.timed_sketches``). A wrong one withdraws the speedup and is the ``timed_call_outputs``
+finding (docs/integrity-dynamic.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import json
-import math
-import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
-import torch
-
-from kbv import correctness, telemetry
-from kbv import sketch as kbv_sketch
+from kbv import baseline_cache, telemetry
 from kbv import statistics as kbv_timing
-from kbv._version import __version__
-from kbv.protocol import CorrectnessSettings, TimingSettings
-from kbv.worker import Worker, WorkerFailed, WorkerSpec, cache_root, visible_devices
+from kbv.measure_context import MeasureContext
+from kbv.measure_context import UnseenJudge as UnseenJudge  # what the evaluation builds a context with
+from kbv.protocol import TimingSettings
+from kbv.timed_sketches import _plan_for, _SketchPlan
+from kbv.worker import Worker, WorkerFailed, WorkerSpec, visible_devices
 
 BASELINE_PRECISION = {"eager_fp32": "fp32", "eager_tf32": "tf32", "compile": "compile"}
 BASELINE_TIMEOUT_S = 1800.0
@@ -44,86 +39,6 @@ EMPTY_MEMORY: dict[str, Any] = {"candidate_peak_bytes": None, "baseline_peak_byt
 #: Trusted batches timed right after the rounds when every candidate round's gap exceeds what the
 #: trusted batches known so far allow (``timing_disagreement``'s re-check, ``bracket_recheck``).
 RECHECK_BATCHES = 2
-
-
-@dataclass(frozen=True)
-class UnseenJudge:
-    """What judging timed calls on unseen draws needs beside the reference's ``truth_sketches``
-    replies: the correctness settings (the error model's norm limit) and the problem's input element
-    counts (each output's reduction length, :func:`kbv.correctness.reduction_lengths`)."""
-
-    settings: CorrectnessSettings
-    input_numels: tuple[int, ...]
-
-
-class MeasureContext:
-    """What measuring one pair needs from the pipeline."""
-
-    def __init__(
-        self,
-        *,
-        problem: Any,
-        device: str,
-        settings: TimingSettings,
-        seeds: list[int],
-        init_seed: int,
-        device_info: dict[str, Any],
-        torch_version: str,
-        load_fields: dict[str, Any],
-        sketch_seed: int | None = None,
-        timed_reference: Callable[[int], dict[str, Any]] | None = None,
-        build: Callable[[], None] | None = None,
-        recheck_brackets: bool = False,
-        tf32_operators: dict[str, Any] | None = None,
-        precision: str = "fp32",
-        unseen_seeds: Callable[[int], list[int]] | None = None,
-        unseen_judge: UnseenJudge | None = None,
-    ) -> None:
-        """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
-        ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
-        needs (``kbv.correctness.timed_reference`` of the pipeline's expected outputs); without both
-        the timed outputs are not checked. ``build`` builds both models with the timing parameters;
-        ``recheck_brackets`` times :data:`RECHECK_BATCHES` trusted batches after the rounds when the
-        parent's brackets disagree with the candidate's samples (``timing_disagreement`` reads them).
-        ``tf32_operators`` is the trusted reference worker's account of its forward
-        (:func:`kbv.child.tf32_ops.summary`); None when it was not recorded. ``precision`` is the
-        evaluation's (``Protocol.precision``): the workers hold the models and draw the inputs in it.
-
-        ``unseen_seeds(r)`` (``timing.unseen_inputs``) is one seed per timed call of round ``r``,
-        none of them drawn before: every batch of the round times its calls on those draws, and the
-        warm-up alone rotates over ``seeds``. ``unseen_judge`` lets the trusted reference reduce each
-        such draw's truth to its sketch in its own process (one ``truth_sketches`` request a round,
-        under the error model); without it each draw's reference comes from ``timed_reference``."""
-        self.problem = problem
-        self.device = device
-        self.settings = settings
-        self.seeds = seeds
-        self.init_seed = init_seed
-        self.device_info = device_info
-        self.torch_version = torch_version
-        self.load_fields = load_fields
-        self.sketch_seed = sketch_seed
-        self.timed_reference = timed_reference
-        self.build = build
-        self.recheck_brackets = recheck_brackets
-        self.tf32_operators = tf32_operators
-        self.precision = precision
-        self.unseen_seeds = unseen_seeds
-        self.unseen_judge = unseen_judge
-        if settings.unseen_inputs and unseen_seeds is None:
-            raise ValueError(
-                "timing.unseen_inputs needs MeasureContext.unseen_seeds (one seed per timed call)"
-            )
-
-    def unseen_for(self, r: int) -> list[int] | None:
-        """The seeds of round ``r``'s timed calls, or None where timed calls rotate over ``seeds``."""
-        if not self.settings.unseen_inputs or self.unseen_seeds is None:
-            return None
-        return list(self.unseen_seeds(r))
-
-    @property
-    def checks_timed_outputs(self) -> bool:
-        return self.sketch_seed is not None and self.timed_reference is not None
 
 
 def measure_pair(
@@ -139,7 +54,7 @@ def measure_pair(
     )
     plan = _plan_for(ctx, reference)
     warmups = _Warmups(settings)
-    cached = {name: _cache_read(ctx, name) for name in names}
+    cached = {name: baseline_cache.read(ctx, name) for name in names}
     cache_checks = _check_cached(ctx, reference, cached, subject, plan, warmups)
     to_measure = [name for name, hit in cached.items() if hit is None]
     compile_worker = _compile_worker(ctx) if "compile" in to_measure else None
@@ -188,8 +103,8 @@ def measure_pair(
     for name, hit in cached.items():
         if hit is None:
             baselines[name] = _entry(rounds[name], settings, source="measured")
-            if cacheable(rounds[name]):
-                _cache_write(ctx, name, baselines[name])
+            if baseline_cache.cacheable(rounds[name]):
+                baseline_cache.write(ctx, name, baselines[name])
         else:
             baselines[name] = {**hit, "source": "cache"}
         if name in cache_checks:
@@ -292,310 +207,6 @@ class _Warmups:
         return kbv_timing.warmup_budget_s(self.settings, first)
 
 
-class _SketchPlan:
-    """Every timed call's outputs, judged by their sketches (``kbv.sketch``, ``timed_call_outputs``).
-
-    Each round has a sketch seed of its own; the parent sends it, with the map's frequency per output
-    (``kbv.sketch.omega_for`` of the reference's RMS on the first timing input set), in every ``time``
-    request of the round, the candidate's and the baselines' alike. The worker sketches every timed
-    call's outputs right after the call returned, outside the timed region, and the sketches come
-    back with the samples; the parent judges each against the reference's sketch for the same
-    input set (``kbv.correctness.judge_sketch``). Nothing in a request says which calls matter: every
-    call does, so a candidate that reads its own request learns nothing it could exploit. The
-    reference's sketches for every round are computed before the first batch, one input set at a
-    time, and its outputs are not kept; the baselines' sketches are judged the same way, as a
-    calibration of the judge."""
-
-    def __init__(self, ctx: MeasureContext) -> None:
-        assert ctx.timed_reference is not None and ctx.sketch_seed is not None
-        picker = random.Random(ctx.sketch_seed)
-        settings = ctx.settings
-        self.round_seeds = [
-            picker.getrandbits(63) for _ in range(max(1, settings.rounds, settings.max_rounds))
-        ]
-        self.ctx = ctx
-        first = range(max(1, settings.rounds))
-        # One input set's reference at a time: its sketches for every round are taken and its
-        # tensors dropped before the next set's are computed (all sets' float64 truths at once held
-        # 56 GB in the parent on the H200 for an 8.5 GB output). The map's frequency per output
-        # comes from the first set's RMS (the sets are draws of one distribution).
-        self.omegas: list[float] = []
-        by_set: list[list[list[dict[str, Any]]]] = []  # per input set, per round, per output
-        self.references = []
-        for seed in ctx.seeds:
-            ref = ctx.timed_reference(seed)
-            if not self.omegas:
-                self.omegas = [kbv_sketch.omega_for(float(rms)) for rms in ref["rms"]]
-            by_set.append(self._sketches(ref, first))
-            self.references.append(
-                {
-                    **{k: v for k, v in ref.items() if k != "targets"},
-                    "like": [correctness.stand_in(o) for o in ref["like"]],
-                }
-            )
-            del ref
-        # Per round, per input set, per output: the reference's sketch (the rounds after the first
-        # ``rounds``, timed only until precise, get theirs when they start: :meth:`spec`).
-        self.targets = [[sketches[r] for sketches in by_set] for r in first]
-        self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
-        self.wrong: list[dict[str, Any]] = []
-        self.baselines: dict[str, dict[str, Any]] = {}
-
-    def _sketches(self, ref: dict[str, Any], rounds: range) -> list[list[dict[str, Any]]]:
-        """Per round of ``rounds``, per output: the sketch of one input set's reference."""
-        return [
-            [_target_sketch(t, self.round_seeds[r], i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
-            for r in rounds
-        ]
-
-    def spec(self, r: int) -> dict[str, Any]:
-        """What every ``time`` request of round ``r`` carries: the same for every worker. A round
-        beyond those sketched so far gets the reference's sketches first, from its outputs asked for
-        again (the pipeline's cache holds them, or the reference worker computes them anew)."""
-        if r >= len(self.targets):
-            assert self.ctx.timed_reference is not None
-            new = range(len(self.targets), r + 1)
-            by_set = []
-            for seed in self.ctx.seeds:
-                by_set.append(self._sketches(self.ctx.timed_reference(seed), new))
-            self.targets += [[sketches[i] for sketches in by_set] for i in range(len(new))]
-        return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
-
-    def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[dict[str, Any]]:
-        """One verdict per timed call of a batch (``measurement`` loses its ``sketches``)."""
-        sketches = measurement.pop("sketches", None)
-        got = sketches if isinstance(sketches, list) else []
-        verdicts = []
-        for i in range(len(measurement["device_ms"])):
-            entry = got[i] if i < len(got) else None
-            target, reference = self._expected(r, i)
-            verdicts.append(correctness.judge_sketch(entry, target, reference, self.omegas))
-        return verdicts
-
-    def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The reference's sketches and judging data for timed call ``i`` of round ``r``."""
-        k = self.input_set(i)
-        return self.targets[r][k], self.references[k]
-
-    def input_set(self, i: int) -> int:
-        """Which input set timed call ``i`` ran on (the record's ``wrong[].input_set``)."""
-        return i % len(self.references)
-
-    def judge(self, r: int, measurement: dict[str, Any]) -> None:
-        """Judge every timed call of the candidate's batch of round ``r``."""
-        for i, verdict in enumerate(self._verdicts(r, measurement)):
-            self.checked += 1
-            if verdict["passed"]:
-                self.max_ratio = max(self.max_ratio, float(verdict["ratio"]))
-                continue
-            self.wrong_calls += 1
-            if len(self.wrong) < WRONG_CALLS_LISTED:
-                self.wrong.append(
-                    {
-                        "round": r,
-                        "call": i,
-                        "input_set": self.input_set(i),
-                        "ratio": verdict["ratio"],
-                        "note": verdict["note"],
-                    }
-                )
-
-    def calibrate(self, name: str, r: int, measurement: dict[str, Any]) -> None:
-        """Judge a baseline's batch the same way: its ratios show how far honest outputs sit from the
-        limit (a calibration of the judge; a baseline is never blamed)."""
-        verdicts = self._verdicts(r, measurement)
-        seen = self.baselines.setdefault(name, {"checked": 0, "wrong": 0, "max_ratio": 0.0})
-        seen["checked"] += len(verdicts)
-        seen["wrong"] += sum(1 for v in verdicts if not v["passed"])
-        finite = [float(v["ratio"]) for v in verdicts if v["ratio"] is not None and math.isfinite(v["ratio"])]
-        seen["max_ratio"] = max([seen["max_ratio"], *finite])
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "checked": self.checked,
-            "wrong_calls": self.wrong_calls,
-            "wrong": self.wrong,
-            "max_ratio": self.max_ratio,
-            "limit": correctness.SKETCH_LIMIT,
-            "projections": kbv_sketch.PROJECTIONS,
-            "omega": list(self.omegas),
-            "baselines": self.baselines,
-            "method": (
-                "every timed call of every candidate batch: a sketch of its outputs (kbv.sketch) taken "
-                "right after the call returned, judged against the reference's sketch for the same "
-                "input set"
-            ),
-        }
-
-
-class _UnseenPlan(_SketchPlan):
-    """Every timed call judged by its sketch when every timed call runs on a draw of its own
-    (``timing.unseen_inputs``): the round's draws are the ``unseen_seeds`` of every batch of the
-    round, the reference's sketch of each is taken when the round starts (:meth:`spec`), and call
-    ``i`` is judged against draw ``i``'s. Under the error model with an :class:`UnseenJudge` the
-    trusted reference reduces the round's truths to their sketches in its own process, one
-    ``truth_sketches`` request a round (no truth crosses to the parent, no baseline forward but the
-    phase's first draw's, whose error sets every call's norm limit); otherwise each draw's reference
-    comes from ``timed_reference`` and is sketched here."""
-
-    def __init__(self, ctx: MeasureContext, reference: Worker) -> None:
-        assert ctx.sketch_seed is not None and ctx.unseen_seeds is not None
-        picker = random.Random(ctx.sketch_seed)
-        settings = ctx.settings
-        self.round_seeds = [
-            picker.getrandbits(63) for _ in range(max(1, settings.rounds, settings.max_rounds))
-        ]
-        self.ctx, self.reference = ctx, reference
-        self.omegas = []
-        self.like: list[Any] | None = None
-        self.baseline_err: dict[str, Any] = {}
-        self.targets = []  # per round, per timed call, per output
-        self.call_references: list[list[dict[str, Any]]] = []  # per round, per timed call
-        self.references = []
-        self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
-        self.wrong = []
-        self.baselines = {}
-
-    def spec(self, r: int) -> dict[str, Any]:
-        while len(self.targets) <= r:
-            self._sketch_round(len(self.targets))
-        return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
-
-    def _sketch_round(self, r: int) -> None:
-        seeds = self.ctx.unseen_for(r) or []
-        if self.ctx.unseen_judge is not None and self.ctx.unseen_judge.settings.mode == "error_model":
-            targets, references = self._from_reference_worker(r, seeds, self.ctx.unseen_judge)
-        else:
-            targets, references = self._from_timed_reference(r, seeds)
-        self.targets.append(targets)
-        self.call_references.append(references)
-
-    def _from_reference_worker(
-        self, r: int, seeds: list[int], judge: UnseenJudge
-    ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-        first = self.like is None
-        fields: dict[str, Any] = {
-            "distribution": "original",
-            "seeds": seeds,
-            "sketch": {"seed": self.round_seeds[r], "omega": list(self.omegas) if self.omegas else None},
-        }
-        if first:  # the realistic baseline's error on the phase's first draw sets every call's norm limit
-            # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it
-            on_cuda = self.ctx.device.startswith("cuda") and self.ctx.precision == "fp32"
-            fields["baseline"] = "tf32" if on_cuda else "fp32"
-        reply = self.reference.request("truth_sketches", **fields)
-        if first:
-            error = reply.get("baseline_error")
-            if not isinstance(error, dict) or "structure_error" in error:
-                raise RuntimeError(f"the reference worker's baseline error on an unseen timing draw: {error}")
-            self.baseline_err = error
-            self.like = [correctness.described_like(d) for d in reply["baseline_outputs"]]
-            self.omegas = [float(w) for w in reply["omega"]]
-        assert self.like is not None
-        sets = reply.get("sets")
-        if not isinstance(sets, list) or len(sets) != len(seeds):
-            raise RuntimeError(
-                f"the reference worker sketched {len(sets or [])} of {len(seeds)} unseen draws"
-            )
-        lengths = correctness.reduction_lengths(judge.input_numels, self.like)
-        judged = [
-            correctness.unseen_reference(summary, self.like, self.baseline_err, judge.settings, lengths)
-            for summary in sets
-        ]
-        return [t for t, _ in judged], [ref for _, ref in judged]
-
-    def _from_timed_reference(
-        self, r: int, seeds: list[int]
-    ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-        assert self.ctx.timed_reference is not None
-        targets, references = [], []
-        for seed in seeds:
-            ref = self.ctx.timed_reference(seed)
-            if not self.omegas:
-                self.omegas = [kbv_sketch.omega_for(float(rms)) for rms in ref["rms"]]
-            seed_r = self.round_seeds[r]
-            targets.append(
-                [_target_sketch(t, seed_r, i, self.omegas[i]) for i, t in enumerate(ref["targets"])]
-            )
-            references.append(
-                {
-                    **{k: v for k, v in ref.items() if k != "targets"},
-                    "like": [correctness.stand_in(o) for o in ref["like"]],
-                }
-            )
-            del ref
-        return targets, references
-
-    def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        # A batch has at most ``repeats`` calls, one per seed sent (more samples than that are the
-        # worker's invalid measurement, refused before anything is judged).
-        return self.targets[r][i], self.call_references[r][i]
-
-    def input_set(self, i: int) -> int:
-        return i  # every timed call has a draw of its own
-
-    def summary(self) -> dict[str, Any]:
-        found = super().summary()
-        found["unseen_inputs"] = True
-        found["method"] = (
-            "every timed call of every candidate batch on an input set drawn for it alone, which no "
-            "earlier call saw: a sketch of its outputs (kbv.sketch) taken right after the call "
-            "returned, judged against the reference's sketch of the same draw's float64 truth"
-        )
-        return found
-
-
-def _plan_for(ctx: MeasureContext, reference: Worker) -> _SketchPlan | None:
-    """How the timed calls' outputs are judged: None where they are not."""
-    if not ctx.checks_timed_outputs:
-        return None
-    if ctx.settings.unseen_inputs:
-        return _UnseenPlan(ctx, reference)
-    return _SketchPlan(ctx)
-
-
-#: Wrong timed calls listed in the record (all are counted in ``wrong_calls``).
-WRONG_CALLS_LISTED = 10
-
-
-def _target_sketch(target: Any, seed: int, index: int, omega: float) -> dict[str, Any]:
-    return kbv_sketch.sketch_tensor(target, seed, index, omega) if isinstance(target, torch.Tensor) else {}
-
-
-#: A cached baseline is used only while a fresh batch measured now has its median within this
-#: factor of the cached median, and a measurement is cached only when its rounds' medians agree
-#: within it. An earlier rule (the fresh median inside the cached samples' whole range, widened 2x)
-#: let a baseline measured while the machine was busy pass: its range spanned both the busy and the
-#: quiet samples, so any fresh median fitted, and the busy median (7.97 ms instead of 0.035 ms on
-#: the CPU) made one pair 29.7x against eager_fp32 and 0.13x against eager_tf32, the same code there.
-#: Rejecting costs only a re-measurement in interleaved rounds.
-CACHE_CHECK_FACTOR = 1.5
-
-
-def cache_agreement(fresh_ms: list[float], cached: dict[str, Any]) -> dict[str, Any]:
-    """Whether a fresh batch's median agrees with a cached baseline's median (``cache_check``)."""
-    fresh = statistics.median(fresh_ms) if fresh_ms else None
-    samples = [float(x) for r in cached.get("rounds") or [] for x in r.get("device_ms") or []]
-    median = statistics.median(samples) if samples else None
-    low, high = (median / CACHE_CHECK_FACTOR, median * CACHE_CHECK_FACTOR) if median else (None, None)
-    agrees = fresh is not None and low is not None and high is not None and low <= fresh <= high
-    return {
-        "fresh_median_ms": fresh,
-        "cached_median_ms": median,
-        "accepted_range_ms": [low, high],
-        "accepted": agrees,
-    }
-
-
-def cacheable(rounds: list[dict[str, Any]]) -> bool:
-    """A measurement is worth reusing only when its rounds agree with each other: rounds whose
-    medians differ by more than ``CACHE_CHECK_FACTOR`` saw a machine that changed under them. (Every
-    round sketches every call alike, so no round is set apart any more, as the one round that once
-    copied every call's outputs was.)"""
-    medians = [statistics.median(r["device_ms"]) for r in rounds if r.get("device_ms")]
-    return bool(medians) and min(medians) > 0 and max(medians) / min(medians) <= CACHE_CHECK_FACTOR
-
-
 def measured_baselines(
     names: tuple[str, ...],
     device: str,
@@ -686,7 +297,7 @@ def _check_cached(
                 ctx.unseen_for(0),
             )
         fresh.pop("sketches", None)
-        checks[name] = cache_agreement(list(fresh["device_ms"]), hit)
+        checks[name] = baseline_cache.cache_agreement(list(fresh["device_ms"]), hit)
         # Timed in this evaluation, next to the candidate's rounds: a trusted gap of this moment.
         checks[name]["batch"] = {k: fresh[k] for k in _GAP_FIELDS}
         if not checks[name]["accepted"]:
@@ -851,7 +462,8 @@ def _entry(rounds: list[dict[str, Any]], settings: TimingSettings, source: str) 
     throttled = sum(1 for r in rounds if r.get("throttled"))
     if throttled:  # NVML named a throttle reason during a round: its samples are not at full clocks
         summary["warnings"] = [*summary.get("warnings", []), "throttled"]
-    if len(rounds) > 1 and not cacheable(rounds):  # the machine changed between rounds: never cached
+    # the machine changed between rounds: never cached
+    if len(rounds) > 1 and not baseline_cache.cacheable(rounds):
         summary["warnings"] = [*summary.get("warnings", []), "rounds_disagree"]
     return {
         "source": source,
@@ -897,66 +509,6 @@ def _compile_worker(ctx: MeasureContext) -> Worker:
     worker.request("load", **ctx.load_fields)
     worker.request("build", init_seed=ctx.init_seed)
     return worker
-
-
-def cache_key(ctx: MeasureContext, baseline: str) -> str:
-    device = {
-        "name": ctx.device_info.get("name", ""),
-        "driver_version": ctx.device_info.get("driver") or ctx.device_info.get("cuda_runtime") or "none",
-        "capability": ctx.device_info.get("capability"),
-    }
-    input_spec = {
-        "sizes": ctx.load_fields.get("sizes"),
-        "distribution": "original",
-        "input_sets": len(ctx.seeds),
-    }
-    if ctx.precision != "fp32":
-        input_spec["precision"] = ctx.precision
-    versions: dict[str, Any] = {"kbv": __version__, "triton": _triton_version()}
-    if ctx.checks_timed_outputs:  # the sketches lengthen every batch's bracket (not its samples)
-        versions["timed_call_sketch"] = f"{kbv_sketch.VECTORS}x{kbv_sketch.VECTORS}-v1"
-    return kbv_timing.baseline_cache_key(
-        ctx.problem.source_sha256,
-        input_spec,
-        device,
-        ctx.torch_version,
-        ctx.settings,
-        baseline,
-        versions=versions,
-    )
-
-
-def _triton_version() -> str | None:
-    """Triton's installed version (the workers share this environment), without importing it."""
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cache_path(ctx: MeasureContext, baseline: str) -> Path:
-    return cache_root() / "baselines" / f"{cache_key(ctx, baseline)}.json"
-
-
-def _cache_read(ctx: MeasureContext, baseline: str) -> dict[str, Any] | None:
-    if not ctx.settings.cache_baselines:
-        return None
-    try:
-        entry: dict[str, Any] = json.loads(_cache_path(ctx, baseline).read_text())
-        entry["cache_key"] = cache_key(ctx, baseline)
-        return entry
-    except (OSError, ValueError):
-        return None
-
-
-def _cache_write(ctx: MeasureContext, baseline: str, entry: dict[str, Any]) -> None:
-    if not ctx.settings.cache_baselines:
-        return
-    path = _cache_path(ctx, baseline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(path)  # atomic: concurrent evaluations never read half a file
 
 
 def measure_memory(device: str, reference: Worker, subject: Worker, run: Any, seed: int) -> dict[str, Any]:

@@ -138,7 +138,7 @@ class TimingSection(TypedDict, total=False):
     baselines_not_measured: dict[str, str]
     speedup_intervals: dict[str, dict[str, Any]]
     speedup_withdrawn: str
-    timed_outputs: dict[str, Any]  # every timed call judged by its sketch (kbv.performance._SketchPlan)
+    timed_outputs: dict[str, Any]  # every timed call judged by its sketch (kbv.timed_sketches._SketchPlan)
     # Trusted batches timed after the rounds when every candidate round's bracket disagreed
     # (timing_disagreement holds the rounds against their gaps too): {rounds, precision, why}.
     bracket_recheck: dict[str, Any]

@@ -10,8 +10,6 @@ that takes the samples runs in the worker: ``kbv.child.timing``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -513,50 +511,3 @@ def invalid_samples(measurement: dict[str, Any], settings: TimingSettings) -> st
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         return f"warmup_calls = {warm!r} is not a non-negative integer"
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# Baseline cache key
-# --------------------------------------------------------------------------------------------
-
-
-def baseline_cache_key(
-    problem_sha: str,
-    input_spec: dict[str, Any],
-    device: dict[str, Any],
-    torch_version: str,
-    timing_settings: TimingSettings | dict[str, Any],
-    baseline_name: str,
-    versions: dict[str, Any] | None = None,
-) -> str:
-    """sha256 of the canonical JSON of everything a cached baseline timing depends on.
-
-    ``device`` must name the GPU (``name``) and the driver (``driver_version``); other keys (CUDA
-    version, clocks, MIG profile) are included as given. Every timing setting is included, even
-    those that do not change a baseline's samples: a needless cache miss costs a re-measurement,
-    a wrong hit costs a wrong speedup. ``versions`` names the other software the measurement ran on
-    (``kbv``, whose timing recipe may change between releases, and ``triton`` when importable, which
-    the compiled baseline generates kernels with).
-    """
-    missing = [k for k in ("name", "driver_version") if k not in device]
-    if missing:
-        raise ValueError(
-            f"baseline_cache_key: device needs {missing}; pass e.g. "
-            "{'name': 'NVIDIA H200', 'driver_version': '580.65'}"
-        )
-    settings = (
-        dataclasses.asdict(timing_settings)
-        if isinstance(timing_settings, TimingSettings)
-        else dict(timing_settings)
-    )
-    payload = {
-        "problem_sha": problem_sha,
-        "input_spec": input_spec,
-        "device": device,
-        "torch_version": torch_version,
-        "timing_settings": settings,
-        "baseline": baseline_name,
-        "versions": dict(versions or {}),
-    }
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
