@@ -263,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         help="shrink the sample's copies for a CPU rehearsal (see shrunk_sizes); use with --device cpu",
     )
     ap.add_argument("--protocol", action="append", default=None)
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    ap.add_argument(
+        "--kinds",
+        type=lambda text: tuple(k for k in text.split(",") if k),
+        default=None,
+        metavar="K1,K2",
+        help="audit only these control and mutant kinds, e.g. zeros,constant,first_rows,stride,head_tail",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write one JSON summary per protocol here")
     ap.add_argument(
         "--html", type=Path, default=None, help="also write the HTML report with the audit's section here"
@@ -307,6 +315,8 @@ def _audit_part(args: argparse.Namespace, part: tuple[int, int]) -> None:
         db=args.db,
         console=Console(stderr=True),
         evaluate=not args.report,
+        precision=args.precision,
+        kinds=args.kinds,
     )
     render(result.summaries, Console())
     for what, message in result.errors:

@@ -433,6 +433,26 @@ def test_only_controls_or_only_mutants_are_generated_and_counted(tmp_path: Path)
         audit_protocols(problem, ["verified"], device="cpu", db=tmp_path / "x.sqlite", roles=("honest",))
 
 
+def test_only_the_named_kinds_are_generated_and_counted(tmp_path: Path) -> None:
+    """``kinds`` (the kinds a claim is about, on every problem of a slow machine) keeps those
+    kinds alone; a kind the audit does not generate is a usage error, not an empty audit."""
+    from kbv.protocol_audit import audit_protocols
+
+    problem = _problem(tmp_path, "torch.relu(x).sum(dim=1)")
+    kinds = ("zeros", "first_rows")
+    result = audit_protocols(
+        problem, ["verified"], device="cpu", db=tmp_path / "a.sqlite", evaluate=False, kinds=kinds
+    )
+    assert {s.kind for s in result.specs} == set(kinds)
+    assert result.summaries[0]["pairs"] == 2
+    everything = audit_protocols(
+        problem, ["verified"], device="cpu", db=tmp_path / "a.sqlite", evaluate=False
+    )
+    assert {"reference", "constant", "stride"} <= {s.kind for s in everything.specs}
+    with pytest.raises(ValueError, match="kinds"):
+        audit_protocols(problem, ["verified"], device="cpu", db=tmp_path / "x.sqlite", kinds=("zero",))
+
+
 def test_domain_draws_are_made_afresh_and_the_same_each_time(tmp_path: Path) -> None:
     """The judge makes each draw when it calls a model (at KernelBench sizes every draw's inputs and
     outputs at once would not fit a GPU), so the reference and the generated model must get the

@@ -46,6 +46,7 @@ def audit_protocols(
     evaluate: bool = True,
     roles: Sequence[str] = ROLES,
     precision: str = "fp32",
+    kinds: Sequence[str] | None = None,
 ) -> AuditResult:
     """Audit each protocol on the problems under ``problems``; candidates are written under
     ``work_dir`` (default: ``audit-candidates`` next to ``db``) and every record is stored in ``db``,
@@ -53,6 +54,8 @@ def audit_protocols(
     honest candidates (named after their problems), counted as controls. ``evaluate=False``
     summarises what the store already holds (an audit cut short) without evaluating anything.
     ``roles`` keeps only controls or only mutants (both by default): the other rate then reads 0 of 0.
+    ``kinds`` keeps only those kinds (e.g. ``zeros``, ``first_rows``; every kind by default), so that a
+    slow machine can measure the kinds a claim is about on every problem instead of all on a few.
 
     With ``evaluate=False`` nothing runs when the store already holds an audit on ``device``'s kind:
     the environment of its records (device name, torch) and what the trusted runs found are read
@@ -69,6 +72,11 @@ def audit_protocols(
     unknown = sorted(set(roles) - set(ROLES))
     if unknown:
         raise ValueError(f"roles must be among {ROLES}, not {unknown}")
+    from kbv.protocol_audit._sources import KINDS
+
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown:  # a misspelt kind would otherwise leave every candidate out and measure nothing
+        raise ValueError(f"kinds must be among {KINDS}, not {unknown}")
     device = device or default_device()
     resolved = [load_protocol(p).with_precision(precision) for p in protocols]
     db = Path(db)
@@ -96,7 +104,7 @@ def audit_protocols(
             continue
         finally:  # the trusted runs' blocks (tens of GB at KernelBench sizes) are the workers' to use
             release_device_memory(device)
-        specs = [s for s in specs if s.role in roles]
+        specs = [s for s in specs if s.role in roles and (kinds is None or s.kind in kinds)]
         result.specs.extend(specs)
         for spec in specs:
             if spec.status == "evaluate":

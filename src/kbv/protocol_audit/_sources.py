@@ -418,6 +418,13 @@ _WRAP_FORWARDS: dict[str, str] = {
 
 SAMPLINGS = ("first_rows", "stride", "head_tail")
 
+#: Every kind of control and mutant the audit generates (``kbv.protocol_audit._generate._drafts``).
+KINDS = (
+    *("reference", "tf32", "reordered"),
+    *("zeros", "constant", "cached", "scaled", "bf16", "fp16", "fp8", *SAMPLINGS),
+    *("input", "drop_op", "relu_identity"),
+)
+
 
 def wrapped_mutant(source: str, kind: str, *, input_index: int = 0) -> str:
     """The reference wrapped in a ``ModelNew`` whose ``forward`` post-processes its outputs (exact:
