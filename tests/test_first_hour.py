@@ -458,7 +458,7 @@ def _documented_audit_keys() -> set[str]:
 
 
 def test_the_audit_object_has_exactly_the_documented_keys() -> None:
-    from kbv.problems.audit import AuditResult, unloadable
+    from kbv.problems_audit import AuditResult, unloadable
 
     documented = _documented_audit_keys()
     assert {"schema", "flags", "notes", "error", "source_sha256"} <= documented
@@ -474,7 +474,8 @@ def test_the_audit_object_has_exactly_the_documented_keys() -> None:
 def test_the_audit_yields_each_result_before_it_audits_the_next_problem(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kbv.problems import audit, load_problem
+    from kbv import problems_audit as audit
+    from kbv.problems import load_problem
 
     audited: list[str] = []
 

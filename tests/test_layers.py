@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.precision",
             "kbv.integrity",
             "kbv.integrity.*",
-            "kbv.problems.audit",
+            "kbv.problems_audit",
         ),
     ),
     ("results", ("kbv.store", "kbv.report", "kbv.report.*", "kbv.metrics")),

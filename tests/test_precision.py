@@ -259,7 +259,7 @@ def test_the_generation_prompt_says_the_precision_and_fp32_prompts_are_unchanged
 
 def test_problems_audit_lists_what_cannot_run_in_a_precision() -> None:
     from kbv.problems import load_problem
-    from kbv.problems.audit import audit_problems
+    from kbv.problems_audit import audit_problems
 
     problem = load_problem(PROBLEMS / "row_sum_overflows_fp16.py")
     fp16, bf16, fp32 = (

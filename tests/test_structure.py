@@ -229,7 +229,7 @@ def test_record_keeps_the_invariants_and_a_replay_uses_them(tmp_path: Path) -> N
 
 
 def test_audit_shows_the_invariants() -> None:
-    from kbv.problems.audit import audit_problems
+    from kbv.problems_audit import audit_problems
 
     [result] = audit_problems([load_problem(HONEST_PROBLEMS / "tril_matmul.py")], device="cpu", seed=1)
     assert result.to_dict()["structure"] == [

@@ -11,7 +11,7 @@ from conftest import FOUNDATION, ROOT, SUITE
 
 from kbv.api import evaluate_paths
 from kbv.problems import load_problem
-from kbv.problems.audit import audit_problems
+from kbv.problems_audit import audit_problems
 
 VERIFIED_FIXTURES = ROOT / "tests" / "fixtures" / "candidates" / "verified"
 L1 = SUITE / "level1"

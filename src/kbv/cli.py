@@ -576,7 +576,7 @@ def _cmd_problems_audit(args: argparse.Namespace) -> int:
 
     from kbv.evaluation import default_device
     from kbv.problems import bundled_suite_dir, load_problems
-    from kbv.problems.audit import iter_audit, unloadable
+    from kbv.problems_audit import iter_audit, unloadable
     from kbv.report.terminal import progress_bar
 
     root = Path(args.path) if args.path else bundled_suite_dir()

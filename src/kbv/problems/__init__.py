@@ -1,4 +1,4 @@
-"""Problems: KernelBench-format files, the bundled suite, and (later) the audit."""
+"""Problems: KernelBench-format files and the bundled suite (their audit: ``kbv.problems_audit``)."""
 
 from __future__ import annotations
 
