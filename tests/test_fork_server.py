@@ -91,7 +91,7 @@ def test_with_the_fork_server_off_a_worker_is_a_fresh_interpreter(monkeypatch: p
 
 
 def _forkserver_src() -> str:
-    from kbv.worker import _kbv_src
+    from kbv.worker._process import _kbv_src
 
     return _kbv_src()
 

@@ -304,7 +304,7 @@ def test_harden_process_makes_the_process_non_dumpable() -> None:
 
 def test_scratch_left_by_a_killed_parent_is_swept(tmp_path, monkeypatch) -> None:
     """A parent killed with -9 never runs close(); the next process removes what it left behind."""
-    import kbv.worker as worker_module
+    import kbv.worker._process as worker_module
 
     monkeypatch.setattr(worker_module, "_scratch_parent", lambda: str(tmp_path))
     monkeypatch.setattr(worker_module, "_swept", False)
@@ -335,7 +335,7 @@ def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> N
     from kbv.evaluation import worker_specs
     from kbv.problems import load_problem
     from kbv.protocol import STANDARD, VERIFIED
-    from kbv.worker import _spec_key
+    from kbv.worker._process import _spec_key
 
     problem, candidate = load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py")
     assert [s.warm_probes for s in worker_specs(problem, candidate, VERIFIED, "cpu")] == [True, True]

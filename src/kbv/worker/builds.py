@@ -37,8 +37,8 @@ from pathlib import Path
 
 from kbv import telemetry
 from kbv.candidates import Candidate
-from kbv.worker import _kbv_src, cache_root, confinement_env
 from kbv.worker._env import arch_list_for, scrubbed_env
+from kbv.worker._process import _kbv_src, cache_root, confinement_env
 
 __all__ = [
     "CompileResult",

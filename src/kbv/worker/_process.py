@@ -1,0 +1,1025 @@
+"""One worker process and its channel, seen from the trusted parent (``kbv.worker``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbv import channel as _channel
+from kbv import telemetry
+from kbv.processes import CONFINE_GPU_ENV, CONFINE_WRITE_ENV
+from kbv.worker import _contain, _forkserver, _privileges
+from kbv.worker._env import arch_list_for, scrubbed_env
+
+LOG_TAIL_BYTES = 16_000
+#: PyTorch intra-op threads of a CPU worker, unless the user set ``OMP_NUM_THREADS``. With two
+#: threads on a shared two-core machine, an op that splits its work waits at OpenMP's barrier for a
+#: helper thread the scheduler has not run yet: the eager baseline of a 0.006 ms reduction took
+#: 16-24 ms per call in bursts, while the candidate's single-threaded kernel was untouched, and one
+#: pair read 640x. One thread per worker keeps CPU timings independent of the machine's load and
+#: treats baseline and candidate alike.
+CPU_INTRA_OP_THREADS = "1"
+
+
+class WorkerFailed(Exception):
+    """The worker did not answer a request: it timed out, crashed or reported an error.
+
+    ``kind`` is one of ``timeout``, ``crashed``, ``compile_error``, ``import_error``,
+    ``runtime_error``, ``cuda_error``, ``resource_limit`` (``details["limit"]`` says which). This is an
+    outcome of the code under test, not a harness bug.
+    ``role`` is the failing worker's (``reference``: the problem's own code failed; ``candidate``),
+    or None when the parent raised it without a worker's answer.
+    """
+
+    def __init__(
+        self, kind: str, message: str, details: dict[str, Any] | None = None, role: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.details = details or {}
+        self.role = role
+
+    def logs_tail(self, limit: int = 2000) -> str:
+        """The end of the worker's stderr, for a message about a worker that failed to start."""
+        return str(self.details.get("stderr", ""))[-limit:]
+
+
+def visible_devices(device: str) -> str | None:
+    """``cuda:N`` pins a worker to GPU N (``CUDA_VISIBLE_DEVICES=N``); inside it is simply ``cuda``."""
+    return device.split(":", 1)[1] if device.startswith("cuda:") else None
+
+
+def worker_device(device: str) -> str:
+    """The device name a worker uses: ``cuda`` for any ``cuda:N`` (it sees only that GPU)."""
+    return "cuda" if device.startswith("cuda") else device
+
+
+def confinement_env(writable: Iterable[Path | str], gpu: bool) -> dict[str, str]:
+    """What a process running candidate code needs in its environment to confine itself with
+    Landlock and seccomp (``kbv.child.confine``) before that code runs: the directories it may write
+    beneath. Empty where ``KBV_CONFINE=0`` turns that off (``Worker.isolation`` says so)."""
+    if confinement_off():
+        return {}
+    return {
+        CONFINE_WRITE_ENV: os.pathsep.join(str(p) for p in writable),
+        CONFINE_GPU_ENV: "1" if gpu else "0",
+    }
+
+
+def confinement_off() -> bool:
+    return os.environ.get("KBV_CONFINE", "1").lower() in ("0", "off", "no")
+
+
+def cache_root() -> Path:
+    """Where builds are cached: ``$KBV_CACHE_DIR`` or ``~/.cache/kbv``."""
+    return Path(os.environ.get("KBV_CACHE_DIR") or Path.home() / ".cache" / "kbv")
+
+
+@dataclass
+class WorkerSpec:
+    """How to start a worker. ``build_key`` (a source hash) selects its private build directory."""
+
+    build_key: str
+    device: str = "cpu"
+    visible_devices: str | None = None
+    role: str = "candidate"
+    # Seconds this worker may spend answering requests (booting and compiling included); the clock
+    # runs only while the parent waits on it, so a slow reference does not eat the candidate's time.
+    budget_s: float = 300.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # A kbv.protocol.LimitSettings polled while the parent waits (None: no limits, trusted workers).
+    limits: Any = None
+    # Files a candidate worker must read (its candidate; the problem comes as text): checked before it
+    # drops to its own uid.
+    readable: tuple[str, ...] = ()
+    # Take the profiler's (and the reference's FLOP counter's) first use while booting, for the
+    # dynamic probes: seconds per worker, so only where a protocol runs them (``verified``).
+    warm_probes: bool = False
+
+
+class Worker:
+    """One worker process and its channel. Use as a context manager; it is always killed on exit."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        _sweep_orphaned_scratch()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"kbv-{spec.role}-", dir=_scratch_parent()))
+        (self.scratch / _OWNER_FILE).write_text(str(os.getpid()))
+        self.home = self.scratch / "home"
+        self.home.mkdir()
+        self.hello: dict[str, Any] = {}
+        #: Fields sent with every request (the reference's ``room_bytes``: kbv.evaluation).
+        self.request_fields: dict[str, Any] = {}
+        self._proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None = None
+        #: How the process started: forked from kbv's fork server, or a fresh interpreter (and why).
+        self.started_as = ""
+        self._sock: socket.socket | None = None
+        self._stdout = self.scratch / "stdout.log"
+        self._stderr = self.scratch / "stderr.log"
+        self._counter = 0
+        self.remaining_s = spec.budget_s
+        self._tag = uuid.uuid4().hex[:12]
+        self._cgroup: _contain.Cgroup | None = None
+        self._last_poll = 0.0
+        self._last_scan = 0.0
+        self._known: set[int] = set()
+        #: The limit the worker was killed for ({limit, figure, allowed, unit}), if any.
+        self.exceeded: dict[str, Any] | None = None
+        #: Largest resident memory of the worker's process tree the parent saw, and of the device.
+        self.host_peak_bytes = 0
+        self.device_peak_bytes: int | None = None
+        #: The uid a candidate worker runs as (None: the parent's), and why not where root could not drop.
+        self.uid: int | None = None
+        self._no_drop: str | None = None
+        #: The build directory (``launch``), and (device, inode) of the files :meth:`give` put in
+        #: the scratch: the parent's, not counted against the candidate's disk limit.
+        self._builds = cache_root() / "builds" / spec.build_key[:32]
+        self._given: set[tuple[int, int]] = set()
+        #: Descriptors of exported device memory that came with the last reply (``kbv.handoff``).
+        self._fds: list[int] = []
+        self._private_net = False
+        self._exit_asked = False  # an ``exit`` request sent, its reply not read yet
+        self._closed = False
+        #: Set while kbv itself holds this worker stopped (:meth:`paused`): a stop seen then is ours.
+        self._pausing = False
+        #: The worker found stopped (state ``T``) by a signal kbv did not send: {pid, role, state}.
+        self.stopped: dict[str, Any] | None = None
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> dict[str, Any]:
+        """Launch the process and wait for its greeting."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting, so several workers can boot at once (again: no-op)."""
+        if self._proc is not None:
+            return
+        builds = self._builds = cache_root() / "builds" / self.spec.build_key[:32]
+        extensions, triton_dir = builds / "torch_extensions", builds / "triton"
+        extensions.mkdir(parents=True, exist_ok=True)
+        triton_dir.mkdir(parents=True, exist_ok=True)
+        env = scrubbed_env(
+            os.environ,
+            home=self.home,
+            extensions_dir=extensions,
+            triton_dir=triton_dir,
+            visible_devices=self.spec.visible_devices,
+        )
+        arch = (
+            arch_list_for(telemetry.compute_capability(self.spec.device))
+            if self.spec.device.startswith("cuda")
+            else None
+        )
+        if arch:  # the flags an ahead-of-time build used (kbv.worker.builds): its build is reused
+            env["TORCH_CUDA_ARCH_LIST"] = arch
+        if self.spec.device == "cpu":
+            env.setdefault("OMP_NUM_THREADS", CPU_INTRA_OP_THREADS)
+        env.update(self.spec.extra_env)
+        if self.spec.role == "candidate":
+            env.update(confinement_env((self.scratch, builds), gpu=self.spec.device.startswith("cuda")))
+        env[_contain.MARKER_ENV] = self.marker
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_kbv_src(), env.get("PYTHONPATH", "")) if p)
+        parent_end, child_end = socket.socketpair()
+        child = [
+            sys.executable,
+            "-m",
+            "kbv.child.main",
+            str(child_end.fileno()),
+            self.spec.role,
+            *(["probes"] if self.spec.warm_probes else []),
+        ]
+        with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
+            self._proc = self._fork(env, builds, child_end.fileno(), out.fileno(), err.fileno())
+            if self._proc is None:
+                argv, user = self._command(child, builds)
+                self._proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.home,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    pass_fds=(child_end.fileno(),),
+                    start_new_session=True,  # its own process group, so a timeout kills every child
+                    user=user,
+                    group=user,
+                    extra_groups=[] if user is not None else None,
+                )
+        child_end.close()
+        self._sock = parent_end
+        self._contain_started()
+
+    def wait_ready(self) -> dict[str, Any]:
+        if not self.hello:
+            self.hello = self._receive()
+        return self.hello
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply within the worker's remaining budget."""
+        self.send_request(op, **fields)
+        return self.receive_reply()
+
+    def send_request(self, op: str, **fields: Any) -> None:
+        """The first half of :meth:`request`: two workers can then work at once (``receive_reply``)."""
+        if self._sock is None:
+            raise RuntimeError("worker not started")
+        if op == "load":
+            fields.setdefault("handoff", self.handoff)
+        try:
+            _channel.send(self._sock, {"op": op, **self.request_fields, **fields})
+        except OSError as exc:
+            self.kill()
+            raise WorkerFailed(
+                "crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role
+            ) from exc
+
+    def receive_reply(self) -> dict[str, Any]:
+        reply = self._receive()
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            kind = str(error.get("kind", "runtime_error"))
+            if kind == "cuda_error":
+                self.kill()
+            limits = self.spec.limits
+            over = None
+            if limits is not None and _contain.is_open_files_error(error):
+                over = _contain.open_files_exceeded(limits)
+            elif limits is not None and limits.disk_gb and _contain.is_file_size_error(error):
+                over = _contain.file_size_exceeded(limits, self.disk_bytes())
+            if over is not None:
+                kind, error = "resource_limit", {**error, **over}
+                self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
+                self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
+            raise WorkerFailed(
+                kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role
+            )
+        return reply
+
+    def receive_outputs(self, description: Any) -> list[Any]:
+        """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
+        the evaluation's device. Something unreadable is the worker's failure."""
+        from kbv import (
+            handoff as _handoff,  # torch: not needed before a worker has answered (fast usage errors)
+        )
+
+        try:
+            # A candidate's IPC descriptor is bounded by the allocation the driver opened.
+            bounded = self.spec.role == "candidate"
+            return _handoff.receive(description, self.spec.device, self._fds, bounded=bounded)
+        except _handoff.HandoffError as exc:
+            raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
+
+    def fill_inbox(self, description: Any, named: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        """Write trusted tensors into the inbox this worker's last reply opened (``kbv.handoff``). An
+        inbox that cannot hold them or cannot be opened is the worker's failure."""
+        from kbv import handoff as _handoff
+
+        try:
+            _handoff.fill_inbox(description, self._fds, named, items, self.spec.device)
+        except _handoff.HandoffError as exc:
+            raise WorkerFailed("runtime_error", str(exc), self.logs()) from exc
+
+    def new_path(self, stem: str) -> str:
+        """A fresh file name in this worker's scratch directory, for tensors it writes."""
+        self._counter += 1
+        return str(self.scratch / f"{stem}-{self._counter}.pt")
+
+    def give(self, path: str) -> str:
+        """Copy a file the parent or a trusted worker wrote into this worker's scratch, under a fresh
+        name it cannot have prepared (no symlink planted there redirects the write), readable by
+        the worker's own uid; returns the new path."""
+        target = self.scratch / f"given-{uuid.uuid4().hex}.pt"
+        try:
+            # A hard link, not a copy, where both scratch directories share a filesystem (/dev/shm):
+            # a GEMM's parameters are 256 MB per distribution. link() makes a fresh name (it fails
+            # on one that exists) and does not follow a symlink; what the worker may later write
+            # into that file, no trusted process reads again.
+            os.link(path, target)
+            os.chmod(target, 0o644)
+            self._note_given(target)
+            return str(target)
+        except OSError:
+            target.unlink(missing_ok=True)  # another filesystem, or links refused here: copy
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(source, out)
+        self._note_given(target)
+        return str(target)
+
+    def _note_given(self, target: Path) -> None:
+        info = os.stat(target, follow_symlinks=False)
+        self._given.add((info.st_dev, info.st_ino))
+
+    @property
+    def handoff(self) -> str:
+        """How this worker hands CUDA tensors over: a worker under another uid exports VMM memory,
+        because the parent cannot open its legacy IPC handles (``kbv._vmm``)."""
+        return "cuda_vmm" if self.uid is not None else "cuda_ipc"
+
+    def _receive(self) -> dict[str, Any]:
+        assert self._sock is not None
+        started = time.monotonic()
+        _channel.close_fds(self._fds)  # the last reply's outputs were copied (or never will be)
+        try:
+            reply = _channel.receive(
+                self._sock,
+                started + max(self.remaining_s, 0.0),
+                alive=self._watch,
+                poll_s=POLL_S,
+                fds=self._fds,
+            )
+            self._raise_if_exceeded()  # a reply that raced the kill does not undo the limit
+            return reply
+        except _channel.ChannelTimeout as exc:
+            self.kill()
+            raise WorkerFailed(
+                "timeout", "the worker did not finish before the timeout", self.logs(), role=self.spec.role
+            ) from exc
+        except _channel.ChannelClosed as exc:
+            code = self.kill()
+            self._raise_if_exceeded()
+            self._raise_if_stopped()
+            raise WorkerFailed(
+                "crashed", f"{exc} (exit status {code})", self.logs(), role=self.spec.role
+            ) from exc
+        finally:
+            self.remaining_s -= time.monotonic() - started
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop this worker's whole process group (SIGSTOP) while another worker is timed, then let
+        it go on (SIGCONT). Between requests a worker should be idle, but threads it started (a
+        candidate's background work, an OpenMP pool still spinning) would take CPU time from the
+        batch being timed: on two cores a baseline measured next to such a process ran 16 ms per
+        call instead of 0.006 ms. A stopped process takes none. Only call it between requests.
+
+        A candidate's processes that left the group (their own session, a double fork) are found
+        as :meth:`members` finds them and stopped one by one: a helper in a session of its own
+        would otherwise burn CPU, or launch GPU work, while the baselines are timed and make the
+        candidate look faster. Kernels such a process queued before it stopped still run."""
+        if not self.alive() or self._proc is None:
+            yield
+            return
+        self._pausing = True
+        with contextlib.suppress(ProcessLookupError, PermissionError, ChildProcessError):
+            os.killpg(self._proc.pid, signal.SIGSTOP)
+            if isinstance(self._proc, _forkserver.ForkedProcess):
+                self._proc.wait_stopped()
+            else:
+                os.waitpid(self._proc.pid, os.WUNTRACED)  # returns once it has stopped (it stays unreaped)
+        escaped: list[int] = []  # filled as they stop, so an interruption still lets them go on
+        try:
+            if self.spec.role == "candidate":
+                self._stop_escaped(escaped)
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGCONT)
+            for pid in escaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+            self._pausing = False
+
+    def _stop_escaped(self, stopped: list[int]) -> None:
+        """SIGSTOP every member of this worker outside its process group, adding each to
+        ``stopped``. Rounds repeat because a member may fork between the scan and its stop; the
+        wait for them to stop shares one deadline (a process that cannot stop costs it once)."""
+        assert self._proc is not None
+        deadline = time.monotonic() + ESCAPED_STOP_WAIT_S
+        for _ in range(ESCAPED_STOP_ROUNDS):
+            fresh = [p for p in self.members() if p not in stopped and not _in_group(p, self._proc.pid)]
+            if not fresh:
+                break
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            for pid in fresh:
+                _forkserver.wait_stopped(pid, max(0.0, deadline - time.monotonic()))
+
+    def kill(self) -> int | None:
+        """Kill the worker and every process it started (see :meth:`_kill_tree`); returns its exit status."""
+        if self._proc is None:
+            return None
+        self._kill_tree()
+        return self._reap()
+
+    def _reap(self) -> int | None:
+        assert self._proc is not None
+        try:
+            return self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        close_all([self])
+
+    def _ask_exit(self) -> None:
+        """Ask a live worker to exit (its reply is read by :meth:`_await_exit`)."""
+        self._exit_asked = False
+        if self._sock is not None and self.alive():
+            try:
+                _channel.send(self._sock, {"op": "exit"})
+                self._exit_asked = True
+            except OSError:
+                pass
+
+    def _await_exit(self) -> None:
+        if self._exit_asked and self._sock is not None:
+            self._exit_asked = False
+            with contextlib.suppress(OSError, _channel.ChannelClosed, _channel.ChannelTimeout):
+                _channel.receive(self._sock, time.monotonic() + 2, alive=self.alive)
+
+    def _clean_up(self) -> None:
+        self._closed = True
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        _channel.close_fds(self._fds)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def logs(self) -> dict[str, str]:
+        return {"stdout": _tail(self._stdout), "stderr": _tail(self._stderr)}
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def scheduler_ns(self) -> dict[str, int] | None:
+        """The kernel's scheduler counts for this worker (``_contain.scheduler_ns``): its main
+        thread, and every thread of every process of its tree."""
+        if self._proc is None:
+            return None
+        return _contain.scheduler_ns(self._proc.pid, [p for p in self.members() if p != self._proc.pid])
+
+    # -- containment ------------------------------------------------------------------------------
+    @property
+    def marker(self) -> str:
+        """This worker's value of ``KBV_WORKER_TAG``: the owner's pid and a tag of its own."""
+        return f"{os.getpid()}:{self._tag}"
+
+    @property
+    def isolation(self) -> dict[str, Any]:
+        """How this worker is contained here, and what this machine did not allow (for the record)."""
+        facts: dict[str, Any] = {
+            "process_tree": "cgroup v2, subreaper, marker sweep"
+            if self._cgroup
+            else "subreaper, marker sweep",
+            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)"
+            if self.uid is not None
+            else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
+        }
+        if self.started_as:
+            facts["start"] = self.started_as
+        netns, no_netns = _contain.network_namespace()
+        private_net = self._private_net
+        facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
+        limits = self.spec.limits
+        if limits is not None:
+            facts["limits"] = {
+                f: getattr(limits, f)
+                for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files", "disk_gb")
+            }
+        not_done = []
+        if self._cgroup is None:
+            not_done.append(
+                "no cgroup: this process cannot create one here, so a process that clears its "
+                "environment and leaves the worker's tree is not tracked"
+            )
+        if self.spec.role == "candidate" and not private_net:
+            not_done.append(
+                "no private network namespace: "
+                f"{no_netns or 'setpriv(1) is missing to drop the uid after it'}"
+            )
+        if self.spec.role == "candidate":
+            confinement = self.hello.get("confinement") if self.hello else None
+            if confinement is not None:
+                facts["confinement"] = {k: confinement.get(k) for k in ("landlock", "seccomp")}
+                not_done.extend(str(item) for item in confinement.get("not_enforced") or [])
+            elif confinement_off():
+                not_done.append(
+                    "Landlock and seccomp turned off (KBV_CONFINE=0): the candidate can signal, trace "
+                    "and write wherever its uid may"
+                )
+        if os.geteuid() == 0 and self.uid is None:
+            confined = bool((facts.get("confinement") or {}).get("landlock"))
+            reach = (
+                "Landlock keeps it from other processes and its writes in its scratch and build "
+                "directory, but it reads every file root can"
+                if confined
+                else "it can read other workers' memory and write kbv's caches"
+            )
+            not_done.append(
+                "the candidate worker runs as root like the parent "
+                f"({self._no_drop or 'not a candidate worker'}): {reach} "
+                "(docs/architecture.md, 'What isolation does not cover')"
+            )
+        if (
+            limits is not None
+            and limits.device_memory_gb
+            and self.spec.device.startswith("cuda")
+            and self.device_peak_bytes is None
+        ):
+            not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
+        facts["not_enforced"] = not_done
+        return facts
+
+    def members(self) -> list[int]:
+        """Every live process of this worker: itself, its cgroup, its /proc descendants, marked ones."""
+        if self._proc is None:
+            return []
+        table = _contain.process_table()
+        found = {self._proc.pid} if self._proc.pid in table else set()
+        found.update(p for p in (self._cgroup.pids() if self._cgroup else []) if p in table)
+        found.update(_contain.descendants(self._proc.pid, table))
+        found.update(_contain.marked(self.marker, table))
+        return sorted(found)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """End of the evaluation: kill whatever the worker started that still runs, and say what it was.
+
+        Returns ``{pid, command, own_session}`` per process (``own_session``: it left the worker's
+        session, i.e. it made an effort to escape). The worker itself keeps running until ``close``."""
+        if self._proc is None:
+            return []
+        worker = self._proc.pid
+        session = _session_of(worker)
+        left = []
+        for pid in self.members():
+            if pid == worker:
+                continue
+            left.append(
+                {
+                    "pid": pid,
+                    "command": _contain.command_line(pid),
+                    "own_session": _session_of(pid) not in (session, None),
+                }
+            )
+        peak = _contain.peak_rss_bytes(worker)
+        if peak:
+            self.host_peak_bytes = max(self.host_peak_bytes, peak)
+        for _ in range(5):
+            rest = [p for p in self.members() if p != worker]
+            if not rest:
+                break
+            _contain.kill_pids(rest)
+            time.sleep(0.01)
+        return left
+
+    def _namespace_prefix(self) -> tuple[str, ...]:
+        """Candidate workers start in a private network namespace where the machine allows one."""
+        return _contain.network_namespace()[0] if self.spec.role == "candidate" else ()
+
+    def _fork(
+        self, env: dict[str, str], builds: Path, channel: int, stdout: int, stderr: int
+    ) -> _forkserver.ForkedProcess | None:
+        """The worker forked from kbv's fork server (torch already imported there), contained as
+        :meth:`_command` would start it: its own session, network namespace and uid. None where the
+        fork server is off or failed: the caller starts a fresh interpreter."""
+        server = _forkserver.fork_server(_kbv_src())
+        if server is None:
+            self.started_as = f"fresh interpreter ({_forkserver.unavailable_reason()})"
+            return None
+        prefix, uid = self._containment(builds)
+        try:
+            process = server.spawn(
+                channel_fd=channel,
+                stdout_fd=stdout,
+                stderr_fd=stderr,
+                env=env,
+                cwd=str(self.home),
+                role=self.spec.role,
+                warm_probes=self.spec.warm_probes,
+                uid=uid,
+                private_network=bool(prefix),
+            )
+        except _forkserver.ForkServerError as exc:
+            self.started_as = f"fresh interpreter ({exc})"
+            return None
+        self.started_as = "forked from kbv's fork server"
+        return process
+
+    def _command(self, command: list[str], builds: Path) -> tuple[list[str], int | None]:
+        """The argv that starts a worker, and the uid ``Popen`` should switch to (None: keep ours).
+
+        A candidate worker of a root parent drops to the uid of its source (``_privileges``), after
+        its network namespace is made (that step needs root): ``unshare`` then ``setpriv``."""
+        prefix, uid = self._containment(builds)
+        if uid is None:
+            return [*prefix, *command], None
+        wrapped = _privileges.start_command(uid, prefix, command)
+        if wrapped is not None:
+            return wrapped, None
+        self._private_net = False  # without setpriv the uid wins over the namespace (isolation says so)
+        return command, uid
+
+    def _containment(self, builds: Path) -> tuple[tuple[str, ...], int | None]:
+        """The network-namespace prefix a candidate worker starts under (empty: none here) and the uid
+        it drops to (None: the parent's); hands the worker's directories to that uid."""
+        prefix = self._namespace_prefix()
+        if self.spec.role != "candidate":
+            return prefix, None
+        # On a GPU a dropped worker hands outputs over as exported VMM memory (``handoff``): the
+        # parent cannot open its legacy CUDA IPC handles (measured on the H200, driver 580).
+        plan = _privileges.plan(
+            self.spec.build_key, self.spec.readable, (str(self.scratch.parent), str(builds.parent))
+        )
+        self._no_drop = plan.reason
+        self._private_net = bool(prefix)
+        if plan.uid is None:
+            return prefix, None
+        _privileges.hand_over(plan.uid, self.scratch, builds)
+        self.uid = plan.uid
+        return prefix, plan.uid
+
+    def _contain_started(self) -> None:
+        """Right after the process started, before any candidate code runs (that waits for ``load``)."""
+        assert self._proc is not None
+        if self.spec.role == "candidate":
+            self._cgroup = _contain.Cgroup.create(self._tag)
+            if self._cgroup is not None and not self._cgroup.add(self._proc.pid):
+                self._cgroup.remove()
+                self._cgroup = None
+        if self.spec.limits is not None:
+            _contain.set_open_files_limit(self._proc.pid, int(self.spec.limits.open_files))
+            _contain.set_file_size_limit(self._proc.pid, _contain.disk_limit_bytes(self.spec.limits))
+
+    def _watch(self) -> bool:
+        """``alive`` for the channel: the worker still runs and is within its limits (killed if not).
+
+        Every worker is measured the same way (trusted ones too, without limits), so the parent's
+        polling costs a candidate's timing no more than its baselines'."""
+        if not self.alive():
+            return False
+        if self.found_stopped():
+            self.kill()  # SIGKILL ends a stopped process too; its tree goes with it
+            return False
+        if time.monotonic() - self._last_poll < POLL_S:
+            return True
+        self._last_poll = time.monotonic()
+        over = self.poll()
+        if over is None:
+            return True
+        self.exceeded = over
+        self.kill()
+        return False
+
+    def poll(self) -> dict[str, Any] | None:
+        """Measure the worker's tree once (peaks are kept); the first limit it is over, or None."""
+        assert self._proc is not None
+        limits = self.spec.limits
+        table = self._poll_table()
+        members = list(table)
+        usage = _contain.tree_usage(members, table, count_files=bool(limits and limits.open_files))
+        usage.device_bytes = self._device_bytes(members)
+        if limits is not None and limits.disk_gb:
+            usage.disk_bytes = self.disk_bytes()
+        self.host_peak_bytes = max(self.host_peak_bytes, usage.rss_bytes)
+        if usage.device_bytes is not None:
+            self.device_peak_bytes = max(self.device_peak_bytes or 0, usage.device_bytes)
+        return _contain.exceeded(usage, limits) if limits is not None else None
+
+    def _poll_table(self) -> dict[int, _contain.Proc]:
+        """The worker's live processes for one poll, read as cheaply as the machine allows: the
+        cgroup's members; else the members found by the last full ``/proc`` scan, which is redone
+        every FULL_SCAN_S; a trusted worker (no limits) only itself."""
+        assert self._proc is not None
+        if self._cgroup is not None:
+            known = {self._proc.pid, *self._cgroup.pids()}
+        elif self.spec.limits is None:
+            known = {self._proc.pid}
+        elif time.monotonic() - self._last_scan >= FULL_SCAN_S:
+            self._last_scan = time.monotonic()
+            table = _contain.process_table()
+            self._known = {self._proc.pid, *_contain.descendants(self._proc.pid, table)}
+            return {p: table[p] for p in self._known if p in table}
+        else:
+            known = self._known
+        procs = [_contain.read_proc(p) for p in known]
+        return {p.pid: p for p in procs if p is not None}
+
+    def disk_bytes(self) -> int:
+        """What this worker's files take: its scratch and its build directory (Landlock keeps its
+        writes there), less the files the parent gave it (:meth:`give`)."""
+        return _contain.files_bytes([self.scratch, self._builds], self._given)
+
+    def _device_bytes(self, members: list[int]) -> int | None:
+        if not self.spec.device.startswith("cuda") or not (
+            self.spec.limits and self.spec.limits.device_memory_gb
+        ):
+            return None
+        figures = [telemetry.process_memory_bytes(self.spec.device, pid) for pid in members]
+        known = [f for f in figures if f is not None]
+        return sum(known) if known else None
+
+    def found_stopped(self) -> bool:
+        """Whether the worker is stopped (``T`` in ``/proc/<pid>/stat``) by a signal kbv did not
+        send. A worker has no terminal (its own session), so only a stop signal puts it in that
+        state; while the parent waits on it, kbv holds it running. A stopped worker never answers,
+        and its budget would run out only after minutes (the reference's: half an hour), so every
+        wait looks at it each poll. The first sighting is kept as :attr:`stopped`."""
+        if self._pausing or self._proc is None:
+            return False
+        if self.stopped is not None:
+            return True
+        if _forkserver.process_state(self._proc.pid) != "T":
+            return False
+        self.stopped = {"pid": self._proc.pid, "role": self.spec.role, "state": "T (stopped)"}
+        return True
+
+    def _raise_if_stopped(self) -> None:
+        """A worker found stopped: the candidate's own worker is a ``timeout`` (it stopped itself, or
+        its tree did: it cannot finish); a trusted worker is ``crashed``, with the stop in
+        ``details["stopped"]`` so the evaluation can name who could have sent it."""
+        if self.stopped is None:
+            return
+        what = f"the {self.spec.role} worker (pid {self.stopped['pid']}) was found stopped (SIGSTOP)"
+        if self.spec.role == "candidate":
+            message = f"{what} and could not finish: a stopped worker never answers"
+            kind = "timeout"
+        else:
+            message = f"{what} by a signal kbv did not send; it was killed"
+            kind = "crashed"
+        raise WorkerFailed(kind, message, {"stopped": dict(self.stopped), **self.logs()}, role=self.spec.role)
+
+    def _raise_if_exceeded(self) -> None:
+        if self.exceeded is not None:
+            raise WorkerFailed(
+                "resource_limit", _contain.describe_exceeded(self.exceeded), {**self.exceeded, **self.logs()}
+            )
+
+    def _kill_tree(self) -> None:
+        """SIGKILL the worker's cgroup, descendants and marked processes, then the worker and its group.
+
+        Descendants go first, while the worker (their subreaper) still holds the orphans; rounds
+        repeat because a process may fork while its siblings are being killed."""
+        assert self._proc is not None
+        worker = self._proc.pid
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        for _ in range(5):
+            others = [p for p in self.members() if p != worker]
+            if not others:
+                break
+            _contain.kill_pids(others)
+            time.sleep(0.01)
+        for kill in (os.killpg, os.kill):  # the group: children sharing it outlive a dead leader
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(worker, signal.SIGKILL)
+        _contain.kill_pids([p for p in self.members() if p != worker])
+
+
+#: Seconds between two polls of a limited worker's resources while the parent waits for it.
+POLL_S = 0.1
+#: Seconds between two full ``/proc`` scans for a limited worker without a cgroup (new processes
+#: are found this late; the members already known are measured every POLL_S).
+FULL_SCAN_S = 0.5
+
+
+#: Scans for a paused candidate's processes outside its group (:meth:`Worker.paused`).
+ESCAPED_STOP_ROUNDS = 3
+#: Seconds a pause waits, in all, for those processes to show as stopped.
+ESCAPED_STOP_WAIT_S = 1.0
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return True  # gone: nothing to stop
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:
+    return (
+        spec.build_key,
+        spec.device,
+        spec.visible_devices,
+        spec.role,
+        spec.budget_s,
+        tuple(sorted(spec.extra_env.items())),
+        spec.limits,
+        tuple(spec.readable),
+        spec.warm_probes,
+    )
+
+
+def stopped_processes(workers: Iterable[Worker], spares: Spares | None = None) -> list[dict[str, Any]]:
+    """kbv's processes found stopped by a signal kbv did not send: ``workers`` (those not paused by
+    kbv now), ``spares``' workers (closed) and the fork server (resumed). Evidence for
+    ``signalled_process``, each ``{pid, role, state}``."""
+    found = [dict(w.stopped or {}) for w in workers if w.alive() and w.found_stopped()]
+    if spares is not None:
+        found.extend(spares.take_stops())
+    return found + _forkserver.take_stops()
+
+
+def close_all(workers: Iterable[Worker]) -> None:
+    """Close several workers side by side: each is asked to exit and killed before any is waited
+    for, so their processes (a CUDA context each) end at once instead of one after the other."""
+    workers = [w for w in workers if not w._closed]
+    for worker in workers:
+        worker._ask_exit()
+    for worker in workers:
+        worker._await_exit()
+    started = [w for w in workers if w._proc is not None]
+    for worker in started:
+        worker._kill_tree()
+    for worker in started:
+        worker._reap()
+    for worker in workers:
+        worker._clean_up()
+
+
+class Spares:
+    """Workers started ahead of the evaluations that will use them, so that start-up (Python, torch,
+    the CUDA context) is off the critical path. A batch names the workers of the next pairs; each
+    evaluation, once its own are launched, launches those of the next ``depth`` pairs that are not
+    launched yet, so a spare has about ``depth`` evaluations to boot in. (They were launched in
+    waves, ``depth`` pairs at once when the next pair's were not up: a short evaluation then waited
+    for the wave it had just launched. On the H200 the audit's ``verified`` batches, mostly mutants
+    that fail in 1.5-4 s, paid 2-5 s of ``boot`` every few evaluations.) A booting process must
+    never share the GPU or the CPU with a timed batch: the evaluation stops every spare that may
+    still be booting for its timing phase (:meth:`quiet`) and lets them go on after it, so their
+    boot overlaps the work before and after the timing instead of being waited for. (It was waited
+    for: on the H200 a wave of four pairs' ``verified`` workers, each warming the profiler while it
+    boots, held two evaluations of 25 for 5 s each.)
+
+    A spare has loaded no problem and no candidate; each evaluation still gets fresh workers."""
+
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = max(1, depth)
+        self._launched: dict[tuple[Any, ...], list[Worker]] = {}
+        self._next: list[list[WorkerSpec]] = []
+        self._stops: list[dict[str, Any]] = []
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def expect(self, pairs: list[list[WorkerSpec]]) -> None:
+        """The workers of the next evaluations, in order, one list per evaluation (launched by
+        :meth:`launch_expected`; only the first ``depth`` count)."""
+        self._next = [list(specs) for specs in pairs[: self.depth]]
+
+    def take(self, spec: WorkerSpec) -> Worker:
+        """A launched spare matching ``spec`` that is still alive, or a new (not yet launched)
+        worker: a spare that died while booting is closed, and the evaluation starts its own."""
+        ready = self._launched.get(_spec_key(spec), [])
+        while ready:
+            worker = ready.pop(0)
+            if worker.alive() and not worker.found_stopped():
+                return worker
+            worker.close()  # dead, or stopped by something kbv did not start: never handed on
+        return Worker(spec)
+
+    def take_stops(self) -> list[dict[str, Any]]:
+        """Spares found stopped by a signal kbv did not send, since the last call (each is closed:
+        a spare kbv did not stop is never stopped between evaluations)."""
+        for workers in self._launched.values():
+            for worker in list(workers):
+                if worker.alive() and worker.found_stopped():
+                    self._stops.append(dict(worker.stopped or {}))
+                    workers.remove(worker)
+                    worker.close()
+        stops, self._stops = self._stops, []
+        return stops
+
+    def launch_expected(self) -> None:
+        """Launch every worker of the next ``depth`` evaluations that is not launched yet (in steady
+        state one pair's). Spares that none of the next evaluations wants (their pair was skipped)
+        are closed first: an idle worker holds a CUDA context and host memory until the batch ends."""
+        self._close_unwanted()
+        wanted: dict[tuple[Any, ...], int] = {}
+        for specs in self._next:
+            for spec in specs:
+                key = _spec_key(spec)
+                wanted[key] = wanted.get(key, 0) + 1
+                if len(self._launched.get(key, [])) < wanted[key]:
+                    worker = Worker(spec)
+                    worker.launch()
+                    self._launched.setdefault(key, []).append(worker)
+        self._next = []
+
+    def _close_unwanted(self) -> None:
+        wanted: dict[tuple[Any, ...], int] = {}
+        for specs in self._next:
+            for spec in specs:
+                wanted[_spec_key(spec)] = wanted.get(_spec_key(spec), 0) + 1
+        for key, workers in self._launched.items():
+            while len(workers) > wanted.get(key, 0):
+                workers.pop().close()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Every launched spare whose greeting has not been read (it may still be booting) is
+        stopped for the duration (:meth:`Worker.paused`, which returns once each has stopped) and
+        goes on afterwards. A stopped process queues no GPU work and takes no CPU time, like a spare
+        that has booted and waits for its first request."""
+        with contextlib.ExitStack() as stack:
+            for workers in self._launched.values():
+                for worker in workers:
+                    if not worker.hello:
+                        stack.enter_context(worker.paused())
+            yield
+
+    def close(self) -> None:
+        for workers in self._launched.values():
+            for worker in workers:
+                worker.close()
+        self._launched.clear()
+
+
+#: Pairs whose workers are kept launched ahead: a GPU host has the cores and the memory for
+#: several idle or booting workers (each holds a CUDA context, ~0.6 GB of device memory), the 2-core
+#: CPU machine does not.
+SPARE_DEPTH = {"cuda": 4, "cpu": 1}
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _scratch_parent() -> str | None:
+    """Prefer RAM-backed /dev/shm for the tensors workers hand back."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+_OWNER_FILE = ".kbv-owner"
+_swept = False
+
+
+def _sweep_orphaned_scratch() -> None:
+    """Remove scratch directories left by a parent that was killed (``kill -9`` skips ``close``).
+
+    Each directory names its owner's pid; one whose owner is gone is removed, once per process."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    _contain.sweep_orphaned_cgroups(_pid_alive)
+    _contain.sweep_orphaned_marked(_pid_alive)
+    parent = Path(_scratch_parent() or tempfile.gettempdir())
+    for directory in parent.glob("kbv-*-*"):
+        try:
+            owner = int((directory / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or being created right now
+        if owner != os.getpid() and not _pid_alive(owner):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _kbv_src() -> str:
+    """The directory that holds the ``kbv`` package, so workers import this very copy."""
+    return str(Path(__file__).resolve().parents[2])
