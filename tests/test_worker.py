@@ -335,7 +335,7 @@ def test_only_protocols_with_dynamic_probes_warm_the_probes_while_booting() -> N
     from kbv.evaluation import worker_specs
     from kbv.problems import load_problem
     from kbv.protocol import STANDARD, VERIFIED
-    from kbv.worker._process import _spec_key
+    from kbv.worker._spares import _spec_key
 
     problem, candidate = load_problem(RELU), load_candidate(FOUNDATION / "relu_plain.py")
     assert [s.warm_probes for s in worker_specs(problem, candidate, VERIFIED, "cpu")] == [True, True]

@@ -7,7 +7,7 @@ parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup wh
 allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
-The process and its channel are ``kbv.worker._process``.
+The process and its channel are ``kbv.worker._process``; the spares pool ``kbv.worker._spares``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from kbv.worker._process import (
     FULL_SCAN_S,
     LOG_TAIL_BYTES,
     POLL_S,
-    SPARE_DEPTH,
-    Spares,
     Worker,
     WorkerFailed,
     WorkerSpec,
@@ -29,10 +27,10 @@ from kbv.worker._process import (
     close_all,
     confinement_env,
     confinement_off,
-    stopped_processes,
     visible_devices,
     worker_device,
 )
+from kbv.worker._spares import SPARE_DEPTH, Spares, stopped_processes
 
 __all__ = [
     "CPU_INTRA_OP_THREADS",
