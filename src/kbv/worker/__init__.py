@@ -7,7 +7,8 @@ parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup wh
 allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
-The process and its channel are ``kbv.worker._process``; the spares pool ``kbv.worker._spares``.
+The process and its channel are ``kbv.worker._process``; the spares pool ``kbv.worker._spares``;
+how a worker is started and how it fails ``kbv.worker._spec``.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from kbv.worker._process import (
     LOG_TAIL_BYTES,
     POLL_S,
     Worker,
+    close_all,
+)
+from kbv.worker._spares import SPARE_DEPTH, Spares, stopped_processes
+from kbv.worker._spec import (
     WorkerFailed,
     WorkerSpec,
     cache_root,
-    close_all,
     confinement_env,
     confinement_off,
     visible_devices,
     worker_device,
 )
-from kbv.worker._spares import SPARE_DEPTH, Spares, stopped_processes
 
 __all__ = [
     "CPU_INTRA_OP_THREADS",

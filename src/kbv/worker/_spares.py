@@ -8,7 +8,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kbv.worker import _forkserver
-from kbv.worker._process import Worker, WorkerSpec
+from kbv.worker._process import Worker
+from kbv.worker._spec import WorkerSpec
 
 
 def _spec_key(spec: WorkerSpec) -> tuple[Any, ...]:

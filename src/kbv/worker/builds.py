@@ -38,7 +38,8 @@ from pathlib import Path
 from kbv import telemetry
 from kbv.candidates import Candidate
 from kbv.worker._env import arch_list_for, scrubbed_env
-from kbv.worker._process import _kbv_src, cache_root, confinement_env
+from kbv.worker._process import _kbv_src
+from kbv.worker._spec import cache_root, confinement_env
 
 __all__ = [
     "CompileResult",
