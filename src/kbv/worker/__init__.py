@@ -7,20 +7,20 @@ parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup wh
 allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
-The process and its channel are ``kbv.worker._process``; the spares pool ``kbv.worker._spares``;
+The process and its channel are ``kbv.worker._process``; its limits ``kbv.worker._limits``; the
+spares pool ``kbv.worker._spares``;
 how a worker is started and how it fails ``kbv.worker._spec``.
 """
 
 from __future__ import annotations
 
 from kbv.processes import harden_process as harden_process  # kbv.worker.harden_process, as documented
+from kbv.worker._limits import FULL_SCAN_S, POLL_S
 from kbv.worker._process import (
     CPU_INTRA_OP_THREADS,
     ESCAPED_STOP_ROUNDS,
     ESCAPED_STOP_WAIT_S,
-    FULL_SCAN_S,
     LOG_TAIL_BYTES,
-    POLL_S,
     Worker,
     close_all,
 )
