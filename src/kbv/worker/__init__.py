@@ -7,9 +7,9 @@ parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup wh
 allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
-The process and its channel are ``kbv.worker._process``; its limits ``kbv.worker._limits``; the
-spares pool ``kbv.worker._spares``;
-how a worker is started and how it fails ``kbv.worker._spec``.
+Modules: the process and its channel (``_process``), its limits (``_limits``), the isolation
+report (``_isolation``), the spares pool (``_spares``), and how a worker is started and how it
+fails (``_spec``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from kbv import channel as _channel
 from kbv import telemetry
 from kbv.worker import _contain, _forkserver, _privileges
 from kbv.worker._env import arch_list_for, scrubbed_env
+from kbv.worker._isolation import IsolationReport
 from kbv.worker._limits import POLL_S, LimitWatch
-from kbv.worker._spec import WorkerFailed, WorkerSpec, cache_root, confinement_env, confinement_off
+from kbv.worker._spec import WorkerFailed, WorkerSpec, cache_root, confinement_env
 
 LOG_TAIL_BYTES = 16_000
 #: PyTorch intra-op threads of a CPU worker, unless the user set ``OMP_NUM_THREADS``. With two
@@ -33,7 +34,7 @@ LOG_TAIL_BYTES = 16_000
 CPU_INTRA_OP_THREADS = "1"
 
 
-class Worker(LimitWatch):
+class Worker(LimitWatch, IsolationReport):
     """One worker process and its channel. Use as a context manager; it is always killed on exit."""
 
     def __init__(self, spec: WorkerSpec) -> None:
@@ -405,72 +406,6 @@ class Worker(LimitWatch):
     def marker(self) -> str:
         """This worker's value of ``KBV_WORKER_TAG``: the owner's pid and a tag of its own."""
         return f"{os.getpid()}:{self._tag}"
-
-    @property
-    def isolation(self) -> dict[str, Any]:
-        """How this worker is contained here, and what this machine did not allow (for the record)."""
-        facts: dict[str, Any] = {
-            "process_tree": "cgroup v2, subreaper, marker sweep"
-            if self._cgroup
-            else "subreaper, marker sweep",
-            "user": f"uid {self.uid} (no passwd entry; shared only by evaluations of this source)"
-            if self.uid is not None
-            else "same as the parent" + (" (root)" if os.geteuid() == 0 else ""),
-        }
-        if self.started_as:
-            facts["start"] = self.started_as
-        netns, no_netns = _contain.network_namespace()
-        private_net = self._private_net
-        facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
-        limits = self.spec.limits
-        if limits is not None:
-            facts["limits"] = {
-                f: getattr(limits, f)
-                for f in ("host_memory_gb", "device_memory_gb", "processes", "open_files", "disk_gb")
-            }
-        not_done = []
-        if self._cgroup is None:
-            not_done.append(
-                "no cgroup: this process cannot create one here, so a process that clears its "
-                "environment and leaves the worker's tree is not tracked"
-            )
-        if self.spec.role == "candidate" and not private_net:
-            not_done.append(
-                "no private network namespace: "
-                f"{no_netns or 'setpriv(1) is missing to drop the uid after it'}"
-            )
-        if self.spec.role == "candidate":
-            confinement = self.hello.get("confinement") if self.hello else None
-            if confinement is not None:
-                facts["confinement"] = {k: confinement.get(k) for k in ("landlock", "seccomp")}
-                not_done.extend(str(item) for item in confinement.get("not_enforced") or [])
-            elif confinement_off():
-                not_done.append(
-                    "Landlock and seccomp turned off (KBV_CONFINE=0): the candidate can signal, trace "
-                    "and write wherever its uid may"
-                )
-        if os.geteuid() == 0 and self.uid is None:
-            confined = bool((facts.get("confinement") or {}).get("landlock"))
-            reach = (
-                "Landlock keeps it from other processes and its writes in its scratch and build "
-                "directory, but it reads every file root can"
-                if confined
-                else "it can read other workers' memory and write kbv's caches"
-            )
-            not_done.append(
-                "the candidate worker runs as root like the parent "
-                f"({self._no_drop or 'not a candidate worker'}): {reach} "
-                "(docs/architecture.md, 'What isolation does not cover')"
-            )
-        if (
-            limits is not None
-            and limits.device_memory_gb
-            and self.spec.device.startswith("cuda")
-            and self.device_peak_bytes is None
-        ):
-            not_done.append("device memory not enforced: NVML gave no per-process figure for this worker")
-        facts["not_enforced"] = not_done
-        return facts
 
     def members(self) -> list[int]:
         """Every live process of this worker: itself, its cgroup, its /proc descendants, marked ones."""
