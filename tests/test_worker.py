@@ -304,10 +304,10 @@ def test_harden_process_makes_the_process_non_dumpable() -> None:
 
 def test_scratch_left_by_a_killed_parent_is_swept(tmp_path, monkeypatch) -> None:
     """A parent killed with -9 never runs close(); the next process removes what it left behind."""
-    import kbv.worker._process as worker_module
+    from kbv.worker import _scratch
 
-    monkeypatch.setattr(worker_module, "_scratch_parent", lambda: str(tmp_path))
-    monkeypatch.setattr(worker_module, "_swept", False)
+    monkeypatch.setattr(_scratch, "scratch_parent", lambda: str(tmp_path))
+    monkeypatch.setattr(_scratch, "_swept", False)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     orphan = tmp_path / "kbv-candidate-orphan"

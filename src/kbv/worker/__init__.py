@@ -8,8 +8,8 @@ allows one, the worker as child subreaper, a marker in the environment) and kill
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
 Modules: the process and its channel (``_process``), its limits (``_limits``), the isolation
-report (``_isolation``), the spares pool (``_spares``), and how a worker is started and how it
-fails (``_spec``).
+report (``_isolation``), the spares pool (``_spares``), how a worker is started and how it fails
+(``_spec``), and the scratch directories (``_scratch``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 from kbv import channel as _channel
 from kbv import telemetry
-from kbv.worker import _contain, _forkserver, _privileges
+from kbv.worker import _contain, _forkserver, _privileges, _scratch
 from kbv.worker._env import arch_list_for, scrubbed_env
 from kbv.worker._isolation import IsolationReport
 from kbv.worker._limits import POLL_S, LimitWatch
@@ -39,9 +39,9 @@ class Worker(LimitWatch, IsolationReport):
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        _sweep_orphaned_scratch()
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"kbv-{spec.role}-", dir=_scratch_parent()))
-        (self.scratch / _OWNER_FILE).write_text(str(os.getpid()))
+        _scratch.sweep_orphaned_scratch()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"kbv-{spec.role}-", dir=_scratch.scratch_parent()))
+        (self.scratch / _scratch.OWNER_FILE).write_text(str(os.getpid()))
         self.home = self.scratch / "home"
         self.home.mkdir()
         self.hello: dict[str, Any] = {}
@@ -594,46 +594,6 @@ def _tail(path: Path) -> str:
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def _scratch_parent() -> str | None:
-    """Prefer RAM-backed /dev/shm for the tensors workers hand back."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
-_OWNER_FILE = ".kbv-owner"
-_swept = False
-
-
-def _sweep_orphaned_scratch() -> None:
-    """Remove scratch directories left by a parent that was killed (``kill -9`` skips ``close``).
-
-    Each directory names its owner's pid; one whose owner is gone is removed, once per process."""
-    global _swept
-    if _swept:
-        return
-    _swept = True
-    _contain.sweep_orphaned_cgroups(_pid_alive)
-    _contain.sweep_orphaned_marked(_pid_alive)
-    parent = Path(_scratch_parent() or tempfile.gettempdir())
-    for directory in parent.glob("kbv-*-*"):
-        try:
-            owner = int((directory / _OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue  # not ours, or being created right now
-        if owner != os.getpid() and not _pid_alive(owner):
-            shutil.rmtree(directory, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 def _kbv_src() -> str:
