@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from kbv import inputs
+from kbv import inputs, seeds
 from kbv.inputs import (
     BASE_DISTRIBUTIONS,
     DISTRIBUTIONS,
@@ -301,19 +301,21 @@ def test_redraw_signed_keeps_magnitude_and_running_var_positive():
 
 
 def test_module_imports_only_stdlib_torch_and_protocol():
+    """kbv.inputs and its parts import nothing else of kbv."""
     import ast
     from pathlib import Path
 
-    tree = ast.parse(Path(inputs.__file__).read_text())
     roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            roots.add(node.module)
+    for module in (inputs, seeds):
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if isinstance(node, ast.Import):
+                roots |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                roots.add(node.module)
     import sys
 
-    allowed = set(sys.stdlib_module_names) | {"torch", "__future__", "kbv.protocol"}
+    kbv_parts = {"kbv.protocol", "kbv.seeds"}
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"} | kbv_parts
     assert {r for r in roots if r.split(".")[0] not in allowed and r not in allowed} == set()
 
 

@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv._sketch_kernel",
             "kbv.error_stats",
             "kbv.inputs",
+            "kbv.seeds",
             "kbv.telemetry",
             "kbv.problems",
             "kbv.problems._loader",

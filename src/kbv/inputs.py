@@ -1,7 +1,7 @@
 """Hidden input distributions, parameter redraws and secret seeds.
 
 This module is imported inside the worker process *before* any candidate code, so it depends only
-on the standard library, torch and :mod:`kbv.protocol`.
+on the standard library, torch, :mod:`kbv.protocol`, and the secret seeds (:mod:`kbv.seeds`).
 
 Every distribution starts from the problem's own ``get_inputs()`` under a fresh seed, then replaces
 each floating-point tensor with values drawn on the tensor's device from a ``torch.Generator``
@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import hmac
 import math
 import random
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from kbv.seeds import _generator, derive_seed, new_seed
 
 __all__ = [
     "BASE_DISTRIBUTIONS",
@@ -47,7 +46,6 @@ __all__ = [
     "split_distribution",
 ]
 
-_SEED_MASK = (1 << 63) - 1
 
 #: Exponent range (base 10) of the ``wide`` magnitudes: log-uniform over [1e-4, 1e4].
 WIDE_EXPONENTS = (-4.0, 4.0)
@@ -129,40 +127,6 @@ def _make_docs() -> dict[str, str]:
 DISTRIBUTIONS: dict[str, str] = _make_docs()
 
 _STRICTNESS = {"any": 0, "positive": 1, "unit-interval": 2}
-
-
-# --------------------------------------------------------------------------------------------------
-# seeds
-
-
-def new_seed() -> int:
-    """A fresh, unpredictable 63-bit seed from the operating system's CSPRNG."""
-    return int.from_bytes(secrets.token_bytes(8), "big") & _SEED_MASK
-
-
-def derive_seed(master: int, *parts: Any) -> int:
-    """A 63-bit seed derived from ``master`` and ``parts`` by HMAC-SHA256.
-
-    The master is the HMAC key, so a derived seed handed to the worker reveals nothing about the
-    master or about seeds derived with other parts. Parts are encoded with their type and length, so
-    ``derive_seed(m, 1)`` and ``derive_seed(m, "1")`` differ.
-    """
-    master = int(master)
-    if master < 0:
-        raise ValueError("derive_seed: the master seed must be a non-negative integer")
-    key = master.to_bytes(max(8, (master.bit_length() + 7) // 8), "big")
-    message = bytearray()
-    for part in parts:
-        encoded = f"{type(part).__name__}:{part}".encode()
-        message += len(encoded).to_bytes(8, "big") + encoded
-    digest = hmac.new(key, bytes(message), hashlib.sha256).digest()
-    return int.from_bytes(digest[:8], "big") & _SEED_MASK
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
 
 
 # --------------------------------------------------------------------------------------------------
