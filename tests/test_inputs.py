@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import types
 
 import pytest
 import torch
 
-from kbv import inputs, seeds
+from kbv import _input_fills, inputs, seeds
 from kbv.inputs import (
     BASE_DISTRIBUTIONS,
     DISTRIBUTIONS,
@@ -171,7 +172,7 @@ def test_positive_domain_variants_are_positive():
     assert torch.equal(_x("blockwise_positive").reshape(-1)[-32:], _x("original").reshape(-1)[-32:])
     # the positive sparse variant differs from the original draw only at a few large or tiny values
     changed = _x("sparse_positive") != _x("original")
-    assert 0 < int(changed.sum()) <= inputs.SPARSE_MAX
+    assert 0 < int(changed.sum()) <= _input_fills.SPARSE_MAX
 
 
 def test_probabilities_domain_sums_to_one_along_the_last_dim():
@@ -301,12 +302,12 @@ def test_redraw_signed_keeps_magnitude_and_running_var_positive():
 
 
 def test_module_imports_only_stdlib_torch_and_protocol():
-    """kbv.inputs and its parts import nothing else of kbv."""
+    """kbv.inputs and its parts (the seeds, the fills) import nothing else of kbv."""
     import ast
     from pathlib import Path
 
     roots = set()
-    for module in (inputs, seeds):
+    for module in (inputs, seeds, _input_fills):
         for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
             if isinstance(node, ast.Import):
                 roots |= {a.name.split(".")[0] for a in node.names}
@@ -314,8 +315,13 @@ def test_module_imports_only_stdlib_torch_and_protocol():
                 roots.add(node.module)
     import sys
 
-    kbv_parts = {"kbv.protocol", "kbv.seeds"}
-    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"} | kbv_parts
+    allowed = set(sys.stdlib_module_names) | {
+        "torch",
+        "__future__",
+        "kbv.protocol",
+        "kbv.seeds",
+        "kbv._input_fills",
+    }
     assert {r for r in roots if r.split(".")[0] not in allowed and r not in allowed} == set()
 
 
@@ -349,12 +355,12 @@ def test_blockwise_catches_head_tail_and_row_end_samplers_on_every_seed():
 def test_blockwise_altered_chunks_are_never_tiny():
     for n in (8, 100, 4096, 65536, 1_000_003):
         for seed in range(20):
-            rng = inputs.random.Random(seed)
-            head, tail, bounds = inputs._blockwise_bounds(n, rng)
+            rng = random.Random(seed)
+            head, tail, bounds = _input_fills._blockwise_bounds(n, rng)
             assert bounds[0] == head and bounds[-1] == n - tail
             assert n / 16 - 1 <= head <= n / 8 and n / 16 - 1 <= tail <= n / 8
             sizes = [b - a for a, b in zip(bounds, bounds[1:])]
-            assert len(sizes) == min(inputs.BLOCKWISE_CHUNKS - 2, n - head - tail)
+            assert len(sizes) == min(_input_fills.BLOCKWISE_CHUNKS - 2, n - head - tail)
             assert min(sizes) >= (n - head - tail) / len(sizes) / 2 - 1, (n, sizes)
 
 
@@ -362,14 +368,15 @@ def test_sparse_is_the_original_draw_except_a_few_wide_values_at_secret_position
     original = _x("original", seed=5)
     x = _x("sparse", seed=5)
     changed = (x != original).reshape(-1).nonzero().flatten()
-    assert len(changed) == inputs._sparse_count(x.numel()) == 16  # 65536 // 4096
+    assert len(changed) == _input_fills._sparse_count(x.numel()) == 16  # 65536 // 4096
     values = x.reshape(-1)[changed]
     assert float(values.abs().max()) > 1 or float(values.abs().min()) < 1e-2  # wide, not like [0, 1)
     other = (_x("sparse", seed=6) != _x("original", seed=6)).reshape(-1).nonzero().flatten()
     assert set(changed.tolist()) != set(other.tolist())  # positions come from the seed
-    assert inputs._sparse_count(1) == 1 and inputs._sparse_count(16) == 2
+    assert _input_fills._sparse_count(1) == 1 and _input_fills._sparse_count(16) == 2
     assert (
-        inputs._sparse_count(8192) == inputs.SPARSE_MIN and inputs._sparse_count(10**9) == inputs.SPARSE_MAX
+        _input_fills._sparse_count(8192) == _input_fills.SPARSE_MIN
+        and _input_fills._sparse_count(10**9) == _input_fills.SPARSE_MAX
     )
     tiny = types.SimpleNamespace(
         get_inputs=lambda: [torch.rand(1), torch.rand(3), torch.rand(0), torch.rand(())]
@@ -383,7 +390,7 @@ def test_spiked_is_the_original_draw_except_a_few_values_sized_to_the_tensor():
     x = _x("spiked", seed=5)
     n = x.numel()
     changed = (x != original).reshape(-1).nonzero().flatten()
-    count = inputs._sparse_count(n)
+    count = _input_fills._sparse_count(n)
     assert len(changed) == count == 16
     values = x.reshape(-1)[changed].double()
     assert (values > 0).all() or (values < 0).all()  # one sign per tensor: they add up, never cancel

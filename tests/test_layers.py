@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.error_stats",
             "kbv.inputs",
             "kbv.seeds",
+            "kbv._input_fills",
             "kbv.telemetry",
             "kbv.problems",
             "kbv.problems._loader",
