@@ -660,3 +660,23 @@ def test_inputs_that_fail_in_the_candidates_process_say_so_and_blame_the_candida
     assert "failed in the candidate's process" in broken.error["summary"], broken.error
     assert "Offset increment outside graph capture" in broken.error["summary"]
     assert evaluate_paths(RELU, honest, protocol="standard", device="cpu").outcome == "passed"
+
+
+def test_the_facade_exports_each_name_from_the_module_its_type_imports_name() -> None:
+    """``kbv.__all__`` lists every name ``kbv.__getattr__`` loads, and the imports editors read (under
+    ``TYPE_CHECKING``, never run) import each from the module it is loaded from: a name added in one
+    place only, or typed from another module, fails here."""
+    import ast
+    import importlib
+
+    import kbv
+
+    typed: dict[str, str | None] = {}
+    for node in ast.walk(ast.parse(Path(kbv.__file__).read_text())):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom)
+                typed.update({alias.name: statement.module for alias in statement.names})
+    assert typed == kbv._EXPORTS
+    assert sorted(kbv.__all__) == sorted(["__version__", *kbv._EXPORTS])
+    assert all(getattr(kbv, n) is getattr(importlib.import_module(m), n) for n, m in kbv._EXPORTS.items())

@@ -7,15 +7,26 @@ The public facade. Everything else is private and may change between releases::
     print(record.outcome, record.speedup["best"])
 
 Names are imported lazily so that a worker process, which imports ``kbv.child.main``, loads only
-what running a model needs and never the trusted side's comparison or verdict code.
+what running a model needs and never the trusted side's comparison or verdict code. Editors and
+type checkers see the real names through the imports under ``TYPE_CHECKING``, which never run
+(``tests/test_layers.py`` checks that a worker's imports do not reach them).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbv._version import __version__
+
+if TYPE_CHECKING:
+    from kbv._evaluator import Evaluator
+    from kbv.api import evaluate_paths, evaluate_replay
+    from kbv.candidates import Candidate, load_candidate
+    from kbv.evaluation import HarnessError, evaluate
+    from kbv.problems import Problem, load_problem, load_problems
+    from kbv.protocol import STANDARD, VERIFIED, Protocol, load_protocol
+    from kbv.records import Finding, Outcome, Record
 
 _EXPORTS = {
     "evaluate_paths": "kbv.api",
@@ -37,7 +48,28 @@ _EXPORTS = {
     "Record": "kbv.records",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+# A literal list, so that linters and editors know every name is exported (tests/test_first_hour.py
+# checks that it names _EXPORTS and what the imports above import).
+__all__ = [
+    "__version__",
+    "evaluate_paths",
+    "evaluate_replay",
+    "Candidate",
+    "Evaluator",
+    "load_candidate",
+    "HarnessError",
+    "evaluate",
+    "Problem",
+    "load_problem",
+    "load_problems",
+    "STANDARD",
+    "VERIFIED",
+    "Protocol",
+    "load_protocol",
+    "Finding",
+    "Outcome",
+    "Record",
+]
 
 
 def __getattr__(name: str) -> Any:
