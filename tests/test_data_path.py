@@ -310,12 +310,12 @@ def test_overlapped_draws_and_builds_judge_as_the_sequential_ones(
     candidate (parameters redrawn and sent as a file) still passes every distribution."""
     from conftest import SUITE
 
-    from kbv import evaluation
+    from kbv.evaluation import draws
 
     problem = SUITE / "level2" / "3_Matmul_Scale_Residual.py"
     candidate = tmp_path / "reference_as_candidate.py"
     candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
-    monkeypatch.setattr(evaluation, "draws_overlap", lambda device: True)
+    monkeypatch.setattr(draws, "draws_overlap", lambda device: True)
     record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
     assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
     assert all(d.passed for d in record.distributions if d.applicable)
@@ -349,13 +349,13 @@ def test_a_draw_the_reference_moves_to_a_domain_variant_is_run_by_the_candidate_
     """sqrt is not finite on signed inputs: the reference falls back to the positive variant, and
     the candidate's judged run of every draw is on the variant the reference used; one after the
     other it runs each draw once, overlapped it runs the dropped variant too (it was already asked)."""
-    from kbv import evaluation
+    from kbv.evaluation import draws
 
     problem = tmp_path / "sqrt_problem.py"
     problem.write_text(_SQRT_PROBLEM)
     candidate = tmp_path / "sqrt_candidate.py"
     candidate.write_text(_SQRT_PROBLEM.replace("class Model(", "class ModelNew("))
-    monkeypatch.setattr(evaluation, "draws_overlap", lambda device: overlap)
+    monkeypatch.setattr(draws, "draws_overlap", lambda device: overlap)
     record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
     assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
     moved = [d for d in record.distributions if "domain-preserving variant" in (d.note or "")]

@@ -47,7 +47,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("executors", ("kbv.execute", "kbv.execute.*")),
-    ("one evaluation", ("kbv.api", "kbv.evaluation", "kbv._shared_reference", "kbv.toolchain")),
+    (
+        "one evaluation",
+        ("kbv.api", "kbv.evaluation", "kbv.evaluation.*", "kbv._shared_reference", "kbv.toolchain"),
+    ),
     (
         "measurement and judgement",
         (

@@ -263,6 +263,7 @@ def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed
     import torch
 
     from kbv import evaluation
+    from kbv.evaluation import reference
 
     monkeypatch.setitem(evaluation.EXPECTED_CACHE_BYTES, "cpu", 0)  # nothing kept for reuse
     earlier: list[weakref.ref] = []
@@ -279,7 +280,7 @@ def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed
                         earlier.append(weakref.ref(t))
         return expected, used
 
-    monkeypatch.setattr(evaluation, "_usable_reference", watched)
+    monkeypatch.setattr(reference, "_usable_reference", watched)  # where the draws look it up
     honest = ROOT / "src" / "kbv" / "suite" / "candidates" / "honest_cpu" / "1_ReLU.py"
     record = evaluate_paths(L1 / "1_ReLU.py", honest, protocol="verified", device="cpu")
     assert record.outcome == "passed"

@@ -1,0 +1,152 @@
+"""The GPU-memory budget of one evaluation: whether it holds its GPU alone, the room the reference
+leaves for the candidate, the candidate's widened limit, and how many timing input sets fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from kbv.device_lock import DeviceLock
+from kbv.evaluation.context import _Context, _structure
+from kbv.worker import Worker
+
+#: An evaluation keeps about this many copies of its inputs' bytes on the GPU at once (inputs and
+#: outputs in both workers, the float64 inputs and truth, the TF32 baseline's output, the parent's
+#: copy of the candidate's output); when that exceeds this share of the GPU's memory it holds the
+#: GPU alone from its first draw to its end, not only while it times (kbv.device_lock).
+GPU_ALONE_COPIES = 12
+
+
+GPU_ALONE_SHARE = 0.25
+
+
+def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | None = None) -> str:
+    """How this evaluation holds its GPU, for the record's ``isolation.gpu`` ("" on the CPU): from
+    its inputs before the first draw, and again with its outputs once the first draw knows them
+    (``output_numels``; a convolution's output can be 100x its input)."""
+    if not ctx.device.startswith("cuda"):
+        return ""
+    total = ctx.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    inputs, outputs = _io_bytes(ctx, output_numels)
+    if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
+        since = "the whole evaluation" if output_numels is None else "the first correctness draw on"
+        sizes = f"{inputs / 1e9:.1f} GB of inputs"
+        if outputs:
+            sizes += f" and {outputs / 1e9:.1f} GB of outputs"
+        return (
+            f"alone for {since}: {sizes}, about {GPU_ALONE_COPIES}x that on the GPU with the "
+            f"evaluation's copies, more than {GPU_ALONE_SHARE:.0%} of its {total / 1e9:.0f} GB"
+        )
+    return "shared with other evaluations outside the timing phase"
+
+
+#: An evaluation that holds its GPU alone still runs both workers' observations at once (and the
+#: reference's answers to the cache probe's draws beside the candidate's delay) when its
+#: GPU_ALONE_COPIES copies of inputs and outputs fit in this share of the GPU: each observation
+#: holds fewer copies than a correctness draw does. On the H200 that is up to 8.6 GB of inputs and
+#: outputs (a 1e9-element loss); one after the other, the observations of such a problem took
+#: 0.55-0.74 s of a 3.4-5.1 s ``verified`` evaluation.
+SIDE_BY_SIDE_SHARE = 0.75
+
+
+def _side_by_side(ctx: _Context) -> bool:
+    """Whether both workers may run a probe's forward at once (``Session.side_by_side``)."""
+    if not ctx.gpu_held.startswith("alone"):
+        return True
+    if ctx.output_numels is None or ctx.device_total_bytes <= 0:
+        return False
+    return (
+        GPU_ALONE_COPIES * sum(_io_bytes(ctx, ctx.output_numels))
+        <= SIDE_BY_SIDE_SHARE * ctx.device_total_bytes
+    )
+
+
+def _io_bytes(ctx: _Context, output_numels: list[int] | None) -> tuple[int, int]:
+    """(inputs, outputs) bytes as float32: the inputs as the structure draws counted them."""
+    return 4 * sum(_structure(ctx).numels), 4 * sum(output_numels or [])
+
+
+def _output_numels(expected: dict[str, Any]) -> list[int]:
+    """Element counts of a draw's expected outputs (stand-ins under the error model)."""
+    outputs = (expected.get("reference") or {}).get("outputs") or []
+    return [int(o.numel()) for o in outputs if isinstance(o, torch.Tensor)]
+
+
+def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
+    gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
+    ctx.gpu_held += _widen_device_limit(subject, hello)
+    _room_for_candidate(ctx, subject)
+
+
+def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
+    """Tell the reference worker what it must leave free beside the allocator cache it keeps between
+    requests (``room_bytes``, kbv.child.main): the candidate's device limit as it stands now (widened
+    when the evaluation holds the GPU alone; the whole device where the candidate has none), except
+    during the correctness draws of an evaluation that holds its GPU alone. There each of the
+    reference's requests runs beside the candidate's draw, so what it keeps between them is no more
+    than what its next request takes at the same time, and no other evaluation shares the GPU; the
+    first request after the draws (the timing phase's build) hands back what the limit needs."""
+    fields = ctx.reference_fields
+    if fields is None:
+        return
+    if ctx.drawing and ctx.gpu_held.startswith("alone"):
+        fields["room_bytes"] = 0
+        return
+    limits = subject.spec.limits
+    if limits is not None and limits.device_memory_gb:
+        fields["room_bytes"] = int(float(limits.device_memory_gb) * (1 << 30))
+    else:
+        fields["room_bytes"] = ctx.device_total_bytes or None
+
+
+def _hold_alone_for_outputs(
+    ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]
+) -> Callable[[dict[str, Any]], None]:
+    """What the first correctness draw calls with its expected outputs: hold the GPU alone from
+    then on if the outputs make the evaluation large (the inputs alone did not)."""
+
+    def with_outputs(expected: dict[str, Any]) -> None:
+        held = _gpu_hold(ctx, hello, _output_numels(expected))
+        if held.startswith("alone"):
+            ctx.gpu_held = held
+            _hold_alone(ctx, gpu, subject, hello)
+
+    return with_outputs
+
+
+def _widen_device_limit(subject: Worker, hello: dict[str, Any]) -> str:
+    """Raise the candidate worker's device-memory limit for an evaluation that holds its GPU alone;
+    what was done, for the record's ``isolation.gpu`` ("" when nothing changed)."""
+    limits = subject.spec.limits
+    total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    if limits is None or not limits.device_memory_gb or not total:
+        return ""
+    share = float(limits.device_memory_alone_share)  # the protocol's [limits]
+    widened = share * total / (1 << 30)
+    if widened <= limits.device_memory_gb:
+        return ""
+    subject.spec = replace(subject.spec, limits=replace(limits, device_memory_gb=round(widened, 1)))
+    return (
+        f"; the candidate's device-memory limit raised from {limits.device_memory_gb:g} GiB to "
+        f"{widened:.1f} GiB ({share:.0%} of the GPU, [limits] device_memory_alone_share: no other "
+        "evaluation shares it)"
+    )
+
+
+#: Bytes of timing input sets (each with an output as large as its inputs) one worker may hold.
+#: Measured on the H200: three sets of a 1.6e9-element softmax (6.4 GB in, 6.4 GB out each) in
+#: both workers ran the 140 GB GPU out of memory in `verified`; past L2's size rotating sets buys
+#: nothing, and the cache probe, not the rotation, is what catches outputs cached by address.
+TIMING_SETS_BYTES = 16 << 30
+
+
+def timing_input_sets(wanted: int, input_numels: list[int], element_bytes: int = 4) -> int:
+    """How many of the protocol's ``wanted`` input sets the timing phase rotates through: as many
+    as fit in :data:`TIMING_SETS_BYTES`, at least one (the record's ``timing.input_sets``)."""
+    per_set = 2 * element_bytes * sum(input_numels)
+    if per_set <= 0:
+        return wanted
+    return max(1, min(wanted, TIMING_SETS_BYTES // per_set))

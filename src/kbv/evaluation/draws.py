@@ -1,0 +1,246 @@
+"""The correctness draws: both models built per distribution, each draw run by both workers and
+judged by the parent, a failing draw confirmed by re-runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kbv import correctness
+from kbv.evaluation import reference as _reference
+from kbv.evaluation.budget import _output_numels, _room_for_candidate
+from kbv.evaluation.context import _Context, _phase, _structure
+from kbv.evaluation.requests import _received, _run, _run_fields
+from kbv.records import DistributionResult
+from kbv.worker import Worker
+
+
+def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
+    ctx.drawing = draws_overlap(ctx.device)
+    _room_for_candidate(ctx, subject)
+    try:
+        # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
+        # reference work, so loading the parameters overlaps it (requests are answered in order).
+        return _check_distributions(ctx, reference, subject, wait=not ctx.drawing)
+    finally:
+        ctx.drawing = False
+        _room_for_candidate(ctx, subject)
+
+
+def _check_distributions(
+    ctx: _Context, reference: Worker, subject: Worker, wait: bool
+) -> list[DistributionResult]:
+    settings = ctx.protocol.correctness
+    results: list[DistributionResult] = []
+    for distribution in settings.distributions:
+        # A part of the correctness phase, kept apart: parameters redrawn by the reference and given
+        # to the candidate (``_redrawn_state``).
+        _phase(
+            ctx,
+            "correctness:parameters",
+            lambda d=distribution: _build_pair(ctx, reference, subject, d, wait=wait),
+        )
+        results.append(_check_distribution(ctx, reference, subject, distribution))
+        _finish_build(ctx, subject)
+    return results
+
+
+def _finish_build(ctx: _Context, subject: Worker) -> None:
+    """Read the reply of a candidate build sent without waiting (``_build_pair(wait=False)``)."""
+    if ctx.build_pending:
+        ctx.build_pending = False
+        _note_build(ctx, subject.receive_reply())
+
+
+def _note_build(ctx: _Context, reply: Any) -> None:
+    """Where the candidate's model had its parameters loaded after ``__init__``, the record says so."""
+    if isinstance(reply, dict) and reply.get("parameters") == "state_dict_after_init":
+        distribution = ctx.state_key[1] if len(ctx.state_key) > 1 else "?"
+        if distribution not in ctx.loaded_after_init:
+            ctx.loaded_after_init.append(str(distribution))
+
+
+def _build_pair(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str, *, wait: bool = True
+) -> None:
+    """Both models with the parameters of ``distribution`` (the same seed gives the same values,
+    so the dynamic checks can rebuild a correctness distribution's models and reuse its draws).
+    ``wait=False`` sends the candidate's build and leaves its reply to :func:`_finish_build`."""
+    init_seed = ctx.seeds.init(distribution)
+    reference.request("build", init_seed=init_seed)
+    state: dict[str, Any] = {}
+    if ctx.parameters_mode == "state_dict":
+        state = _redrawn_state(ctx, reference, subject, distribution)
+    reply = None
+    if wait:
+        reply = subject.request("build", init_seed=init_seed, **state)
+    else:
+        subject.send_request("build", init_seed=init_seed, **state)
+        ctx.build_pending = True
+    ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
+    _note_build(ctx, reply)
+
+
+def _redrawn_state(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> dict[str, Any]:
+    """The reference's parameters redrawn for ``distribution``, delivered to the candidate; what its
+    ``build`` request then names. On a GPU they stay on the device: the reference hands them to the
+    parent, the candidate opens an empty inbox of its own and the parent writes them into it (a file
+    cost 4-5 s per distribution for an MLP's 2.7 GB on the H200, 27 s of a 51 s evaluation).
+    Elsewhere they go through a file, given into the candidate's scratch."""
+    out_path = reference.new_path("params")
+    seed = ctx.seeds.params(distribution)
+    if not ctx.device.startswith("cuda"):
+        reference.request("redraw", distribution=distribution, seed=seed, out_path=out_path)
+        return {"state_path": subject.give(out_path)}  # a copy its own uid may read
+    from kbv import handoff
+
+    reply = reference.request(
+        "redraw", distribution=distribution, seed=seed, out_path=out_path, hand_over=True
+    )
+    named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
+    items, needed = handoff.inbox_layout(named)
+    _finish_build(ctx, subject)  # (none is pending here; its reply must not be read as the inbox's)
+    opened = subject.request("inbox", nbytes=needed)
+    subject.fill_inbox(opened.get("inbox"), named, items)
+    return {"state_inbox": items}
+
+
+def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None:
+    """Both models with the timing (and dynamic-check) parameters: the ``original`` init seed."""
+    init_seed = ctx.seeds.init("original")
+    reference.request("build", init_seed=init_seed)
+    subject.request("build", init_seed=init_seed)
+    ctx.state_key = ("init", init_seed)
+
+
+def _check_distribution(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str
+) -> DistributionResult:
+    settings = ctx.protocol.correctness
+    draws: list[dict[str, Any]] = []
+    variant = distribution
+    expected: dict[str, Any] | None = None
+    for k in range(settings.draws_per_distribution):
+        seed = ctx.seeds.draw(distribution, k)
+        # The last draw's tensors go before this draw's arrive: held across the next draw, its
+        # float64 truth, baseline and candidate outputs doubled the parent's share of the GPU (on
+        # the H200 51 GB of a 7.5 GB-input problem, which then ran out of memory).
+        expected = outputs = None
+        if draws_overlap(ctx.device):
+            # The candidate runs its draw while the reference computes the baseline and the truth of
+            # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
+            # passes between them; the parent judges once both have answered.
+            subject.send_request("run", **_run_fields(subject, variant, seed, "native"))
+            expected, used = _reference._usable_reference(ctx, reference, variant, seed)
+            _finish_build(ctx, subject)  # its reply comes before the run's
+            outputs = _received(subject, subject.receive_reply())
+        else:
+            expected, used = _reference._usable_reference(ctx, reference, variant, seed)
+        if expected is None:
+            note = (
+                f"the reference is not finite under {distribution} nor any domain-preserving variant "
+                "of it; not counted"
+            )
+            return DistributionResult(
+                distribution, applicable=False, passed=False, note=note, draws=len(draws)
+            )
+        if outputs is None or used != variant:  # (again where the reference fell back to a variant)
+            outputs = _run(subject, used, seed, "native")
+        variant = used
+        if ctx.output_numels is None:
+            ctx.output_numels = _output_numels(expected)
+        if ctx.on_first_outputs is not None:
+            hook, ctx.on_first_outputs = ctx.on_first_outputs, None
+            hook(expected)
+        judged = _judge_draw(ctx, outputs, expected)
+        if not judged["passed"]:
+            judged = _confirm_failure(
+                ctx, reference, subject, f"{distribution} draw {k}", variant, seed, judged
+            )
+        draws.append(judged)
+        if not draws[-1]["passed"]:
+            break
+    result = correctness.judge_distribution(distribution, draws, settings)
+    ctx.variants[distribution] = variant
+    if variant != distribution:
+        note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
+        result.note = (note + "; " + result.note).strip("; ")
+    return result
+
+
+def draws_overlap(device: str) -> bool:
+    """Whether the candidate runs a correctness draw while the reference computes it: on a GPU,
+    where the reference's outputs reach the parent by CUDA IPC and never touch a file. On the CPU
+    they pass through a file in the reference's scratch, read and deleted before the candidate is
+    asked; a candidate running beside it as the same uid (root, where the drop is impossible) could
+    read that file half-written (the ``steal_reference_outputs`` fixture did), so there the draws
+    stay one after the other."""
+    return device.startswith("cuda")
+
+
+def _confirm_failure(
+    ctx: _Context,
+    reference: Worker,
+    subject: Worker,
+    label: str,
+    variant: str,
+    seed: int,
+    first: dict[str, Any],
+) -> dict[str, Any]:
+    """Re-run a failing draw (reference and candidate, same inputs) before it counts.
+
+    A failure counts when any re-run fails too. One that no re-run repeats is a transient: the
+    draw passes on the re-runs' verdict and the ``transient_mismatch`` check reports it, because a
+    candidate that answers the same inputs differently is either racy or exposed to one in the
+    runtime (PyTorch's CPU kernels have been seen to give a wrong first call in a new thread pool).
+    """
+    reruns = ctx.protocol.correctness.confirm_reruns
+    if first.get("tolerance") is None:  # a structural failure (shape, dtype, type) is deterministic
+        return first
+    judged = first
+    for _ in range(reruns):
+        expected = _reference._reference_outputs(ctx, reference, variant, seed, fresh=True)
+        judged = _judge_draw(ctx, _run(subject, variant, seed, "native"), expected)
+        if not judged["passed"]:
+            note = f"failed again on a re-run of the same inputs ({label})"
+            return {**first, "note": "; ".join(n for n in (first.get("note"), note) if n)}
+    if reruns:
+        ctx.transients.append(
+            {
+                "draw": label,
+                "max_abs_err": first.get("max_abs_err"),
+                "rel_err": first.get("rel_err"),
+                "reruns": reruns,
+            }
+        )
+    return judged
+
+
+def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    settings = ctx.protocol.correctness
+    reference = expected["reference"]["outputs"]
+    problem = _structure_problem(got, reference)
+    if problem:
+        return {"passed": False, "max_abs_err": None, "rel_err": None, "tolerance": None, "note": problem}
+    if settings.mode == "error_model":
+        base_err = expected["baseline_err"]
+        lengths = correctness.reduction_lengths(_structure(ctx).numels, expected["truth"]["outputs"])
+        passed, max_err, rel_err, tol = correctness.compare_error_model(
+            got["outputs"], expected["truth"]["outputs"], base_err, settings, lengths
+        )
+        return {
+            "passed": passed,
+            "max_abs_err": max_err,
+            "rel_err": rel_err,
+            "tolerance": tol,
+            "baseline_err": base_err,
+            "note": "",
+        }
+    passed, max_err, rel_err, tol = correctness.compare_allclose(got["outputs"], reference, settings)
+    return {"passed": passed, "max_abs_err": max_err, "rel_err": rel_err, "tolerance": tol, "note": ""}
+
+
+def _structure_problem(got: dict[str, Any], reference: list[Any]) -> str | None:
+    not_tensors = [t for t in got["types"] if t != "torch.Tensor"]
+    if not_tensors:
+        return f"output type is {not_tensors[0]}, not torch.Tensor"
+    return correctness.check_structure(got["outputs"], reference)

@@ -1,0 +1,159 @@
+"""The reference's outputs for a draw: computed once per (parameters, inputs), finite or moved to a
+domain-preserving variant, and what judging under the error model needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kbv import correctness, inputs
+from kbv.evaluation.context import HarnessError, _Context, _structure
+from kbv.evaluation.requests import _run, _run_fields
+from kbv.problems import Problem
+from kbv.worker import Worker, WorkerFailed
+
+
+def _usable_reference(
+    ctx: _Context, reference: Worker, variant: str, seed: int
+) -> tuple[dict[str, Any] | None, str]:
+    """The reference on ``variant``, or on the first domain-preserving fallback where it is finite.
+
+    The problem's own inputs define its domain, so ``original`` never falls back."""
+    candidate: str | None = variant
+    while candidate is not None:
+        expected = _reference_outputs(ctx, reference, candidate, seed)
+        if candidate == "original":
+            _check_finite_once_cast(ctx, expected)
+            return expected, candidate
+        if _finite_reference(ctx, expected):
+            return expected, candidate
+        candidate = inputs.domain_fallback(candidate)
+    return None, variant
+
+
+def _check_finite_once_cast(ctx: _Context, expected: dict[str, Any]) -> None:
+    """In bf16 or fp16, a reference whose output on the problem's own inputs is not finite once
+    cast (fp16 overflows past 65504) cannot be judged in that precision: the problem's failure for
+    that precision (``problem_error``), never the candidate's. fp32 keeps what it always did."""
+    precision = ctx.protocol.precision
+    if precision == "fp32":
+        return
+    if ctx.protocol.correctness.mode == "error_model":
+        finite = bool(expected["baseline_err"].get("finite_match", True))
+    else:
+        finite = _all_finite(expected["reference"]["outputs"])
+    if not finite:
+        raise WorkerFailed(
+            "runtime_error",
+            f"the reference's output on the problem's own inputs is not finite in {precision} "
+            f"(where its float64 truth is): the problem cannot be evaluated in {precision}; "
+            "evaluate it in fp32 (--precision fp32)",
+            role="reference",
+        )
+
+
+def _finite_reference(ctx: _Context, expected: dict[str, Any]) -> bool:
+    """Truth finite, and the realistic baseline finite wherever the truth is (fp32 overflow)."""
+    if ctx.protocol.correctness.mode != "error_model":
+        return _all_finite(expected["reference"]["outputs"])
+    if not _all_finite(expected["truth"]["outputs"]):
+        return False
+    return bool(expected["baseline_err"].get("finite_match", True))
+
+
+def _reference_outputs(
+    ctx: _Context,
+    reference: Worker,
+    distribution: str,
+    seed: int,
+    *,
+    mix_seed: int | None = None,
+    fresh: bool = False,
+) -> dict[str, Any]:
+    """The reference's outputs: in fp32 for ``allclose``; under the error model the realistic baseline
+    (TF32 on the GPU, fp32 on the CPU, which also gives the shapes and dtypes to expect) and the
+    float64 truth. Computed once per (parameters, inputs) and reused (``fresh`` runs them again:
+    confirming a failure must not lean on the first run)."""
+    key = (ctx.state_key, distribution, int(seed), mix_seed)
+    cached = None if fresh else ctx.expected.get(key)
+    if cached is not None:
+        return cached
+    if ctx.protocol.correctness.mode != "error_model":
+        # KernelBench's check compares with the reference as PyTorch runs it by default (cuDNN may
+        # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
+        expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
+    else:
+        # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it.
+        on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
+        # Asked once: a forward that refuses the recorder runs twice each time it is asked.
+        record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
+        fields = _run_fields(reference, distribution, seed, "tf32" if on_cuda else "fp32", mix_seed=mix_seed)
+        if record:
+            fields["record_operators"] = True
+        reply = reference.request("expected", **fields)
+        if record:
+            ctx.tf32_operators_asked, ctx.tf32_operators = True, reply.get("tf32_operators")
+        expected = _error_model_expected(reference, reply)
+    ctx.expected.put(key, expected)
+    return expected
+
+
+#: What a problem's source uses to run compiled code that the dispatcher (and so the recorder of
+#: TF32-sensitive operators) may not see: such a problem times both baselines.
+_OUTSIDE_DISPATCHER = ("cpp_extension", "load_inline", "ctypes", "cupy", "triton", "numba", "cuda.bindings")
+
+
+def _dispatcher_sees_all(problem: Problem) -> bool:
+    return not any(marker in problem.source for marker in _OUTSIDE_DISPATCHER)
+
+
+def _error_model_expected(reference: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+    """What judging a draw under the error model needs, from the reference's ``expected`` reply: the
+    float64 truth, the baseline's own error against it (computed in the reference worker, which held
+    both; judging reads it once, not per output judged) and the baseline's shapes and dtypes (its
+    values never leave the worker: stand-ins on the meta device hold shape and dtype), so a cached
+    draw costs the truth's memory only."""
+    error = reply.get("baseline_error")
+    if not isinstance(error, dict):
+        raise HarnessError("the reference worker sent no baseline error")
+    if "structure_error" in error:  # the reference disagrees with itself across precisions
+        raise HarnessError(
+            f"the reference's fp32 and float64 outputs differ in structure ({error['structure_error']})"
+        )
+    truth = {
+        "outputs": reference.receive_outputs(reply.get("outputs")),
+        "types": reply["truth_types"],
+        "memory": None,
+    }
+    stand_ins = {
+        "outputs": [_stand_in(described) for described in reply["baseline_outputs"]],
+        "types": reply["types"],
+        "memory": None,
+    }
+    return {"reference": stand_ins, "baseline": stand_ins, "truth": truth, "baseline_err": error}
+
+
+def _stand_in(described: Any) -> torch.Tensor | None:
+    """A meta tensor of the shape and dtype the reference described (``[shape, "float32"]``), or None."""
+    if described is None:
+        return None
+    shape, name = described
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise HarnessError(f"the reference worker described an output of unknown dtype {name!r}")
+    return torch.empty([int(n) for n in shape], dtype=dtype, device="meta")
+
+
+def _all_finite(outputs: list[Any]) -> bool:
+    return all(
+        not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all())
+        for o in outputs
+    )
+
+
+def _timed_reference(ctx: _Context, reference: Worker, seed: int) -> dict[str, Any]:
+    """What judging the sketch of a timed call on the timing input set of ``seed`` needs."""
+    expected = _reference_outputs(ctx, reference, "original", seed)
+    lengths = correctness.reduction_lengths(_structure(ctx).numels, expected["reference"]["outputs"])
+    return correctness.timed_reference(expected, ctx.protocol.correctness, lengths)

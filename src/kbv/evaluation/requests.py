@@ -1,0 +1,78 @@
+"""The requests the parent sends its workers for one evaluation: load fields and one forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kbv.evaluation.context import _Context, _structure
+from kbv.worker import Worker, worker_device
+
+
+def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "role": role,
+        "device": worker_device(ctx.device),
+        # The text the parent read, never its path: the file may change meanwhile, and the
+        # candidate worker must not learn where it lives (``docs/architecture.md``).
+        "problem_source": ctx.problem.source,
+        "sizes": ctx.problem.sizes_for(worker_device(ctx.device)),
+        "domain": ctx.problem.extras.get("domain", "any"),
+        "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
+        "structure": _structure(ctx).applied() or None,
+    }
+    if ctx.protocol.precision != "fp32":  # (fp32 loads as before: the baseline cache keys read these)
+        fields["precision"] = ctx.protocol.precision
+    if role == "candidate":
+        fields["candidate_path"] = str(ctx.candidate.path)
+    else:
+        fields["problem_name"] = ctx.problem.name  # for the reference's error messages
+    return fields
+
+
+def _run(
+    worker: Worker,
+    distribution: str,
+    seed: int,
+    precision: str,
+    measure_memory: bool = False,
+    mix_seed: int | None = None,
+    record_operators: bool = False,
+) -> dict[str, Any]:
+    """One forward in ``worker`` on one draw; its outputs become the parent's own tensors (on the
+    GPU through CUDA IPC or exported VMM memory, on the CPU through a file read once and deleted).
+    ``record_operators`` (a trusted reference only) also reports the TF32-sensitive operators the
+    forward ran."""
+    fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
+    if record_operators:
+        fields["record_operators"] = True
+    return _received(worker, worker.request("run", **fields))
+
+
+def _run_fields(
+    worker: Worker,
+    distribution: str,
+    seed: int,
+    precision: str,
+    measure_memory: bool = False,
+    mix_seed: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "distribution": distribution,
+        "seed": seed,
+        "mix_seed": mix_seed,
+        "precision": precision,
+        "out_path": worker.new_path("out"),
+        "measure_memory": measure_memory,
+    }
+
+
+def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+    """A ``run`` reply as the parent's own outputs, types and memory figures."""
+    received = {
+        "outputs": worker.receive_outputs(reply.get("outputs")),
+        "types": reply["types"],
+        "memory": reply.get("memory"),
+    }
+    if "tf32_operators" in reply:
+        received["tf32_operators"] = reply["tf32_operators"]
+    return received
