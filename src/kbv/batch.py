@@ -396,19 +396,7 @@ def run_command(args: argparse.Namespace) -> int:
     with Store(db) as store:
         previous = _run_to_resume(store, explicit) if args.resume else None
         if args.resume and previous is None:
-            if "problems" not in explicit or "candidates" not in explicit:
-                given = " ".join(f"{_FLAG[name]} {value}" for name, value in explicit.items())
-                raise RunArgumentsError(
-                    f"no interrupted kbv run in {db}"
-                    + (f" matches {given}" if given else "")
-                    + "; nothing to resume (give --problems and --candidates to start a run)"
-                )
-            console.print(
-                f"no interrupted run with these arguments in {escape(str(db))}; starting a new run "
-                "(pairs already stored are skipped)",
-                highlight=False,
-                soft_wrap=True,
-            )
+            _no_run_to_resume(explicit, db, console)
         saved = _saved(previous) if previous else {}
         settings = {name: explicit.get(name, saved.get(name)) for name in RUN_IDENTITY}
         problems_path, candidates_dir = settings["problems"], settings["candidates"]
@@ -426,30 +414,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise RunArgumentsError(plan.empty_reason(problems_path, candidates_dir))
         device = args.device or (previous["args"].get("device") if previous else None)
         check_toolchain([candidate for _, candidate in plan.pairs], device)  # before the run is opened
-        if previous:
-            console.print(
-                f"resuming run {previous['id']} (started {previous['started_at']}): "
-                f"{escape(problems_path)} x {escape(candidates_dir)}, protocol "
-                f"{escape(protocol_name)}, timeout {timeout or 'default'}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            run_id = previous["id"]
-        else:
-            # Files left out are part of the run's record: the batch goes on without them.
-            run_args = {
-                "problems": problems_path,
-                "candidates": candidates_dir,
-                "protocol": protocol_name,
-                "timeout": timeout,
-                "precision": settings["precision"],
-                "device": args.device,
-                "label": label,
-                "problem_errors": plan.problem_errors,
-                "candidate_errors": plan.candidate_errors,
-                "unmatched_candidates": plan.unmatched,
-            }
-            run_id = store.start_run("run", run_args, protocol.with_timeout(timeout))
+        run_id = _open_run(store, previous, plan, settings, protocol, args.device, console)
         try:
             result = _run_pairs(args, plan.pairs, protocol, device, timeout, store, run_id, console)
         except KeyboardInterrupt:
@@ -472,3 +437,58 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(note, highlight=False, soft_wrap=True)
     console.print(f"{len(result.records)} evaluated, {result.skipped} already stored; results in {db}")
     return 0
+
+
+def _no_run_to_resume(explicit: dict[str, Any], db: Path, console: Console) -> None:
+    """``--resume`` found no interrupted run: an error without a whole run's arguments, else a note
+    that a new run starts (pairs already stored are skipped)."""
+    if "problems" not in explicit or "candidates" not in explicit:
+        given = " ".join(f"{_FLAG[name]} {value}" for name, value in explicit.items())
+        raise RunArgumentsError(
+            f"no interrupted kbv run in {db}"
+            + (f" matches {given}" if given else "")
+            + "; nothing to resume (give --problems and --candidates to start a run)"
+        )
+    console.print(
+        f"no interrupted run with these arguments in {escape(str(db))}; starting a new run "
+        "(pairs already stored are skipped)",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _open_run(
+    store: Any,
+    previous: dict[str, Any] | None,
+    plan: BatchPlan,
+    settings: dict[str, Any],
+    protocol: Any,
+    device_arg: str | None,
+    console: Console,
+) -> Any:
+    """The stored run's id: the interrupted one resumed, or a new one with the run's arguments."""
+    protocol_name = settings["protocol"] or "verified"
+    timeout = settings["timeout"]
+    if previous:
+        console.print(
+            f"resuming run {previous['id']} (started {previous['started_at']}): "
+            f"{escape(settings['problems'])} x {escape(settings['candidates'])}, protocol "
+            f"{escape(protocol_name)}, timeout {timeout or 'default'}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return previous["id"]
+    # Files left out are part of the run's record: the batch goes on without them.
+    run_args = {
+        "problems": settings["problems"],
+        "candidates": settings["candidates"],
+        "protocol": protocol_name,
+        "timeout": timeout,
+        "precision": settings["precision"],
+        "device": device_arg,
+        "label": settings["label"] or "",
+        "problem_errors": plan.problem_errors,
+        "candidate_errors": plan.candidate_errors,
+        "unmatched_candidates": plan.unmatched,
+    }
+    return store.start_run("run", run_args, protocol.with_timeout(timeout))

@@ -208,34 +208,39 @@ def compare_error_model(
                 rel = max(rel, mismatches / max(truth.numel(), 1))
             per_output.append({"kind": "exact", "mismatches": mismatches, "passed": mismatches == 0})
             continue
-        err = float_error(out, truth)
         length = (
             int(reduction_lengths[i]) if reduction_lengths is not None and i < len(reduction_lengths) else 1
         )
-        floor = reduction_floor(length, settings)
-        elem_tol, norm_tol = _error_model_limits(base, length, settings)
-        ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
-        passed &= ok
-        if err["nonfinite_mismatch"]:
-            max_abs, rel = math.inf, math.inf
-        else:
-            max_abs = max(max_abs, err["max_abs"])
-            rel = max(rel, err["norm"])
-        per_output.append(
-            {
-                "kind": "float",
-                "scale": err["scale"],
-                "elementwise_err": err["elementwise"],
-                "elementwise_tol": elem_tol,
-                "norm_err": err["norm"],
-                "norm_tol": norm_tol,
-                "reduction_length": length,
-                "reduction_floor": floor,
-                "nonfinite_mismatch": err["nonfinite_mismatch"],
-                "passed": ok,
-            }
-        )
+        entry, out_abs, out_rel = _float_output_judged(out, truth, base, length, settings)
+        passed &= entry["passed"]
+        max_abs, rel = max(max_abs, out_abs), max(rel, out_rel)
+        per_output.append(entry)
     return passed, max_abs, rel, {**tol, "outputs": per_output}
+
+
+def _float_output_judged(
+    out: torch.Tensor, truth: torch.Tensor, base: dict[str, Any], length: int, settings: CorrectnessSettings
+) -> tuple[dict[str, Any], float, float]:
+    """One floating output under the error model: its tolerance entry, its largest unscaled
+    |a - t| and its relative norm error (both inf on a NaN/Inf mismatch)."""
+    err = float_error(out, truth)
+    elem_tol, norm_tol = _error_model_limits(base, length, settings)
+    ok = err["nonfinite_mismatch"] == 0 and err["elementwise"] <= elem_tol and err["norm"] <= norm_tol
+    entry = {
+        "kind": "float",
+        "scale": err["scale"],
+        "elementwise_err": err["elementwise"],
+        "elementwise_tol": elem_tol,
+        "norm_err": err["norm"],
+        "norm_tol": norm_tol,
+        "reduction_length": length,
+        "reduction_floor": reduction_floor(length, settings),
+        "nonfinite_mismatch": err["nonfinite_mismatch"],
+        "passed": ok,
+    }
+    if err["nonfinite_mismatch"]:
+        return entry, math.inf, math.inf
+    return entry, err["max_abs"], err["norm"]
 
 
 def _error_model_limits(

@@ -99,16 +99,7 @@ def measure_pair(
             baseline_seconds,
             time.monotonic() - baseline_started - sum(r["parent_bracket_s"] for r in rounds["candidate"]),
         )
-    baselines = {}
-    for name, hit in cached.items():
-        if hit is None:
-            baselines[name] = _entry(rounds[name], settings, source="measured")
-            if baseline_cache.cacheable(rounds[name]):
-                baseline_cache.write(ctx, name, baselines[name])
-        else:
-            baselines[name] = {**hit, "source": "cache"}
-        if name in cache_checks:
-            baselines[name]["cache_check"] = cache_checks[name]
+    baselines = _baseline_entries(ctx, cached, rounds, cache_checks)
     recheck = _bracket_recheck(ctx, reference, subject, rounds["candidate"], baselines, plan, warmups)
     if recheck is not None:
         baseline_seconds += sum(r["parent_bracket_s"] for r in recheck["rounds"])
@@ -128,6 +119,33 @@ def measure_pair(
         timing["baselines_not_measured"] = skipped
     if recheck is not None:
         timing["bracket_recheck"] = recheck
+    return timing, _speedups_judged(timing, settings, plan)
+
+
+def _baseline_entries(
+    ctx: MeasureContext,
+    cached: dict[str, dict[str, Any] | None],
+    rounds: dict[str, list[dict[str, Any]]],
+    cache_checks: dict[str, Any],
+) -> dict[str, Any]:
+    """Each baseline's timing entry: measured now (and cached when its rounds agree) or a cache hit."""
+    baselines = {}
+    for name, hit in cached.items():
+        if hit is None:
+            baselines[name] = _entry(rounds[name], ctx.settings, source="measured")
+            if baseline_cache.cacheable(rounds[name]):
+                baseline_cache.write(ctx, name, baselines[name])
+        else:
+            baselines[name] = {**hit, "source": "cache"}
+        if name in cache_checks:
+            baselines[name]["cache_check"] = cache_checks[name]
+    return baselines
+
+
+def _speedups_judged(
+    timing: dict[str, Any], settings: TimingSettings, plan: _SketchPlan | None
+) -> dict[str, Any]:
+    """The speedups, with their intervals and the timed calls' judgement written into ``timing``."""
     speedup, timing["speedup_intervals"] = speedups(timing, settings)
     if plan is not None:
         timing["timed_outputs"] = checked = plan.summary()
@@ -135,7 +153,7 @@ def measure_pair(
             speedup = {name: None for name in speedup}
             timing["speedup_intervals"] = {}
             timing["speedup_withdrawn"] = "wrong outputs in the timed calls (timed_call_outputs)"
-    return timing, speedup
+    return speedup
 
 
 def _another_round(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> bool:

@@ -60,14 +60,12 @@ def audit_protocols(
     With ``evaluate=False`` nothing runs when the store already holds an audit on ``device``'s kind:
     the environment of its records (device name, torch) and what the trusted runs found are read
     from the store file, so the report can be made on another machine, without that device."""
-    from kbv.candidates import load_candidate, scan_candidates
-    from kbv.devices import check_device, release_device_memory
+    from kbv.devices import check_device
     from kbv.evaluation import default_device
     from kbv.execute import make_executor
     from kbv.problems import load_problems
     from kbv.protocol import load_protocol
-    from kbv.protocol_audit._generate import Spec, SpecCache, problem_specs
-    from kbv.store import Store, pair_key, record_key
+    from kbv.store import Store
 
     unknown = sorted(set(roles) - set(ROLES))
     if unknown:
@@ -86,44 +84,12 @@ def audit_protocols(
     recorded = None if evaluate else _recorded_env(db, device)
     if recorded is None:
         check_device(device)  # a report from the store needs none; anything else needs the device
-    pairs, owners = [], {}
+    pairs: list[tuple[Any, Any]] = []
+    owners: dict[tuple[str, str], Any] = {}
     for problem in loaded:
-        try:
-            specs = problem_specs(
-                problem,
-                device,
-                work / device.split(":")[0],
-                SpecCache(db),
-                recorded_torch=recorded["torch"] if recorded else None,
-                precision=precision,
-            )
-        except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
-            result.errors.append(
-                (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            )
-            continue
-        finally:  # the trusted runs' blocks (tens of GB at KernelBench sizes) are the workers' to use
-            release_device_memory(device)
-        specs = [s for s in specs if s.role in roles and (kinds is None or s.kind in kinds)]
-        result.specs.extend(specs)
-        for spec in specs:
-            if spec.status == "evaluate":
-                candidate = load_candidate(spec.path, label=f"audit-{spec.role}")
-                pairs.append((problem, candidate))
-                owners[(problem.source_sha256, candidate.source_sha256)] = spec
+        _add_generated(problem, device, work, db, recorded, precision, (roles, kinds), result, pairs, owners)
     if honest and "control" in roles:
-        for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
-            spec = Spec(
-                problem.name,
-                "control",
-                "user",
-                candidate.path.name,
-                candidate.source,
-                "evaluate",
-                path=str(candidate.path),
-            )
-            pairs.append((problem, candidate))
-            owners[(problem.source_sha256, candidate.source_sha256)] = spec
+        _add_honest(loaded, honest, pairs, owners)
     db.parent.mkdir(parents=True, exist_ok=True)
     with Store(db) as store:
         if evaluate:
@@ -131,33 +97,112 @@ def audit_protocols(
         else:
             result.env = recorded or make_executor("sequential", device=device).probe()
         for protocol in resolved:
-            wanted = {pair_key(p, c, protocol.with_timeout(timeout_s), result.env) for p, c in pairs}
-            records = [
-                r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted
-            ]
-            result.records.extend(records)
-            rows = [
-                make_row(owners[key], r)
-                for r in records
-                if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners
-            ]
-            info = {
-                "name": protocol.name,
-                "version": protocol.version,
-                "sha256": protocol.with_timeout(timeout_s).sha256()[:12],
-                "device": device,
-                "precision": protocol.precision,
-            }
-            left_out = [s for s in result.specs if s.status != "evaluate"]
-            result.summaries.append(
-                {
-                    **summarize(info, rows, left_out),
-                    "rows": [r.to_dict() for r in rows],
-                    "pairs": len(pairs),
-                    "evaluated": len(rows),
-                }
-            )
+            _summarise_protocol(store, protocol, pairs, owners, device, timeout_s, result)
     return result
+
+
+def _add_generated(
+    problem: Any,
+    device: str,
+    work: Path,
+    db: Path,
+    recorded: dict[str, Any] | None,
+    precision: str,
+    wanted: tuple[Sequence[str], Sequence[str] | None],
+    result: AuditResult,
+    pairs: list[tuple[Any, Any]],
+    owners: dict[tuple[str, str], Any],
+) -> None:
+    """One problem's controls and mutants: generated, checked on the trusted side, and those left to
+    evaluate added to ``pairs`` (``owners`` maps each pair's key to its spec). ``wanted``: the roles
+    and the kinds kept (None: every kind)."""
+    from kbv.candidates import load_candidate
+    from kbv.devices import release_device_memory
+    from kbv.protocol_audit._generate import SpecCache, problem_specs
+
+    try:
+        specs = problem_specs(
+            problem,
+            device,
+            work / device.split(":")[0],
+            SpecCache(db),
+            recorded_torch=recorded["torch"] if recorded else None,
+            precision=precision,
+        )
+    except Exception as exc:  # a problem whose reference cannot run here: listed, the audit goes on
+        result.errors.append(
+            (problem.name, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        )
+        return
+    finally:  # the trusted runs' blocks (tens of GB at KernelBench sizes) are the workers' to use
+        release_device_memory(device)
+    roles, kinds = wanted
+    specs = [s for s in specs if s.role in roles and (kinds is None or s.kind in kinds)]
+    result.specs.extend(specs)
+    for spec in specs:
+        if spec.status == "evaluate":
+            candidate = load_candidate(spec.path, label=f"audit-{spec.role}")
+            pairs.append((problem, candidate))
+            owners[(problem.source_sha256, candidate.source_sha256)] = spec
+
+
+def _add_honest(
+    loaded: list[Any], honest: str | Path, pairs: list[tuple[Any, Any]], owners: dict[tuple[str, str], Any]
+) -> None:
+    """The user's own honest candidates, counted as controls."""
+    from kbv.candidates import scan_candidates
+    from kbv.protocol_audit._generate import Spec
+
+    for problem, candidate in scan_candidates(loaded, honest, label="audit-honest").pairs:
+        spec = Spec(
+            problem.name,
+            "control",
+            "user",
+            candidate.path.name,
+            candidate.source,
+            "evaluate",
+            path=str(candidate.path),
+        )
+        pairs.append((problem, candidate))
+        owners[(problem.source_sha256, candidate.source_sha256)] = spec
+
+
+def _summarise_protocol(
+    store: Any,
+    protocol: Any,
+    pairs: list[tuple[Any, Any]],
+    owners: dict[tuple[str, str], Any],
+    device: str,
+    timeout_s: float | None,
+    result: AuditResult,
+) -> None:
+    """One protocol's records of the audit's pairs, read from the store, and their summary."""
+    from kbv.store import pair_key, record_key
+
+    wanted = {pair_key(p, c, protocol.with_timeout(timeout_s), result.env) for p, c in pairs}
+    records = [r for r in store.records(protocol=protocol.name, latest=True) if record_key(r) in wanted]
+    result.records.extend(records)
+    rows = [
+        make_row(owners[key], r)
+        for r in records
+        if (key := (r.problem["source_sha256"], r.candidate["source_sha256"])) in owners
+    ]
+    info = {
+        "name": protocol.name,
+        "version": protocol.version,
+        "sha256": protocol.with_timeout(timeout_s).sha256()[:12],
+        "device": device,
+        "precision": protocol.precision,
+    }
+    left_out = [s for s in result.specs if s.status != "evaluate"]
+    result.summaries.append(
+        {
+            **summarize(info, rows, left_out),
+            "rows": [r.to_dict() for r in rows],
+            "pairs": len(pairs),
+            "evaluated": len(rows),
+        }
+    )
 
 
 def _recorded_env(db: Path, device: str) -> dict[str, Any] | None:
