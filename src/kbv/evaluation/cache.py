@@ -11,8 +11,9 @@ import torch
 class ExpectedCache:
     """Reference outputs per (parameters, distribution, seed): the inputs, the realistic baseline's
     outputs and the float64 truth of a draw are computed once per evaluation and reused by every
-    check that needs them. Bounded in bytes (least recently used out first); never shared between
-    evaluations, since they depend on the evaluation's secret seeds."""
+    check that needs them. Bounded in bytes (least recently used out first). They depend on the
+    evaluation's secret seeds, so they are shared only by evaluations given the same seeds: the
+    candidates of one problem in one batch, on the CPU (:mod:`kbv._shared_reference`)."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
