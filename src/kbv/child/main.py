@@ -13,7 +13,6 @@ candidate module is imported.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.metadata
 import importlib.util
 import os
@@ -33,44 +32,25 @@ from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
 from kbv import telemetry
 from kbv.child import construct as _construct_state
-from kbv.child import tf32_ops as _tf32_ops
 from kbv.child import timing as kbv_timing
+from kbv.child.forward import (
+    NoModelNew,
+    _as_outputs,
+    _classify,
+    _finished,
+    _forward_recording,
+    _make_inputs,
+    _message,
+    _model_for,
+    _set_precision_flags,
+    _State,
+    _Steps,
+    _type_names,
+)
+from kbv.child.timed import _identities, _time
+from kbv.child.truth import _expected, _truth_sketches
 from kbv.problems._loader import load_source
-from kbv.protocol import timing_settings_from_dict
-
-_CUDA_ERROR_MARKERS = ("CUDA error", "illegal memory access", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS")
-
-
-class _State:
-    """What one worker holds between requests."""
-
-    def __init__(self) -> None:
-        self.device = torch.device("cpu")
-        self.problem: Any = None
-        self.model_cls: Any = None
-        self.model: Any = None
-        self.model_fp64: Any = None
-        self.model_compiled: Any = None
-        self.init_seed = 0  # the last build's
-        # The state-dict name of each parameter and buffer registration of the model's __init__,
-        # in order (``kbv.child.construct``), noted at the first build.
-        self.registrations: list[str | None] | None = None
-        self.role = "reference"
-        self.domain = "any"
-        self.structure: list[Any] | None = None  # input invariants, one per positional input
-        # The evaluation's precision (kbv.inputs.CAST_DTYPES): inputs and parameters cast to it.
-        self.precision = "fp32"
-        self.timer: Any = None
-        self.identities: dict[str, int] = {}
-        # What was handed to the parent on the GPU (shared tensors, exported allocations), alive
-        # until the parent's next request; and how (``kbv.handoff.TRANSPORTS``, the parent says).
-        self.handed: list[Any] = []
-        self.handoff = "cuda_ipc"
-        # An empty allocation the parent fills (a model's parameters), kept until the build reads it.
-        self.inbox: list[Any] = []
-        # The timing phase's input sets, (key, sets), kept from one ``time`` request to the next of
-        # the same phase (rounds, baselines); dropped by any other request.
-        self.timing_inputs: tuple[Any, list[Any]] | None = None
+from kbv.protocol import LimitSettings
 
 
 def main(fd: int) -> None:
@@ -119,7 +99,8 @@ CACHED_BYTES_KEPT = 8 << 30
 #: request: the candidate's device limit as it stands (widened to 3/4 of the device where the
 #: evaluation holds it alone), or 0 during the correctness draws of an evaluation
 #: holding its GPU alone, where each of the reference's requests runs beside the candidate's draw
-#: (kbv.evaluation._room_for_candidate); REFERENCE_ROOM_FLOOR where none is sent. What the reference
+#: (kbv.evaluation.budget._room_for_candidate); where none is sent, the protocols' default device
+#: limit (``LimitSettings.device_memory_gb``, read there, never repeated here). What the reference
 #: keeps must never make an honest candidate run out of memory below its limit: with a floor of
 #: 64 GB alone, a 7.5 GB-input problem's candidate (its limit widened) ran out in its cache probe on
 #: the H200 (2026-12-03, benchmarks/results/2026-12-03-h200-verified-cost/). Handing back and
@@ -128,7 +109,7 @@ CACHED_BYTES_KEPT = 8 << 30
 #: (tens of draws an evaluation; twice what it keeps was not free beside its candidate). A
 #: candidate worker always hands it back: what its allocator keeps counts against its device limit,
 #: and a cached block of the wrong size is kept beside a new one.
-REFERENCE_ROOM_FLOOR = 64 * (1 << 30)  # the protocols' default device limit (GiB, as limits count)
+_DEFAULT_ROOM_BYTES = LimitSettings().device_memory_gb * (1 << 30)  # GiB, as limits count
 
 
 #: The role this process was started for (argv), known before the first request names it, and
@@ -143,7 +124,7 @@ def _release_cached_memory(room_bytes: Any = None) -> None:
     kept = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     if kept <= CACHED_BYTES_KEPT:
         return
-    room = float(room_bytes) if isinstance(room_bytes, (int, float)) else REFERENCE_ROOM_FLOOR
+    room = float(room_bytes) if isinstance(room_bytes, (int, float)) else _DEFAULT_ROOM_BYTES
     if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(kept, room):
         return
     torch.cuda.empty_cache()
@@ -205,11 +186,6 @@ def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         state.model_cls = state.problem.Model
     _build(state, {"init_seed": request["init_seed"]})
     return {"parameters": _parameter_shapes(state.model)}
-
-
-class NoModelNew(ImportError):
-    """The candidate file defines no ``ModelNew``: nothing of it can run, so it is a
-    ``compile_error`` (a file that does not build a model), never a ``runtime_error``."""
 
 
 def _import_candidate(path: Path) -> Any:
@@ -317,76 +293,6 @@ def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"n_tensors": len(full)}
 
 
-def _model_for(state: _State, precision: str) -> Any:
-    if precision == "compile":
-        if state.role != "reference":
-            raise PermissionError("only a reference worker compiles the baseline")
-        if state.model_compiled is None:
-            state.model_compiled = torch.compile(state.model)
-        return state.model_compiled
-    if precision != "fp64":
-        return state.model
-    if state.model_fp64 is None:
-        state.model_fp64 = copy.deepcopy(state.model).double()
-    return state.model_fp64
-
-
-def _set_precision_flags(precision: str) -> None:
-    """Baseline configurations. A candidate runs with PyTorch's defaults (``precision='native'``);
-    ``default`` puts PyTorch's default flags back in a trusted worker (TF32 off for matmuls, on for cuDNN)."""
-    if precision == "native":
-        return
-    if precision == "default":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = True
-        return
-    tf32 = precision in ("tf32", "compile")  # the compiled baseline runs with TF32, as practitioners do
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
-class InputsFailedAfterCandidate(RuntimeError):
-    """The problem's inputs could not be drawn in a candidate's process once its code had run there."""
-
-
-def _make_inputs(
-    state: _State, distribution: str, seed: int, precision: str, mix_seed: int | None = None
-) -> list[Any]:
-    try:
-        return kbv_inputs.make_draw(
-            state.problem,
-            distribution,
-            seed,
-            state.device,
-            precision="fp64" if precision == "fp64" else "fp32",
-            domain=state.domain,
-            structure=state.structure,
-            mix_seed=mix_seed,
-            cast=state.precision,
-        )
-    except Exception as exc:
-        if state.role != "candidate" or _classify(exc, "run") == "cuda_error":
-            raise  # a CUDA error keeps its kind: it ends this worker (main's loop)
-        # Without this the traceback names only kbv's input code and the problem file, and a broken
-        # candidate reads as a harness failure (two third-party kernels on the H200 whose failed CUDA
-        # graph capture, swallowed, left the process's random generator unusable).
-        raise InputsFailedAfterCandidate(
-            f"drawing the hidden inputs (the problem's get_inputs) failed in the candidate's process, "
-            f"after the candidate's code had run there: {exc}. The problem is not at fault: a "
-            "get_inputs that fails by itself fails in the trusted reference worker too, which makes "
-            "the pair a problem_error. Look for process-wide state the candidate changed (a CUDA graph "
-            "capture that failed and was swallowed, a patched torch function, a changed default device)."
-        ) from exc
-
-
-def _as_outputs(result: Any) -> list[Any]:
-    return list(result) if isinstance(result, (tuple, list)) else [result]
-
-
-def _type_names(outputs: list[Any]) -> list[str]:
-    return [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
-
-
 def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     precision = request.get("precision", "native")
     _set_precision_flags(precision)
@@ -421,136 +327,6 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return _finished(reply, steps, operators)
 
 
-#: Input bytes up to which the reference keeps a draw's float32 inputs while its float64 forward
-#: runs, so the draw is generated once for both forwards; above it, as a share of the device's
-#: memory, the inputs are generated again for the baseline (the 7.5 GB-input problems' reference
-#: already needed 72 GB of the H200 for its float64 forward alone).
-SHARED_DRAW_SHARE = 1 / 16
-
-
-def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """What judging one draw needs, from the trusted reference alone: the float64 truth and the
-    realistic baseline (``precision``: TF32 on a GPU, fp32 on the CPU) on the same inputs, the
-    baseline's error against the truth computed here (``kbv.error_stats.baseline_error``), and only
-    the truth handed over; the baseline's outputs never leave this process (their shapes and dtypes
-    do). The float64 inputs are an upcast copy of the float32 draw, made before either forward runs,
-    so a forward that writes into its inputs cannot change the other's."""
-    if state.role != "reference":
-        raise PermissionError("only the trusted reference worker computes a draw's truth")
-    from kbv.error_stats import baseline_error  # numbers, not a verdict (the reference worker only)
-
-    mix = request.get("mix_seed")
-    draw = (request["distribution"], int(request["seed"]), None if mix is None else int(mix))
-    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
-    narrow = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
-    wide = kbv_inputs.upcast_draw(narrow)
-    args: list[Any] | None = narrow
-    if kbv_inputs.draw_bytes(narrow) > SHARED_DRAW_SHARE * _device_bytes(state):
-        args = None  # freed for the float64 forward, drawn again for the baseline
-    del narrow
-    steps.mark("inputs")
-    _set_precision_flags("fp64")
-    try:
-        with torch.no_grad():
-            truth = _as_outputs(_model_for(state, "fp64")(*wide))
-    except Exception as exc:  # e.g. a forward that makes float32 tensors of its own
-        if _classify(exc, "expected") == "cuda_error":
-            raise  # keeps its kind: it ends this worker
-        raise RuntimeError(
-            f"in float64 (the verified protocol's truth): {_message(exc, 'expected')}"
-        ) from exc
-    del wide
-    steps.mark("forward_fp64")
-    if args is None:
-        args = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
-    precision = str(request["precision"])
-    _set_precision_flags(precision)
-    recording = bool(request.get("record_operators"))
-    with torch.no_grad():
-        baseline, operators = (
-            _forward_recording(state.model, args) if recording else (state.model(*args), None)
-        )
-    del args
-    baseline = _as_outputs(baseline)
-    steps.mark("forward")
-    kept_truth = [_handoff.plain_copy(o, state.device, copy=False) for o in truth]
-    kept_baseline = [_handoff.plain_copy(o, state.device, copy=False) for o in baseline]
-    try:
-        error: dict[str, Any] = baseline_error(kept_baseline, kept_truth)
-    except ValueError as exc:  # the problem's fault: the parent says so
-        error = {"structure_error": str(exc)}
-    steps.mark("baseline_error")
-    reply = {
-        "types": _type_names(baseline),
-        "truth_types": _type_names(truth),
-        "baseline_outputs": [_shape_and_dtype(o) for o in kept_baseline],
-        "baseline_error": error,
-        "outputs": _handoff.hand_over(
-            kept_truth, state.device, request["out_path"], state.handed, state.handoff
-        ),
-    }
-    return _finished(reply, steps, operators)
-
-
-def _finished(reply: dict[str, Any], steps: _Steps, operators: dict[str, Any] | None) -> dict[str, Any]:
-    """A forward's reply once its outputs are handed over: with the trusted reference's account of
-    its operators when it was asked for, and the request's steps when a profiling run asked."""
-    steps.mark("hand_over")
-    if operators is not None:
-        reply["tf32_operators"] = operators
-    if steps.on:
-        reply["steps_s"] = steps.seconds
-    return reply
-
-
-def _device_bytes(state: _State) -> float:
-    if state.device.type != "cuda":
-        return float("inf")  # host memory is the candidate's limit's business, not this choice's
-    return float(torch.cuda.get_device_properties(state.device).total_memory)
-
-
-def _shape_and_dtype(value: Any) -> list[Any] | None:
-    """A handed-over output's shape and dtype name (``torch.float32`` -> ``"float32"``), or None."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    return [list(value.shape), str(value.dtype).removeprefix("torch.")]
-
-
-class _Steps:
-    """Seconds per step of one request, when a profiling run asks (``steps``): each mark waits for
-    the device, so a step's queued GPU work is its own. Off, it costs nothing and waits for nothing."""
-
-    def __init__(self, on: bool, cuda: bool) -> None:
-        self.on, self._cuda = on, cuda
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        if not self.on:
-            return
-        if self._cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.seconds[name] = now - self._last
-        self._last = now
-
-
-def _forward_recording(model: Any, args: list[Any]) -> tuple[Any, dict[str, Any] | None]:
-    """One forward under the operator recorder (``kbv.child.tf32_ops``), and its account. The
-    recorder must never fail a trusted forward (a compiled region may refuse a Python dispatch
-    mode): a forward that raises under it runs again without it, and no account is given, so both
-    baselines are timed. A CUDA error is the forward's own and is raised."""
-    recorder = _tf32_ops.recorder()
-    try:
-        with recorder:
-            outputs = model(*args)
-    except Exception as exc:
-        if any(marker in str(exc) for marker in _CUDA_ERROR_MARKERS):
-            raise
-        return model(*args), None
-    return outputs, _tf32_ops.summary(recorder.names)
-
-
 def _memory_before(state: _State) -> dict[str, Any]:
     if state.device.type != "cuda":
         return {}
@@ -578,163 +354,6 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
         "reserved_now": reserved,
         "reserved_growth": reserved - before["reserved_before"],
     }
-
-
-def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """One timed batch. With ``sketch`` (a seed and a map frequency per output, the same in every
-    worker's request of a round) every timed call's outputs are sketched (``kbv.sketch``) right after
-    the call returned and was synchronised and timed, outside the timed region: the same work for
-    every call, so nothing tells one call from another; the sketches come back with the samples.
-    With ``unseen_seeds`` (``timing.unseen_inputs``) timed call ``i`` runs on the draw of the i-th
-    seed, made just before it outside the timed region and dropped once its outputs are sketched;
-    the kept sets of ``seeds`` serve the warm-up only."""
-    precision = request.get("precision", "native")
-    _set_precision_flags(precision)
-    settings = timing_settings_from_dict(request["settings"])
-    seeds = [int(s) for s in request["seeds"]]
-    unseen_seeds = [int(s) for s in request.get("unseen_seeds") or []]
-    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
-    input_sets = _timing_inputs(state, request["distribution"], seeds, precision)
-    steps.mark("inputs")
-    model = _model_for(state, precision)
-    last: list[Any] = [None] * len(input_sets)
-    spec = request.get("sketch")
-    sketches: list[list[dict[str, Any]]] = []
-    sketch_s = [0.0]
-    unseen_out: list[Any] = [None]
-
-    def call(k: int) -> None:
-        last[k] = model(*input_sets[k])
-
-    def unseen(i: int) -> Any:
-        if i >= len(unseen_seeds):
-            raise RuntimeError(f"timed call {i} has no unseen input set ({len(unseen_seeds)} sent)")
-        unseen_out[0] = None  # the previous call's set and outputs go before the next is drawn
-        args = _make_inputs(state, request["distribution"], unseen_seeds[i], precision)
-
-        def run() -> None:
-            unseen_out[0] = model(*args)
-
-        return run
-
-    def outputs_of(i: int) -> Any:
-        return unseen_out[0] if unseen_seeds else last[i % len(input_sets)]
-
-    def on_sample(i: int, device_ms: float, wall_ms: float) -> None:
-        assert spec is not None  # passed to the recipe only with a spec
-        started = time.perf_counter()
-        sketches.append(_sketch.sketch_outputs(_as_outputs(outputs_of(i)), spec, state.device))
-        if steps.on:
-            if state.device.type == "cuda":
-                torch.cuda.synchronize()
-            sketch_s[0] += time.perf_counter() - started
-
-    flush = kbv_timing.make_l2_flush(state.device) if settings.l2_flush else None
-    with torch.no_grad():
-        measurement = kbv_timing.measure(
-            call,
-            settings=settings,
-            n_input_sets=len(input_sets),
-            timer=state.timer,
-            flush=flush,
-            on_sample=on_sample if spec is not None else None,
-            unseen=unseen if unseen_seeds else None,
-        )
-    unseen_out[0] = None
-    reply: dict[str, Any] = {"measurement": measurement.to_dict()}
-    if spec is not None:
-        reply["sketches"] = sketches
-    if steps.on:
-        steps.mark("measure")
-        timed_s = sum(measurement.wall_ms) / 1e3
-        # the recipe's seconds split: the timed calls, their sketches, and the rest (warm-up, the
-        # unseen sets' draws, the L2 flushes, the synchronisations around each call)
-        steps.seconds["timed_calls"] = timed_s
-        steps.seconds["sketches"] = sketch_s[0]
-        steps.seconds["warmup_flush_sync"] = steps.seconds.pop("measure") - timed_s - sketch_s[0]
-        reply["steps_s"] = steps.seconds
-    return reply
-
-
-def _truth_sketches(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """The trusted reference's side of judging timed calls on unseen inputs (``timing.unseen_inputs``):
-    for each of ``seeds`` (one per timed call of a round) the float64 truth of its draw, reduced
-    here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
-    ``sketch``, the sum of squares of its finite values), and never handed over. Without ``omega`` in the spec
-    (the phase's first request) the map's frequency per output comes from the first draw's RMS and
-    is returned. With ``baseline`` (a precision) the first draw also runs the realistic baseline, whose
-    error against the truth (``kbv.error_stats``) sets the norm tolerance of every timed call, and
-    whose outputs' shapes and dtypes are what a candidate's must have."""
-    if state.role != "reference":
-        raise PermissionError("only the trusted reference worker computes a draw's truth")
-    from kbv.error_stats import baseline_error, finite_rms, truth_summary  # numbers, not a verdict
-
-    spec = dict(request["sketch"])
-    baseline_precision = request.get("baseline")
-    sets: list[list[dict[str, Any] | None]] = []
-    reply: dict[str, Any] = {}
-    for k, seed in enumerate(int(s) for s in request["seeds"]):
-        narrow = _make_inputs(state, request["distribution"], seed, "fp32")
-        wide = kbv_inputs.upcast_draw(narrow)
-        _set_precision_flags("fp64")
-        with torch.no_grad():
-            outputs = _as_outputs(_model_for(state, "fp64")(*wide))
-        truth = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
-        del wide, outputs
-        if spec.get("omega") is None:
-            spec["omega"] = [_sketch.omega_for(finite_rms(t)) for t in truth]
-            reply["omega"] = spec["omega"]
-        if k == 0 and baseline_precision is not None:
-            _set_precision_flags(str(baseline_precision))
-            with torch.no_grad():
-                outputs = _as_outputs(state.model(*narrow))
-            base = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
-            del outputs
-            reply["baseline_outputs"] = [_shape_and_dtype(o) for o in base]
-            reply["types"] = _type_names(base)
-            try:
-                reply["baseline_error"] = baseline_error(base, truth)
-            except ValueError as exc:  # the problem's fault: the parent says so
-                reply["baseline_error"] = {"structure_error": str(exc)}
-            del base
-        del narrow
-        sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
-        del truth
-    reply["sets"] = sets
-    return reply
-
-
-#: Bytes of timing input sets a worker keeps between the timing phase's requests, as a share of the
-#: device's memory (on the CPU, :data:`KEPT_TIMING_INPUTS_CPU`): each round and each baseline then
-#: times the sets the first request drew instead of drawing them again (on the H200 a draw of a
-#: median problem's inputs costs 10-50 ms, and ``verified`` asks for 3 sets in up to 9 requests).
-KEPT_TIMING_INPUTS_SHARE = 1 / 32
-KEPT_TIMING_INPUTS_CPU = 1 << 30
-
-
-def _timing_inputs(state: _State, distribution: str, seeds: list[int], precision: str) -> list[Any]:
-    """The input sets of a timed batch: the ones kept from the phase's previous request when it
-    named the same draws (the values are the same: a draw is a function of its seed), else drawn
-    now and kept when they are small. Reusing them tells the worker nothing it did not know: every
-    round times the same seeds, and within a round each set is called ten times already."""
-    kind = "fp64" if precision == "fp64" else "fp32"
-    key = (distribution, tuple(seeds), kind)
-    if state.timing_inputs is not None and state.timing_inputs[0] == key:
-        return state.timing_inputs[1]
-    state.timing_inputs = None
-    sets = [_make_inputs(state, distribution, s, precision) for s in seeds]
-    limit = (
-        KEPT_TIMING_INPUTS_SHARE * _device_bytes(state)
-        if state.device.type == "cuda"
-        else KEPT_TIMING_INPUTS_CPU
-    )
-    if kbv_inputs.draw_bytes(sets) <= limit:
-        state.timing_inputs = (key, sets)
-    return sets
-
-
-def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    return {"changed": kbv_timing.verify_identities(state.identities)}
 
 
 _HANDLERS = {
@@ -770,30 +389,6 @@ def _describe_error(exc: BaseException, op: str) -> dict[str, Any]:
         "message": _message(exc, op)[-4000:],
         "traceback": text[-8000:],
     }
-
-
-def _message(exc: BaseException, op: str) -> str:
-    """``str(exc)``, except where that says nothing: ``sys.exit(0)`` would read ``0``."""
-    if isinstance(exc, SystemExit):
-        where = "while being imported" if op == "load" else f"during {op!r}"
-        return f"the code called sys.exit({exc.code!r}) {where}; a module must not exit the interpreter"
-    return str(exc) or type(exc).__name__
-
-
-def _classify(exc: BaseException, op: str) -> str:
-    module = type(exc).__module__ or ""
-    message = str(exc)
-    if (
-        isinstance(exc, (SyntaxError, NoModelNew))
-        or "Error building extension" in message
-        or module.startswith("triton.compiler")
-    ):
-        return "compile_error"
-    if any(marker in message for marker in _CUDA_ERROR_MARKERS) or type(exc).__name__ == "AcceleratorError":
-        return "cuda_error"
-    if op == "load":
-        return "import_error"
-    return "runtime_error"
 
 
 def _warm_profiler() -> None:

@@ -1,0 +1,145 @@
+"""The trusted reference's truth requests: the float64 truth and the realistic baseline of a
+correctness draw (``expected``), and the truth of the timed calls' unseen inputs (``truth_sketches``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kbv import handoff as _handoff
+from kbv import inputs as kbv_inputs
+from kbv import sketch as _sketch
+from kbv.child.forward import (
+    _as_outputs,
+    _classify,
+    _device_bytes,
+    _finished,
+    _forward_recording,
+    _make_inputs,
+    _message,
+    _model_for,
+    _set_precision_flags,
+    _shape_and_dtype,
+    _State,
+    _Steps,
+    _type_names,
+)
+
+#: Input bytes up to which the reference keeps a draw's float32 inputs while its float64 forward
+#: runs, so the draw is generated once for both forwards; above it, as a share of the device's
+#: memory, the inputs are generated again for the baseline (the 7.5 GB-input problems' reference
+#: already needed 72 GB of the H200 for its float64 forward alone).
+SHARED_DRAW_SHARE = 1 / 16
+
+
+def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """What judging one draw needs, from the trusted reference alone: the float64 truth and the
+    realistic baseline (``precision``: TF32 on a GPU, fp32 on the CPU) on the same inputs, the
+    baseline's error against the truth computed here (``kbv.error_stats.baseline_error``), and only
+    the truth handed over; the baseline's outputs never leave this process (their shapes and dtypes
+    do). The float64 inputs are an upcast copy of the float32 draw, made before either forward runs,
+    so a forward that writes into its inputs cannot change the other's."""
+    if state.role != "reference":
+        raise PermissionError("only the trusted reference worker computes a draw's truth")
+    from kbv.error_stats import baseline_error  # numbers, not a verdict (the reference worker only)
+
+    mix = request.get("mix_seed")
+    draw = (request["distribution"], int(request["seed"]), None if mix is None else int(mix))
+    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
+    narrow = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
+    wide = kbv_inputs.upcast_draw(narrow)
+    args: list[Any] | None = narrow
+    if kbv_inputs.draw_bytes(narrow) > SHARED_DRAW_SHARE * _device_bytes(state):
+        args = None  # freed for the float64 forward, drawn again for the baseline
+    del narrow
+    steps.mark("inputs")
+    _set_precision_flags("fp64")
+    try:
+        with torch.no_grad():
+            truth = _as_outputs(_model_for(state, "fp64")(*wide))
+    except Exception as exc:  # e.g. a forward that makes float32 tensors of its own
+        if _classify(exc, "expected") == "cuda_error":
+            raise  # keeps its kind: it ends this worker
+        raise RuntimeError(
+            f"in float64 (the verified protocol's truth): {_message(exc, 'expected')}"
+        ) from exc
+    del wide
+    steps.mark("forward_fp64")
+    if args is None:
+        args = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
+    precision = str(request["precision"])
+    _set_precision_flags(precision)
+    recording = bool(request.get("record_operators"))
+    with torch.no_grad():
+        baseline, operators = (
+            _forward_recording(state.model, args) if recording else (state.model(*args), None)
+        )
+    del args
+    baseline = _as_outputs(baseline)
+    steps.mark("forward")
+    kept_truth = [_handoff.plain_copy(o, state.device, copy=False) for o in truth]
+    kept_baseline = [_handoff.plain_copy(o, state.device, copy=False) for o in baseline]
+    try:
+        error: dict[str, Any] = baseline_error(kept_baseline, kept_truth)
+    except ValueError as exc:  # the problem's fault: the parent says so
+        error = {"structure_error": str(exc)}
+    steps.mark("baseline_error")
+    reply = {
+        "types": _type_names(baseline),
+        "truth_types": _type_names(truth),
+        "baseline_outputs": [_shape_and_dtype(o) for o in kept_baseline],
+        "baseline_error": error,
+        "outputs": _handoff.hand_over(
+            kept_truth, state.device, request["out_path"], state.handed, state.handoff
+        ),
+    }
+    return _finished(reply, steps, operators)
+
+
+def _truth_sketches(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """The trusted reference's side of judging timed calls on unseen inputs (``timing.unseen_inputs``):
+    for each of ``seeds`` (one per timed call of a round) the float64 truth of its draw, reduced
+    here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
+    ``sketch``, the sum of squares of its finite values), and never handed over. Without ``omega`` in the spec
+    (the phase's first request) the map's frequency per output comes from the first draw's RMS and
+    is returned. With ``baseline`` (a precision) the first draw also runs the realistic baseline, whose
+    error against the truth (``kbv.error_stats``) sets the norm tolerance of every timed call, and
+    whose outputs' shapes and dtypes are what a candidate's must have."""
+    if state.role != "reference":
+        raise PermissionError("only the trusted reference worker computes a draw's truth")
+    from kbv.error_stats import baseline_error, finite_rms, truth_summary  # numbers, not a verdict
+
+    spec = dict(request["sketch"])
+    baseline_precision = request.get("baseline")
+    sets: list[list[dict[str, Any] | None]] = []
+    reply: dict[str, Any] = {}
+    for k, seed in enumerate(int(s) for s in request["seeds"]):
+        narrow = _make_inputs(state, request["distribution"], seed, "fp32")
+        wide = kbv_inputs.upcast_draw(narrow)
+        _set_precision_flags("fp64")
+        with torch.no_grad():
+            outputs = _as_outputs(_model_for(state, "fp64")(*wide))
+        truth = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
+        del wide, outputs
+        if spec.get("omega") is None:
+            spec["omega"] = [_sketch.omega_for(finite_rms(t)) for t in truth]
+            reply["omega"] = spec["omega"]
+        if k == 0 and baseline_precision is not None:
+            _set_precision_flags(str(baseline_precision))
+            with torch.no_grad():
+                outputs = _as_outputs(state.model(*narrow))
+            base = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
+            del outputs
+            reply["baseline_outputs"] = [_shape_and_dtype(o) for o in base]
+            reply["types"] = _type_names(base)
+            try:
+                reply["baseline_error"] = baseline_error(base, truth)
+            except ValueError as exc:  # the problem's fault: the parent says so
+                reply["baseline_error"] = {"structure_error": str(exc)}
+            del base
+        del narrow
+        sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
+        del truth
+    reply["sets"] = sets
+    return reply
