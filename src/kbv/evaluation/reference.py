@@ -135,14 +135,11 @@ def _error_model_expected(reference: Worker, reply: dict[str, Any]) -> dict[str,
 
 
 def _stand_in(described: Any) -> torch.Tensor | None:
-    """A meta tensor of the shape and dtype the reference described (``[shape, "float32"]``), or None."""
-    if described is None:
-        return None
-    shape, name = described
-    dtype = getattr(torch, str(name), None)
-    if not isinstance(dtype, torch.dtype):
-        raise HarnessError(f"the reference worker described an output of unknown dtype {name!r}")
-    return torch.empty([int(n) for n in shape], dtype=dtype, device="meta")
+    """``correctness.described_like``; an unknown dtype is the trusted worker's fault, so the harness's."""
+    try:
+        return correctness.described_like(described)
+    except ValueError as error:
+        raise HarnessError(str(error)) from error
 
 
 def _all_finite(outputs: list[Any]) -> bool:
