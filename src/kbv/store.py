@@ -382,62 +382,10 @@ class Store:
         key = record_key(stored)
         if source is None:
             source = _read_candidate_source(stored)
-        problem = stored.problem
         with self._transaction() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO problems(sha, name, level, path) VALUES (?, ?, ?, ?)",
-                (key[0], problem.get("name"), problem.get("level"), problem.get("path")),
-            )
-            conn.execute(
-                "INSERT INTO candidates(sha, path, source, label) VALUES (?, ?, ?, ?) ON "
-                "CONFLICT(sha) DO UPDATE"
-                " SET source = coalesce(candidates.source, excluded.source),"
-                " label = coalesce(candidates.label, excluded.label)",
-                (key[1], candidate.get("path"), source, label),
-            )
-            conn.execute(
-                "INSERT INTO protocols(sha, name, version, settings) VALUES (?, ?, ?, ?) ON "
-                "CONFLICT(sha) DO NOTHING",
-                (
-                    key[2],
-                    stored.protocol.get("name"),
-                    stored.protocol.get("version"),
-                    json.dumps(stored.protocol["settings"], sort_keys=True)
-                    if stored.protocol.get("settings")
-                    else None,
-                ),
-            )
-            cur = conn.execute(
-                "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, "
-                "protocol_name, device_name, kbv_version, torch_version, outcome, correct, "
-                "speedup_best, label, created_at, level, json, candidate_path)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    *key[:3],
-                    stored.protocol.get("name"),
-                    key[3],
-                    key[4],
-                    key[5],
-                    stored.outcome,
-                    int(bool(stored.correct)),
-                    speedup_of(stored),
-                    label,
-                    stored.created_at or now_iso(),
-                    problem.get("level"),
-                    stored.to_json(),
-                    key.candidate_path,
-                ),
-            )
-            record_id = int(cur.lastrowid or 0)
-            conn.executemany(
-                "INSERT INTO timing_samples(record_id, which, sample_index, ms) VALUES (?, ?, ?, ?)",
-                [(record_id, which, i, ms) for which, i, ms in _timing_samples(stored)],
-            )
-            conn.executemany(
-                "INSERT INTO findings(record_id, check_name, severity, detail) VALUES (?, ?, ?, ?)",
-                [(record_id, f.check, f.severity, f.detail) for f in stored.findings],
-            )
+            _insert_pair_parts(conn, stored, key, source, label)
+            record_id = _insert_record_row(conn, stored, key, run_id, label)
+            _insert_record_details(conn, stored, record_id)
             if also is not None:
                 also(conn, record_id)
         return record_id
@@ -649,3 +597,74 @@ class Store:
             raise
         self.finish_run(run_id)
         return imported, skipped
+
+
+def _insert_pair_parts(
+    conn: sqlite3.Connection, stored: Record, key: RecordKey, source: str | None, label: str | None
+) -> None:
+    """The problem, candidate and protocol rows a record points to; rows already there keep what
+    they hold (a candidate's source or label is only filled in where it was missing)."""
+    problem, candidate = stored.problem, stored.candidate
+    conn.execute(
+        "INSERT OR IGNORE INTO problems(sha, name, level, path) VALUES (?, ?, ?, ?)",
+        (key[0], problem.get("name"), problem.get("level"), problem.get("path")),
+    )
+    conn.execute(
+        "INSERT INTO candidates(sha, path, source, label) VALUES (?, ?, ?, ?) ON "
+        "CONFLICT(sha) DO UPDATE"
+        " SET source = coalesce(candidates.source, excluded.source),"
+        " label = coalesce(candidates.label, excluded.label)",
+        (key[1], candidate.get("path"), source, label),
+    )
+    conn.execute(
+        "INSERT INTO protocols(sha, name, version, settings) VALUES (?, ?, ?, ?) ON CONFLICT(sha) DO NOTHING",
+        (
+            key[2],
+            stored.protocol.get("name"),
+            stored.protocol.get("version"),
+            json.dumps(stored.protocol["settings"], sort_keys=True)
+            if stored.protocol.get("settings")
+            else None,
+        ),
+    )
+
+
+def _insert_record_row(
+    conn: sqlite3.Connection, stored: Record, key: RecordKey, run_id: int | None, label: str | None
+) -> int:
+    """The record's own row (its indexed columns and its JSON); returns its id."""
+    cur = conn.execute(
+        "INSERT INTO records(run_id, problem_sha, candidate_sha, protocol_sha, "
+        "protocol_name, device_name, kbv_version, torch_version, outcome, correct, "
+        "speedup_best, label, created_at, level, json, candidate_path)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run_id,
+            *key[:3],
+            stored.protocol.get("name"),
+            key[3],
+            key[4],
+            key[5],
+            stored.outcome,
+            int(bool(stored.correct)),
+            speedup_of(stored),
+            label,
+            stored.created_at or now_iso(),
+            stored.problem.get("level"),
+            stored.to_json(),
+            key.candidate_path,
+        ),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def _insert_record_details(conn: sqlite3.Connection, stored: Record, record_id: int) -> None:
+    """The record's timing samples and findings, one row each, for queries across records."""
+    conn.executemany(
+        "INSERT INTO timing_samples(record_id, which, sample_index, ms) VALUES (?, ?, ?, ?)",
+        [(record_id, which, i, ms) for which, i, ms in _timing_samples(stored)],
+    )
+    conn.executemany(
+        "INSERT INTO findings(record_id, check_name, severity, detail) VALUES (?, ?, ?, ?)",
+        [(record_id, f.check, f.severity, f.detail) for f in stored.findings],
+    )

@@ -196,7 +196,6 @@ def run_pairs(
     result, not fatal. The store is written here only."""
     from rich.console import Console
 
-    from kbv._version import __version__
     from kbv.report.terminal import progress_bar
     from kbv.store import RecordKey, pair_key
     from kbv.toolchain import check_toolchain
@@ -234,21 +233,9 @@ def run_pairs(
             on_start(problem, candidate)
             progress.advance(task)
             if record is None:
-                result.errors.append(
-                    (
-                        f"{problem.name} x {candidate.path.name}",
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                    )
-                )
+                result.errors.append(_harness_error(problem, candidate, exc))
                 return
-            if record.outcome == Outcome.CRASHED.value and env:
-                # Written by the driver, not a worker: give it the versions the key was probed
-                # with, so that a crashed pair counts as finished work on resume.
-                record.versions = {
-                    "kbv": __version__,
-                    "torch": env.get("torch", ""),
-                    **(record.versions or {}),
-                }
+            _stamp_crashed_versions(record, env)
             _note_problem_change(problem, record, warned, console)
             result.keep(record, candidate, store, run_id, jsonl)
 
@@ -264,6 +251,29 @@ def run_pairs(
     for slot, state in executor.health().get("removed", {}).items():
         console.print(f"[red]removed from the pool[/red] {slot}: {state}")
     return result
+
+
+def _harness_error(problem: Problem, candidate: Candidate, exc: Exception | None) -> tuple[str, str]:
+    """A pair the harness could not evaluate, as the batch result lists it: the pair and the first
+    line of the error."""
+    return (
+        f"{problem.name} x {candidate.path.name}",
+        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+    )
+
+
+def _stamp_crashed_versions(record: Record, env: dict[str, Any]) -> None:
+    """A crashed record is written by the driver, not a worker: give it the versions the key was
+    probed with, so that a crashed pair counts as finished work on resume."""
+    if record.outcome != Outcome.CRASHED.value or not env:
+        return
+    from kbv._version import __version__
+
+    record.versions = {
+        "kbv": __version__,
+        "torch": env.get("torch", ""),
+        **(record.versions or {}),
+    }
 
 
 def _note_problem_change(problem: Problem, record: Record, warned: set[Path], console: Any) -> None:

@@ -10,7 +10,7 @@ import hmac
 import json
 import math
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,21 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 def make_app(state: AppState) -> FastAPI:
+    """The service's app: its error handlers, then its routes in groups (status, submission,
+    reading), each group registered by one function over the same ``state``."""
+    app = FastAPI(
+        title="kbv serve",
+        description="Truthful evaluation of GPU kernels as a service (docs/service.md).",
+        lifespan=_lifespan(state),
+    )
+    _add_error_handlers(app, state)
+    _add_status_routes(app, state)
+    _add_submit_routes(app, state)
+    _add_read_routes(app, state)
+    return app
+
+
+def _lifespan(state: AppState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if state.on_start is not None:
@@ -69,11 +84,12 @@ def make_app(state: AppState) -> FastAPI:
         if state.on_stop is not None:  # SIGTERM: uvicorn stops accepting, then this drains
             state.on_stop()
 
-    app = FastAPI(
-        title="kbv serve",
-        description="Truthful evaluation of GPU kernels as a service (docs/service.md).",
-        lifespan=lifespan,
-    )
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI, state: AppState) -> None:
+    """Every refusal, ours or FastAPI's own validation, answers ``{"error": "<one line>"}``."""
+    from fastapi.exceptions import RequestValidationError
 
     @app.exception_handler(BadRequest)
     async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
@@ -81,123 +97,15 @@ def make_app(state: AppState) -> FastAPI:
             state.metrics.rejected(exc.status)
         return _error(exc.status, exc.message, exc.headers)
 
-    def authorize(request: Request) -> None:
-        if state.token is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not header:
-            raise BadRequest(
-                401,
-                "missing bearer token: send Authorization: Bearer <token>",
-                {"WWW-Authenticate": "Bearer"},
-            )
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), state.token.encode()
-        ):
-            raise BadRequest(403, "wrong bearer token", {"WWW-Authenticate": "Bearer"})
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(422, f"{where}: {first.get('msg', 'invalid request')}")
 
-    async def body_of(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > state.limits.max_body_bytes:
-            raise BadRequest(413, f"request body over {state.limits.max_body_bytes} bytes")
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > state.limits.max_body_bytes:
-                raise BadRequest(413, f"request body over {state.limits.max_body_bytes} bytes")
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise BadRequest(400, f"malformed JSON: {str(exc).splitlines()[0]}") from None
 
-    def parse_item(item: Any, header_key: str | None) -> NewRequest:
-        if not isinstance(item, dict):
-            raise BadRequest(422, "each evaluation must be a JSON object with problem and source")
-        unknown = set(item) - {
-            "problem",
-            "source",
-            "protocol",
-            "precision",
-            "timeout_s",
-            "label",
-            "idempotency_key",
-        }
-        if unknown:
-            raise BadRequest(422, f"unknown field {sorted(unknown)[0]!r}")
-        problem, source = item.get("problem"), item.get("source")
-        if not isinstance(problem, str) or not problem:
-            raise BadRequest(422, "problem must be a problem name like level1/19_ReLU")
-        if not isinstance(source, str) or not source:
-            raise BadRequest(422, "source must be the candidate's Python source as a string")
-        try:
-            encoded = source.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest(400, "source is not valid UTF-8 (it holds a lone surrogate)") from None
-        if len(encoded) > state.limits.max_source_bytes:
-            raise BadRequest(
-                413, f"source is {len(encoded)} bytes, over the limit of {state.limits.max_source_bytes}"
-            )
-        protocol = item.get("protocol", state.default_protocol)
-        if protocol not in state.protocols:
-            raise BadRequest(400, f"unknown protocol {protocol!r}: use one of {', '.join(state.protocols)}")
-        precision = item.get("precision")
-        if precision is not None and precision not in PRECISIONS:
-            raise BadRequest(400, f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-        timeout_s = item.get("timeout_s")
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, (int, float))
-            or not math.isfinite(timeout_s)
-            or not 0 < timeout_s <= state.limits.max_timeout_s
-        ):
-            raise BadRequest(
-                422, f"timeout_s must be a number of seconds in (0, {state.limits.max_timeout_s:g}]"
-            )
-        label = item.get("label", "")
-        if not isinstance(label, str) or len(label) > 200:
-            raise BadRequest(422, "label must be a string of at most 200 characters")
-        key = item.get("idempotency_key", header_key)
-        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
-            raise BadRequest(422, "idempotency_key must be a string of 1 to 200 characters")
-        why = state.problem_known(problem)
-        if why is not None:
-            raise BadRequest(404, why)
-        return NewRequest(
-            problem=problem,
-            source=source,
-            protocol=str(protocol),
-            precision=precision,
-            timeout_s=float(timeout_s) if timeout_s is not None else None,
-            label=label,
-            idempotency_key=key,
-        )
-
-    def enqueue(items: list[NewRequest]) -> list[tuple[str, bool]]:
-        if state.runner is not None and state.runner.draining:
-            raise BadRequest(
-                503, "the server is draining; submit to it again after its restart", {"Retry-After": "30"}
-            )
-        try:
-            added = state.requests.add(items, state.limits.max_queue)
-        except IdempotencyConflict as exc:
-            raise BadRequest(409, str(exc)) from None
-        if added is None:
-            raise BadRequest(
-                429,
-                f"the queue holds its bound of {state.limits.max_queue} unfinished requests; retry later",
-                {"Retry-After": str(retry_after())},
-            )
-        if state.runner is not None:
-            state.runner.wake()
-        if state.metrics is not None:
-            state.metrics.accepted(sum(1 for _, created in added if created))
-        return added
-
-    def retry_after() -> int:
-        rate = state.runner.throughput.per_second() if state.runner is not None else 0.0
-        backlog = state.requests.counts()["queued"]
-        return int(min(600, max(1, backlog / rate))) if rate > 0 else 10
+def _add_status_routes(app: FastAPI, state: AppState) -> None:
+    """``/health`` (open to all) and ``/metrics`` (Prometheus, behind the token)."""
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -211,22 +119,26 @@ def make_app(state: AppState) -> FastAPI:
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
-        authorize(request)
+        _authorize(state, request)
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(state.metrics.render() if state.metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
+
+def _add_submit_routes(app: FastAPI, state: AppState) -> None:
+    """``POST /v1/evaluations`` and ``POST /v1/evaluations/batch``: checked in full, then queued."""
+
     @app.post(f"{API}/evaluations", status_code=202)
     async def submit(request: Request) -> JSONResponse:
-        authorize(request)
-        item = parse_item(await body_of(request), request.headers.get("idempotency-key"))
-        [(request_id, created)] = enqueue([item])
+        _authorize(state, request)
+        item = _parse_item(state, await _body_of(state, request), request.headers.get("idempotency-key"))
+        [(request_id, created)] = _enqueue(state, [item])
         return JSONResponse({"id": request_id, "created": created}, status_code=202 if created else 200)
 
     @app.post(f"{API}/evaluations/batch", status_code=202)
     async def submit_batch(request: Request) -> JSONResponse:
-        authorize(request)
-        body = await body_of(request)
+        _authorize(state, request)
+        body = await _body_of(state, request)
         items = body.get("evaluations") if isinstance(body, dict) else None
         if not isinstance(items, list) or not items:
             raise BadRequest(422, 'a batch is {"evaluations": [...]} with at least one evaluation')
@@ -243,15 +155,19 @@ def make_app(state: AppState) -> FastAPI:
                 else None
             )
             try:
-                parsed.append(parse_item(item, key))
+                parsed.append(_parse_item(state, item, key))
             except BadRequest as exc:
                 raise BadRequest(exc.status, f"evaluation {index}: {exc.message}", exc.headers) from None
-        added = enqueue(parsed)
+        added = _enqueue(state, parsed)
         return JSONResponse({"ids": [request_id for request_id, _ in added]}, status_code=202)
+
+
+def _add_read_routes(app: FastAPI, state: AppState) -> None:
+    """``GET /v1/evaluations/{id}`` and the paged list ``GET /v1/evaluations``."""
 
     @app.get(f"{API}/evaluations/{{request_id}}")
     def get(request_id: str, request: Request) -> JSONResponse:
-        authorize(request)
+        _authorize(state, request)
         found = state.requests.get(request_id)
         if found is None:
             raise BadRequest(404, f"no evaluation {request_id!r}")
@@ -261,19 +177,128 @@ def make_app(state: AppState) -> FastAPI:
     def list_(
         request: Request, status: str | None = None, limit: int = 100, after: str | None = None
     ) -> JSONResponse:
-        authorize(request)
+        _authorize(state, request)
         if status is not None and status not in STATUSES:
             raise BadRequest(400, f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
         if not 0 < limit <= 1000:
             raise BadRequest(400, "limit must be in 1..1000")
         return JSONResponse({"evaluations": state.requests.list(status, limit, after)})
 
-    from fastapi.exceptions import RequestValidationError
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, f"{where}: {first.get('msg', 'invalid request')}")
+def _authorize(state: AppState, request: Request) -> None:
+    if state.token is None:
+        return
+    header = request.headers.get("authorization", "")
+    if not header:
+        raise BadRequest(
+            401,
+            "missing bearer token: send Authorization: Bearer <token>",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), state.token.encode()):
+        raise BadRequest(403, "wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
-    return app
+
+async def _body_of(state: AppState, request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > state.limits.max_body_bytes:
+        raise BadRequest(413, f"request body over {state.limits.max_body_bytes} bytes")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > state.limits.max_body_bytes:
+            raise BadRequest(413, f"request body over {state.limits.max_body_bytes} bytes")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(400, f"malformed JSON: {str(exc).splitlines()[0]}") from None
+
+
+def _parse_item(state: AppState, item: Any, header_key: str | None) -> NewRequest:
+    if not isinstance(item, dict):
+        raise BadRequest(422, "each evaluation must be a JSON object with problem and source")
+    unknown = set(item) - {
+        "problem",
+        "source",
+        "protocol",
+        "precision",
+        "timeout_s",
+        "label",
+        "idempotency_key",
+    }
+    if unknown:
+        raise BadRequest(422, f"unknown field {sorted(unknown)[0]!r}")
+    problem, source = item.get("problem"), item.get("source")
+    if not isinstance(problem, str) or not problem:
+        raise BadRequest(422, "problem must be a problem name like level1/19_ReLU")
+    if not isinstance(source, str) or not source:
+        raise BadRequest(422, "source must be the candidate's Python source as a string")
+    try:
+        encoded = source.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(400, "source is not valid UTF-8 (it holds a lone surrogate)") from None
+    if len(encoded) > state.limits.max_source_bytes:
+        raise BadRequest(
+            413, f"source is {len(encoded)} bytes, over the limit of {state.limits.max_source_bytes}"
+        )
+    protocol = item.get("protocol", state.default_protocol)
+    if protocol not in state.protocols:
+        raise BadRequest(400, f"unknown protocol {protocol!r}: use one of {', '.join(state.protocols)}")
+    precision = item.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise BadRequest(400, f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    timeout_s = item.get("timeout_s")
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not math.isfinite(timeout_s)
+        or not 0 < timeout_s <= state.limits.max_timeout_s
+    ):
+        raise BadRequest(422, f"timeout_s must be a number of seconds in (0, {state.limits.max_timeout_s:g}]")
+    label = item.get("label", "")
+    if not isinstance(label, str) or len(label) > 200:
+        raise BadRequest(422, "label must be a string of at most 200 characters")
+    key = item.get("idempotency_key", header_key)
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
+        raise BadRequest(422, "idempotency_key must be a string of 1 to 200 characters")
+    why = state.problem_known(problem)
+    if why is not None:
+        raise BadRequest(404, why)
+    return NewRequest(
+        problem=problem,
+        source=source,
+        protocol=str(protocol),
+        precision=precision,
+        timeout_s=float(timeout_s) if timeout_s is not None else None,
+        label=label,
+        idempotency_key=key,
+    )
+
+
+def _enqueue(state: AppState, items: list[NewRequest]) -> list[tuple[str, bool]]:
+    if state.runner is not None and state.runner.draining:
+        raise BadRequest(
+            503, "the server is draining; submit to it again after its restart", {"Retry-After": "30"}
+        )
+    try:
+        added = state.requests.add(items, state.limits.max_queue)
+    except IdempotencyConflict as exc:
+        raise BadRequest(409, str(exc)) from None
+    if added is None:
+        raise BadRequest(
+            429,
+            f"the queue holds its bound of {state.limits.max_queue} unfinished requests; retry later",
+            {"Retry-After": str(_retry_after(state))},
+        )
+    if state.runner is not None:
+        state.runner.wake()
+    if state.metrics is not None:
+        state.metrics.accepted(sum(1 for _, created in added if created))
+    return added
+
+
+def _retry_after(state: AppState) -> int:
+    rate = state.runner.throughput.per_second() if state.runner is not None else 0.0
+    backlog = state.requests.counts()["queued"]
+    return int(min(600, max(1, backlog / rate))) if rate > 0 else 10
