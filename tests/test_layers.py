@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "shared by both sides",
         (
             "kbv.channel",
+            "kbv.wire",
             "kbv.handoff",
             "kbv._vmm",
             "kbv.processes",

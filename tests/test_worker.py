@@ -364,7 +364,7 @@ def test_workers_closed_together_are_all_asked_to_exit_before_any_is_waited_for(
 
     def spy_receive(sock, *args, **kwargs):
         reply = receive(sock, *args, **kwargs)
-        if reply.get("ok") is True and set(reply) == {"ok"}:
+        if reply.get("ok") is True and set(reply) == {"ok", "id"}:  # the exit reply
             events.append("reply")
         return reply
 

@@ -30,7 +30,7 @@ from kbv import channel as _channel
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
-from kbv import telemetry
+from kbv import telemetry, wire
 from kbv.child import construct as _construct_state
 from kbv.child import timing as kbv_timing
 from kbv.child.forward import (
@@ -65,9 +65,13 @@ def main(fd: int) -> None:
     _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
     while True:
         request = _channel.receive(sock)
-        op = request.get("op")
+        refusal = _refusal(request)
+        if refusal is not None:  # nothing of a malformed request runs; the parent raises on it
+            _channel.send(sock, refusal)
+            continue
+        op = request["op"]
         if op == "exit":
-            _channel.send(sock, {"ok": True})
+            _channel.send(sock, {"ok": True, "id": request["id"]})
             break
         started = time.perf_counter()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
@@ -78,6 +82,7 @@ def main(fd: int) -> None:
             reply["ok"] = True
         except BaseException as exc:  # the candidate failed: report it, the parent decides
             reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
+        reply["id"] = request["id"]  # the parent checks it: a reply read for another request is refused
         reply["worker_seconds"] = time.perf_counter() - started
         _release_cached_memory(request.get("room_bytes"))
         if request.get("steps"):  # a profiling run asked where the request's time went
@@ -89,6 +94,16 @@ def main(fd: int) -> None:
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
             break  # the CUDA context is unusable now; this process must not be reused
     sock.close()
+
+
+def _refusal(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The reply refusing ``request`` when it breaks the wire format (kbv.wire), else None."""
+    try:
+        wire.Request.from_json(request)
+    except wire.WireError as exc:
+        error = {"kind": wire.MALFORMED, "message": str(exc)}
+        return {"ok": False, "id": wire.reply_id(request), "error": error}
+    return None
 
 
 #: A worker whose allocator keeps more than this cached hands it back after the request: three

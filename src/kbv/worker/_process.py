@@ -12,12 +12,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kbv import channel as _channel
-from kbv import telemetry
+from kbv import telemetry, wire
 from kbv.worker import _contain, _forkserver, _privileges, _scratch
 from kbv.worker._env import arch_list_for, scrubbed_env
 from kbv.worker._isolation import IsolationReport
@@ -54,6 +55,10 @@ class Worker(LimitWatch, IsolationReport):
         self._stdout = self.scratch / "stdout.log"
         self._stderr = self.scratch / "stderr.log"
         self._counter = 0
+        #: The last request id sent, and the ids whose replies are still to be read, oldest first
+        #: (a pipelined request's reply comes before a later one's).
+        self._last_id = 0
+        self._awaited: deque[int] = deque()
         self.remaining_s = spec.budget_s
         self._tag = uuid.uuid4().hex[:12]
         self._cgroup: _contain.Cgroup | None = None
@@ -168,16 +173,28 @@ class Worker(LimitWatch, IsolationReport):
             raise RuntimeError("worker not started")
         if op == "load":
             fields.setdefault("handoff", self.handoff)
+        message = self._next_request(op, {**self.request_fields, **fields}).to_json()
         try:
-            _channel.send(self._sock, {"op": op, **self.request_fields, **fields})
+            _channel.send(self._sock, message)
         except OSError as exc:
             self.kill()
             raise WorkerFailed(
                 "crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role
             ) from exc
 
+    def _next_request(self, op: str, fields: dict[str, Any]) -> wire.Request:
+        """The request to send, with the next id; its reply is awaited after any still unread."""
+        self._last_id += 1
+        request = wire.Request(op, self._last_id, fields)
+        self._awaited.append(request.id)
+        return request
+
     def receive_reply(self) -> dict[str, Any]:
+        if not self._awaited:
+            raise wire.WireError("a reply was read for no request sent (receive_reply without send_request)")
+        awaited = self._awaited.popleft()
         reply = self._receive()
+        wire.check_reply(reply, awaited)
         if not reply.get("ok"):
             error = reply.get("error") or {}
             kind = str(error.get("kind", "runtime_error"))
@@ -365,7 +382,7 @@ class Worker(LimitWatch, IsolationReport):
         self._exit_asked = False
         if self._sock is not None and self.alive():
             try:
-                _channel.send(self._sock, {"op": "exit"})
+                _channel.send(self._sock, self._next_request("exit", {}).to_json())
                 self._exit_asked = True
             except OSError:
                 pass
