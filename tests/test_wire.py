@@ -19,7 +19,7 @@ SAMPLES = {
     "expected": {"distribution": "original", "seed": 3, "out_path": "/tmp/z", "room_bytes": 0},
     "time": {"distribution": "original", "seeds": [1, 2], "precision": "native", "settings": {}},
     "truth_sketches": {"distribution": "original", "seeds": [1], "sketch": {"k": 8}},
-    "identities": {"seeds": [1]},
+    "identities": {},
     "probe_observe": {"inputs": {"distribution": "original", "seed": 1}},
     "probe_cache": {"distribution": "original", "seed_a": 1, "seed_b": 2, "out_path": "/tmp/c"},
     "probe_poison": {"inputs": {"seed": 1}, "out_path": "/tmp/p", "output_nbytes": [16]},
@@ -64,9 +64,40 @@ def test_a_malformed_request_is_refused_with_what_is_wrong(message: dict, says: 
         wire.Request.from_json(message)
 
 
+@pytest.mark.parametrize(
+    ("op", "fields", "says"),
+    [
+        ("run", {"seed": 1, "answer": 42}, "'run' request has no field 'answer'"),
+        ("inbox", {"nbytes": "4096"}, "'nbytes' must be int, not str"),
+        ("inbox", {"nbytes": True}, "'nbytes' must be int, not bool"),
+        ("build", {"init_seed": 1, "state_inbox": {"w": 1}}, "'state_inbox' must be list or null"),
+        ("expected", {"room_bytes": 1.5}, "'room_bytes' must be int or null, not float"),
+    ],
+)
+def test_a_field_its_op_does_not_take_or_of_another_type_is_refused(op: str, fields: dict, says: str) -> None:
+    with pytest.raises(wire.WireError, match=says):
+        wire.Request(op, 1, fields)
+    with pytest.raises(wire.WireError, match=says):  # and so it is where the worker parses it
+        wire.Request.from_json({"op": op, "id": 1, **fields})
+
+
+def test_what_the_parent_sends_is_checked_as_the_worker_reads_it() -> None:
+    """A tuple goes on the wire as a list and a NumPy scalar as a number: both are accepted."""
+    import numpy as np
+
+    fields = wire.plain({"distribution": "original", "seeds": (1, 2), "sketch": {"seed": np.int64(3)}})
+    assert wire.Request("truth_sketches", 1, fields).fields == {
+        "distribution": "original",
+        "seeds": [1, 2],
+        "sketch": {"seed": 3},
+    }
+
+
 def test_fields_may_not_shadow_the_envelope() -> None:
     with pytest.raises(wire.WireError, match="envelope's 'id'"):
         wire.Request("run", 1, {"id": 2})
+    with pytest.raises(wire.WireError, match="must be a mapping"):
+        wire.Request("run", 1, [("seed", 2)])  # type: ignore[arg-type]
     assert wire.Request("run", 1, {"seed": 2}).fields == {"seed": 2}  # the accepted twin
 
 

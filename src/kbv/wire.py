@@ -10,31 +10,70 @@ answer. A wrong id is a harness error, never a candidate's outcome.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Every request the worker answers (kbv.child.main, kbv.child.probes, kbv.child.calls).
-OPS = frozenset(
-    {
-        "exit",
-        "load",
-        "build",
-        "redraw",
-        "inbox",
-        "run",
-        "expected",
-        "time",
-        "truth_sketches",
-        "identities",
-        "probe_observe",
-        "probe_cache",
-        "probe_poison",
-        "probe_flops",
-        "probe_kernels",
-        "probe_calls",
-    }
-)
+from kbv import channel as _channel
+
+_STR, _INT, _BOOL, _DICT, _LIST = (str,), (int,), (bool,), (dict,), (list,)
+_NUMBER = (int, float)
+_NONE = (type(None),)
+#: What every request may carry: the reference's memory room (``Worker.request_fields``, read after
+#: the request) and a profiling run's wish to know where its time went (benchmarks/request_trace.py).
+_COMMON: dict[str, tuple[type, ...]] = {"room_bytes": _INT + _NONE, "steps": _BOOL}
+_Types = tuple[type, ...]
+_DRAW: dict[str, _Types] = {"distribution": _STR, "seed": _INT, "out_path": _STR}
+_FORWARD: dict[str, _Types] = {
+    **_DRAW,
+    "mix_seed": _INT + _NONE,
+    "precision": _STR,
+    "measure_memory": _BOOL,
+    "record_operators": _BOOL,
+}
+_PROBE: dict[str, _Types] = {"inputs": _DICT, "precision": _STR}
+#: The fields of every request the worker answers (kbv.child.main, kbv.child.probes,
+#: kbv.child.calls), with the JSON types each may hold: the names its handlers read and the parent
+#: sends. A field not listed for its op, or of another type, is refused.
+FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "exit": {},
+    "load": {
+        "role": _STR,
+        "device": _STR,
+        "problem_source": _STR,
+        "problem_name": _STR,
+        "sizes": _DICT,
+        "domain": _STR,
+        "init_seed": _INT,
+        "structure": _DICT + _LIST + _NONE,
+        "precision": _STR,
+        "candidate_path": _STR,
+        "handoff": _STR,
+    },
+    "build": {"init_seed": _INT, "state_path": _STR + _NONE, "state_inbox": _LIST + _NONE},
+    "redraw": {**_DRAW, "hand_over": _BOOL},
+    "inbox": {"nbytes": _INT},
+    "run": _FORWARD,
+    "expected": _FORWARD,
+    "time": {
+        "distribution": _STR,
+        "seeds": _LIST,
+        "precision": _STR,
+        "settings": _DICT,
+        "sketch": _DICT + _NONE,
+        "unseen_seeds": _LIST + _NONE,
+    },
+    "truth_sketches": {"distribution": _STR, "seeds": _LIST, "sketch": _DICT, "baseline": _STR + _NONE},
+    "identities": {},
+    "probe_observe": {**_PROBE, "delay_s": _NUMBER, "hand_outputs": _BOOL, "out_path": _STR},
+    "probe_cache": {**_DRAW, "seed": _INT, "seed_a": _INT, "seed_b": _INT, "precision": _STR},
+    "probe_poison": {**_PROBE, "out_path": _STR, "output_nbytes": _LIST + _NONE},
+    "probe_flops": _PROBE,
+    "probe_kernels": _PROBE,
+    "probe_calls": _PROBE,
+}
+OPS = frozenset(FIELDS)
 #: The envelope's own keys: a request's fields may not reuse them.
 _ENVELOPE = ("op", "id")
 #: The error kind of a worker's refusal of a malformed request (a harness error in the parent).
@@ -64,6 +103,7 @@ class Request:
                 raise WireError(f"a {self.op!r} request's field names must be strings, not {key!r}")
             if key in _ENVELOPE:
                 raise WireError(f"a {self.op!r} request's fields may not carry the envelope's {key!r}")
+            _check_field(self.op, key, self.fields[key])
 
     def to_json(self) -> dict[str, Any]:
         """The message as sent: the fields at the top level beside ``op`` and ``id`` (the names the
@@ -77,6 +117,12 @@ class Request:
             raise WireError(f"a request must be a JSON object, not {type(message).__name__}")
         fields = {key: value for key, value in message.items() if key not in _ENVELOPE}
         return cls(op=message.get("op"), id=message.get("id"), fields=fields)  # type: ignore[arg-type]
+
+
+def plain(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` as the worker will read them: through JSON, as the channel writes them (a tuple
+    arrives as a list, a NumPy or tensor scalar as a number), so the parent validates what is sent."""
+    return dict(json.loads(json.dumps(fields, default=_channel._default)))
 
 
 def reply_id(request: Mapping[str, Any]) -> Any:
@@ -107,3 +153,14 @@ def _check_op(op: Any) -> None:
 def _check_id(value: Any, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WireError(f"a {what}'s id must be a positive integer, not {value!r}")
+
+
+def _check_field(op: str, name: str, value: Any) -> None:
+    types = FIELDS[op].get(name) or _COMMON.get(name)
+    if types is None:
+        known = sorted({*FIELDS[op], *_COMMON})
+        raise WireError(f"a {op!r} request has no field {name!r}; it takes {known}")
+    wrong_bool = isinstance(value, bool) and bool not in types  # JSON's true is no integer
+    if wrong_bool or not isinstance(value, types):
+        allowed = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise WireError(f"the {op!r} request's {name!r} must be {allowed}, not {type(value).__name__}")

@@ -185,7 +185,7 @@ class Worker(LimitWatch, IsolationReport):
     def _next_request(self, op: str, fields: dict[str, Any]) -> wire.Request:
         """The request to send, with the next id; its reply is awaited after any still unread."""
         self._last_id += 1
-        request = wire.Request(op, self._last_id, fields)
+        request = wire.Request(op, self._last_id, wire.plain(fields))
         self._awaited.append(request.id)
         return request
 
