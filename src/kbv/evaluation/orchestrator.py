@@ -166,7 +166,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 _phase(
                     ctx,
                     "integrity",
-                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup, gpu),
+                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup),
                 )
             else:
                 ctx.findings.extend(_findings_without_probes(ctx, timing))
@@ -280,7 +280,6 @@ class Session:
     rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
-    device_lock: Any = None  # the evaluation's DeviceLock: candidate processes killed for holding it
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
     # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
@@ -303,7 +302,6 @@ def _dynamic_findings(
     correct: bool,
     timing: dict[str, Any],
     speedup: dict[str, Any],
-    gpu: DeviceLock | None = None,
 ) -> None:
     from kbv import integrity
     from kbv.integrity import dynamic
@@ -341,7 +339,6 @@ def _dynamic_findings(
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.transients,
-        device_lock=gpu,
         side_by_side=_side_by_side(ctx),
     )
     try:
