@@ -693,6 +693,41 @@ def test_confinement_refuses_writes_outside_scratch_and_build_directory(tmp_path
     assert not outside.exists()
 
 
+def test_a_confined_process_names_its_own_threads_and_no_one_elses(tmp_path: Path) -> None:
+    """The CUDA driver names the threads it starts through /proc/self/task/<tid>/comm (refused,
+    cuInit fails): a confined process may write its own threads' names, not its parent's."""
+    import threading
+
+    from kbv.child import confine
+
+    if confine.landlock_abi() is None:
+        pytest.skip("no Landlock on this kernel")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        confine.apply([str(tmp_path)])
+        waiting = threading.Event()
+        thread = threading.Thread(target=waiting.wait)
+        thread.start()
+        results = []
+        for target in (f"/proc/self/task/{thread.native_id}/comm", f"/proc/{os.getppid()}/comm"):
+            try:
+                Path(target).write_text("renamed")
+                results.append("ok")
+            except OSError as exc:
+                results.append(str(exc.errno))
+        waiting.set()
+        thread.join()
+        os.write(write, repr(results).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    results = eval(os.read(read, 65536).decode())  # noqa: S307 - our own child's repr
+    assert results[0] == "ok", results
+    assert results[1] in ("1", "13"), results  # EPERM or EACCES: not its own process
+
+
 def test_the_seccomp_filter_denies_what_it_names_and_allows_the_rest() -> None:
     from kbv.child import confine
 

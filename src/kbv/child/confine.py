@@ -5,9 +5,10 @@ included, whatever uid the worker runs as:
 
 - **Landlock** (Linux 5.13+): write-type file accesses (write, truncate, create, remove, rename,
   link, make devices, fifos, sockets, symlinks) are allowed only beneath the directories the parent
-  names (the worker's scratch, which holds its HOME and TMPDIR, and its source's build directory)
-  and on the device files a worker needs (``/dev/null`` and friends; on a GPU ``/dev/nvidia*`` and
-  ``/dev/shm``, where CUDA and torch keep their IPC files). Reads are not restricted. Since ABI 6
+  names (the worker's scratch, which holds its HOME and TMPDIR, and its source's build directory),
+  on its own threads' ``/proc`` files (their names) and on the device files a worker needs
+  (``/dev/null`` and friends; on a GPU ``/dev/nvidia*`` and ``/dev/shm``, where CUDA and torch
+  keep their IPC files). Reads are not restricted. Since ABI 6
   (Linux 6.12) its scopes keep signals and abstract unix sockets inside the candidate's own
   domain: it cannot stop, kill or connect to the reference worker, the fork server, the parent or
   another candidate, only to processes it started. Landlock also refuses ptrace, and every access
@@ -223,6 +224,10 @@ def _allow(libc: Any, add_rule: int, ruleset: int, writable: list[str], writes: 
     file_rights = _WRITE_FILE | (writes & _TRUNCATE)
     targets = [(p, writes) for p in writable]
     targets += [(p, file_rights) for p in _DEVICES]
+    # Its own threads' files (``comm``): the CUDA driver names the threads it starts with
+    # pthread_setname_np, which writes /proc/self/task/<tid>/comm; refused, cuInit fails with error
+    # 304 (measured on an H100, 2026-12-06: benchmarks/results/2026-12-06-h100-gpu-tests/).
+    targets.append((f"/proc/{os.getpid()}/task", file_rights))
     if gpu:
         found = [p for pattern in _GPU_PATHS for p in glob.glob(pattern)]
         targets += [(p, writes if os.path.isdir(p) else file_rights) for p in found]
