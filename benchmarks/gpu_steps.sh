@@ -39,8 +39,8 @@ step_env() {
     env | grep -E '^(TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' || true
 }
 
-step_tests() {
-    python -m pytest -m gpu tests -p no:cacheprovider --timeout 150 -v -rA --durations=30
+step_tests() {  # with the KernelBench tree, so tests/gpu/test_gpu_structure.py runs instead of skipping
+    KBV_KERNELBENCH=$PWD/$KB python -m pytest -m gpu tests -p no:cacheprovider --timeout 150 -v -rA --durations=30
 }
 
 step_containment() {  # the lock squatter and the containment tests: code newer than the last full run
@@ -114,13 +114,16 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
     python -m kbv.cli problems audit "$KB" --device cuda --json > "$OUT/problems_audit.jsonl"
 }
 
+# REF_LEVEL: the KernelBench level the ref steps sweep (default level1; rows of another level go to
+# ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's)
 step_ref() {  # $1: plain or tf32; $2: seconds of budget for new evaluations
-    local flag=""
+    local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl"
     [ "$1" = tf32 ] && flag="--tf32"
-    seed_from_kb "ref_$1.jsonl"
+    [ "$level" != level1 ] && rows="ref_$1_$level.jsonl"
+    seed_from_kb "$rows"
     # shellcheck disable=SC2086
-    python benchmarks/reference_as_candidate.py "$KB/level1" --device cuda $flag \
-        --budget-s "$2" --timeout 120 --out "$OUT/ref_$1.jsonl"
+    python benchmarks/reference_as_candidate.py "$KB/$level" --device cuda $flag \
+        --budget-s "$2" --timeout 120 --out "$OUT/$rows"
 }
 
 step_stability() {  # STABILITY_MATCH=NAME keeps the candidates whose file name contains NAME
