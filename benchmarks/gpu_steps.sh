@@ -15,7 +15,7 @@
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
 #   .kb/fidelity.json
 #                        rows of earlier calls, copied in so finished work is not redone
-# Steps: env tests containment handover structure fused relu cost1 cost2 cost3 trace inputs acceptance
+# Steps: env tests service ref-bf16 containment handover structure fused relu cost1 cost2 cost3 trace inputs acceptance
 #        problems_audit ref-plain ref-tf32 stability stability_suite compare fidelity launch demo audit
 #        audit_report
 set -u
@@ -106,6 +106,13 @@ step_inputs() {
         --problems ${INPUT_PROBLEMS:-94_MSELoss 47_Sum_reduction_over_a_dimension 17_Conv2d_InstanceNorm_Divide 2_ShallowWideMLP}
 }
 
+# SERVICE_LIMIT: how many of level 1's problems the service load takes (default 20), beside every
+# GPU hack fixture
+step_service() {  # kbv serve under load: verified evaluations per hour, latency, verdicts against kbv run's
+    python benchmarks/service_load.py --device cuda --kernelbench "$KB/level1" --limit "${SERVICE_LIMIT:-20}" \
+        --clients 4 --max-queue 8 --timeout 120 --out "$OUT/service.json"
+}
+
 step_acceptance() {  # issue 11's target: the bundled GPU candidates and fixtures in <= 5 minutes
     python benchmarks/gpu_acceptance.py --out "$OUT/acceptance"
 }
@@ -116,9 +123,10 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
 
 # REF_LEVEL: the KernelBench level the ref steps sweep (default level1; rows of another level go to
 # ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's)
-step_ref() {  # $1: plain or tf32; $2: seconds of budget for new evaluations
+step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluations
     local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl"
     [ "$1" = tf32 ] && flag="--tf32"
+    [ "$1" = bf16 ] && flag="--precision bf16"
     [ "$level" != level1 ] && rows="ref_$1_$level.jsonl"
     seed_from_kb "$rows"
     # shellcheck disable=SC2086
@@ -190,12 +198,12 @@ run_step() {  # $1: name, $2: seconds
             export -f step_cost seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_cost ${name#cost}" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        ref-plain|ref-tf32)
+        ref-plain|ref-tf32|ref-bf16)
             export -f step_ref seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_ref ${name#ref-} $(( limit - 60 ))" 2>&1 \
                 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
-        tests|containment|handover|structure|fused|relu|trace|inputs|acceptance|problems_audit|stability|stability_suite|compare|fidelity|launch|demo|audit|audit_report)
+        tests|service|containment|handover|structure|fused|relu|trace|inputs|acceptance|problems_audit|stability|stability_suite|compare|fidelity|launch|demo|audit|audit_report)
             export -f "step_$name" seed_from_kb
             KB=$KB timeout "$limit" bash -c "step_$name" 2>&1 | stamp > "$OUT/$name.log"
             rc=${PIPESTATUS[0]} ;;
@@ -207,7 +215,7 @@ run_step() {  # $1: name, $2: seconds
 default_limit() {
     case "$1" in
         env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
-        relu) echo 90 ;; trace) echo 240 ;; inputs) echo 150 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32) echo 540 ;;
+        relu) echo 90 ;; trace) echo 240 ;; inputs) echo 150 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32|ref-bf16) echo 540 ;; service) echo 540 ;;
         stability) echo 540 ;; stability_suite) echo 240 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
         *) echo 60 ;;

@@ -16,6 +16,16 @@ against ``kbv run``'s for the same pair.
    submission to the last record.
 
     PYTHONPATH=$PWD/src python benchmarks/service_load.py --clients 8 --max-queue 12 --out result.json
+
+With ``--kernelbench DIR`` (a KernelBench level's folder) the pairs are instead its problems, each
+with its own ``Model`` as the candidate, mixed with every hack fixture of the device's kind (on a
+GPU, ``--device cuda``, the ``gpu_*`` ones). Besides the wall-clock rate the report gives the rate
+per hour of evaluation work without compilation: the finished evaluations over the sum of their
+``total`` less ``compile`` phases (evaluations that overlap on the GPU count twice there, which
+understates the rate).
+
+    PYTHONPATH=$PWD/src python benchmarks/service_load.py --device cuda --kernelbench KB/level1 \
+        --clients 4 --max-queue 8 --out result.json
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ TOKEN = "service-load-" + os.urandom(12).hex()
 
 def _fixture_spec(path: Path) -> dict[str, Any]:
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "KBV_FIXTURE" for t in node.targets
+        ):
             return dict(ast.literal_eval(node.value))
     return {}
 
@@ -60,11 +72,39 @@ def collect_pairs(skip_slow: bool) -> list[tuple[Path, Path]]:
         for candidate in sorted((SUITE / "candidates" / kind).glob("*.py")):
             if candidate.stem in problems:
                 pairs.append((problems[candidate.stem], candidate))
+    return pairs + hack_fixture_pairs(gpu=False, skip_slow=skip_slow)
+
+
+def hack_fixture_pairs(gpu: bool, skip_slow: bool) -> list[tuple[Path, Path]]:
+    """The hack fixtures of one kind (``gpu_*`` or the others) with the problems they name."""
+    pairs = []
     for candidate in sorted(HACKS.glob("*.py")):
         spec = _fixture_spec(candidate)
-        if candidate.stem.startswith("gpu_") or not spec.get("problem") or (skip_slow and spec.get("slow")):
+        if (
+            candidate.stem.startswith("gpu_") != gpu
+            or not spec.get("problem")
+            or (skip_slow and spec.get("slow"))
+        ):
             continue
         pairs.append((ROOT / spec["problem"], candidate))
+    return pairs
+
+
+def kernelbench_pairs(level: Path, work: Path) -> list[tuple[Path, Path]]:
+    """Each problem of a KernelBench level's folder with its own ``Model`` as the candidate (written
+    under ``work``), as benchmarks/reference_as_candidate.py makes it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reference_as_candidate import candidate_source
+
+    work.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for problem in sorted(
+        level.glob("*.py"),
+        key=lambda p: (int(p.stem.split("_")[0]) if p.stem.split("_")[0].isdigit() else 0, p.stem),
+    ):
+        candidate = work / problem.name
+        candidate.write_text(candidate_source(problem.read_text(), False))
+        pairs.append((problem, candidate))
     return pairs
 
 
@@ -72,7 +112,12 @@ def problem_tree(pairs: list[tuple[Path, Path]], root: Path) -> dict[Path, str]:
     """Copy the pairs' problems into ``root`` (kept under their own folder names); name -> each."""
     names = {}
     for problem, _ in pairs:
-        relative = problem.relative_to(SUITE / "problems") if SUITE in problem.parents else problem.relative_to(ROOT)
+        if SUITE in problem.parents:
+            relative = problem.relative_to(SUITE / "problems")
+        elif ROOT in problem.parents:
+            relative = problem.relative_to(ROOT)
+        else:  # a KernelBench tree outside the repository
+            relative = Path("kernelbench") / problem.parent.name / problem.name
         target = root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(problem, target)
@@ -80,7 +125,9 @@ def problem_tree(pairs: list[tuple[Path, Path]], root: Path) -> dict[Path, str]:
     return names
 
 
-def kbv_run_verdicts(pairs: list[tuple[Path, Path]], protocol: str, timeout_s: float) -> dict[tuple[str, str], str]:
+def kbv_run_verdicts(
+    pairs: list[tuple[Path, Path]], protocol: str, timeout_s: float, device: str
+) -> dict[tuple[str, str], str]:
     from rich.console import Console
 
     from kbv.batch import run_batch
@@ -89,9 +136,13 @@ def kbv_run_verdicts(pairs: list[tuple[Path, Path]], protocol: str, timeout_s: f
     from kbv.protocol import load_protocol
 
     loaded = [(load_problem(p), load_candidate(c)) for p, c in pairs]
-    result = run_batch(loaded, load_protocol(protocol), device="cpu", timeout_s=timeout_s, console=Console(quiet=True))
+    result = run_batch(
+        loaded, load_protocol(protocol), device=device, timeout_s=timeout_s, console=Console(quiet=True)
+    )
     return {
-        (r.problem["source_sha256"], r.candidate["source_sha256"]): str(getattr(r.outcome, "value", r.outcome))
+        (r.problem["source_sha256"], r.candidate["source_sha256"]): str(
+            getattr(r.outcome, "value", r.outcome)
+        )
         for r in result.records
     }
 
@@ -102,13 +153,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace, tree: Path, db: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    args: argparse.Namespace, tree: Path, db: Path, port: int, log: Path
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "kbv.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--device", "cpu", "--db", str(db), "--problems", str(tree), "--protocol", args.protocol]
+    command += [
+        "--device",
+        args.device,
+        "--db",
+        str(db),
+        "--problems",
+        str(tree),
+        "--protocol",
+        args.protocol,
+    ]
     command += ["--max-queue", str(args.max_queue), "--timeout", str(args.timeout)]
     if args.workers:
         command += ["--executor", "local", "--workers", str(args.workers)]
-    server = subprocess.Popen(command, env={**os.environ, "KBV_SERVE_TOKEN": TOKEN}, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        command, env={**os.environ, "KBV_SERVE_TOKEN": TOKEN}, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
     for _ in range(600):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
@@ -139,7 +203,9 @@ def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll
         pending = []
         for name, problem, candidate in jobs:
             while True:
-                response = http.post("/v1/evaluations", json={"problem": name, "source": candidate.read_text()})
+                response = http.post(
+                    "/v1/evaluations", json={"problem": name, "source": candidate.read_text()}
+                )
                 if response.status_code == 429:
                     wait = float(response.headers.get("retry-after", "1"))
                     with load.lock:
@@ -165,11 +231,38 @@ def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll
                 found = response.json()
                 if found["status"] in ("done", "error"):
                     with load.lock:
-                        load.results.append({**found, "latency_s": time.monotonic() - sent, "finished": time.monotonic(), "pair": (problem, candidate)})
+                        load.results.append(
+                            {
+                                **found,
+                                "latency_s": time.monotonic() - sent,
+                                "finished": time.monotonic(),
+                                "pair": (problem, candidate),
+                            }
+                        )
                 else:
                     still.append((request_id, sent, problem, candidate))
             pending = still
             time.sleep(poll_s)
+
+
+def work_without_compile(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluations per hour of evaluation work less compilation: finished records over the sum
+    of their ``total`` minus ``compile`` phases (with the compile seconds, for the reader)."""
+    phases = [((r.get("record") or {}).get("phases_s") or {}) for r in results]
+    compile_s = sum(float(p.get("compile", 0.0)) for p in phases)
+    work_s = sum(max(0.0, float(p.get("total", 0.0)) - float(p.get("compile", 0.0))) for p in phases)
+    return {
+        "compile_s_total": round(compile_s, 1),
+        "evaluation_s_without_compile": round(work_s, 1),
+        "evaluations_per_hour_without_compile": round(len(results) / work_s * 3600, 1)
+        if work_s > 0
+        else None,
+    }
+
+
+def _shown(candidate: Path) -> str:
+    """A candidate's path for the report: relative to the repository where it lies there."""
+    return str(candidate.relative_to(ROOT)) if ROOT in candidate.parents else candidate.name
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -178,7 +271,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1, help="times each pair is submitted")
     parser.add_argument("--max-queue", type=int, default=12, help="the server's bound (small, to reach it)")
@@ -187,15 +282,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="local executor CPU slots (0: sequential)")
     parser.add_argument("--skip-slow", action="store_true", help="leave out fixtures marked slow")
     parser.add_argument("--limit", type=int, default=0, help="at most this many pairs (0: all)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (on cuda, the gpu_* hack fixtures)")
+    parser.add_argument(
+        "--kernelbench",
+        type=Path,
+        default=None,
+        help="a KernelBench level's folder: its references as candidates",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()  # the code that runs (read before any rebase)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()  # the code that runs (read before any rebase)
 
-    pairs = collect_pairs(args.skip_slow)[: args.limit or None]
     work = Path(tempfile.mkdtemp(prefix="kbv-service-load-"))
+    if args.kernelbench is not None:
+        pairs = kernelbench_pairs(args.kernelbench, work / "candidates")[: args.limit or None]
+        pairs += hack_fixture_pairs(gpu=args.device.startswith("cuda"), skip_slow=args.skip_slow)
+    else:
+        pairs = collect_pairs(args.skip_slow)[: args.limit or None]
     names = problem_tree(pairs, work / "problems")
     started = time.monotonic()
-    expected = kbv_run_verdicts(pairs, args.protocol, args.timeout)
+    expected = kbv_run_verdicts(pairs, args.protocol, args.timeout, args.device)
     kbv_run_s = time.monotonic() - started
     port = free_port()
     server = start_server(args, work / "problems", work / "serve.sqlite", port, work / "serve.log")
@@ -203,7 +311,8 @@ def main() -> None:
     jobs = [(names[p], p, c) for _ in range(args.repeat) for p, c in pairs]
     load = Load()
     threads = [
-        threading.Thread(target=client_thread, args=(url, jobs[i :: args.clients], load, 0.5)) for i in range(args.clients)
+        threading.Thread(target=client_thread, args=(url, jobs[i :: args.clients], load, 0.5))
+        for i in range(args.clients)
     ]
     started = time.monotonic()
     for thread in threads:
@@ -212,7 +321,9 @@ def main() -> None:
         while any(t.is_alive() for t in threads):
             health = http.get("/health").json()
             load.max_queued_seen = max(load.max_queued_seen, int(health["queued"]))
-            load.max_unfinished_seen = max(load.max_unfinished_seen, int(health["queued"]) + int(health["running"]))
+            load.max_unfinished_seen = max(
+                load.max_unfinished_seen, int(health["queued"]) + int(health["running"])
+            )
             time.sleep(0.5)
         metrics = http.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     wall = max(r["finished"] for r in load.results) - started
@@ -222,19 +333,29 @@ def main() -> None:
     from kbv.candidates import load_candidate
     from kbv.problems import load_problem
 
-    mismatches = []
+    # Every evaluation draws secret seeds of its own, so a hack may fail one way under kbv run and
+    # another (say incorrect, then hack_detected) under the service; a pair that passes under one and
+    # not the other is what fails the run.
+    mismatches, pass_mismatches = [], []
     for result in load.results:
         problem, candidate = result["pair"]
         key = (load_problem(problem).source_sha256, load_candidate(candidate).source_sha256)
         if result.get("outcome") != expected.get(key):
-            mismatches.append(f"{candidate.relative_to(ROOT)}: service {result.get('outcome')}, kbv run {expected.get(key)}")
+            line = f"{_shown(candidate)}: service {result.get('outcome')}, kbv run {expected.get(key)}"
+            mismatches.append(line)
+            if (result.get("outcome") == "passed") != (expected.get(key) == "passed"):
+                pass_mismatches.append(line)
     latencies = [r["latency_s"] for r in load.results]
     outcomes: dict[str, int] = {}
     for r in load.results:
-        outcomes[str(r.get("outcome") or r["status"])] = outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
+        outcomes[str(r.get("outcome") or r["status"])] = (
+            outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
+        )
     report = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
+        "device": args.device,
+        "kernelbench": str(args.kernelbench) if args.kernelbench else None,
         "commit": commit,
         "pairs": len(pairs),
         "requests": len(jobs),
@@ -244,6 +365,7 @@ def main() -> None:
         "finished": len(load.results),
         "wall_s": round(wall, 1),
         "evaluations_per_hour": round(len(load.results) / wall * 3600, 1),
+        **work_without_compile(load.results),
         "latency_p50_s": round(percentile(latencies, 0.5), 1),
         "latency_p95_s": round(percentile(latencies, 0.95), 1),
         "latency_mean_s": round(statistics.fmean(latencies), 1) if latencies else None,
@@ -255,16 +377,19 @@ def main() -> None:
         "retry_after_s": sorted(set(load.retry_after)),
         "outcomes": outcomes,
         "verdicts_equal_to_kbv_run": not mismatches,
+        "passed_equal_to_kbv_run": not pass_mismatches,
         "mismatches": mismatches,
         "kbv_run_s": round(kbv_run_s, 1),
         "metrics_excerpt": [
-            line for line in metrics.splitlines() if line.startswith("kbv_serve_") and "_created" not in line and "_bucket" not in line
+            line
+            for line in metrics.splitlines()
+            if line.startswith("kbv_serve_") and "_created" not in line and "_bucket" not in line
         ],
     }
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if mismatches or load.errors or len(load.results) != len(jobs):
+    if pass_mismatches or load.errors or len(load.results) != len(jobs):
         raise SystemExit(f"verdicts or requests went wrong; the server's log is in {work}")
     shutil.rmtree(work, ignore_errors=True)
 
