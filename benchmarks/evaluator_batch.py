@@ -83,15 +83,16 @@ class ReferenceRequests:
         sent: dict[int, tuple[str, float]] = {}
         counts, seconds = self.counts, self.seconds
 
-        def send_request(worker: Worker, op: str, **fields: Any) -> None:
+        def send_request(worker: Worker, request: Any, **fields: Any) -> int:
+            op = request if isinstance(request, str) else request.op
             if worker.spec.role == "reference":
                 counts[op] += 1
                 sent[id(worker)] = (op, time.monotonic())
-            send(worker, op, **fields)
+            return send(worker, request, **fields)
 
-        def receive_reply(worker: Worker) -> dict[str, Any]:
+        def receive_reply(worker: Worker, request_id: int | None = None) -> dict[str, Any]:
             try:
-                return receive(worker)
+                return receive(worker, request_id)
             finally:
                 if (pending := sent.pop(id(worker), None)) is not None:
                     seconds[pending[0]] += time.monotonic() - pending[1]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -57,22 +58,26 @@ def _sync() -> None:
 
 def install(trace: Trace) -> None:
     """Wrap the parent's side of the worker channel and the judging functions."""
-    from kbv import correctness
+    from kbv import correctness, wire
     from kbv.worker import Worker
 
     send, receive = Worker.send_request, Worker.receive_reply
     outputs, inbox = Worker.receive_outputs, Worker.fill_inbox
 
-    def send_request(self: Worker, op: str, **fields: Any) -> None:
-        if op in ("run", "expected", "time"):
-            fields["steps"] = True
-        pending = self.__dict__.setdefault("_trace_pending", [])
-        pending.append((op, fields.get("precision"), time.monotonic()))
-        send(self, op, **fields)
+    def send_request(self: Worker, request: Any, **fields: Any) -> int:
+        if isinstance(request, str):
+            request = wire.request(request, **fields)
+        if request.op in ("run", "expected", "time"):
+            request = dataclasses.replace(request, steps=True)
+        sent_at = time.monotonic()
+        request_id = send(self, request)
+        pending = self.__dict__.setdefault("_trace_pending", {})
+        pending[request_id] = (request.op, getattr(request, "precision", None), sent_at)
+        return request_id
 
-    def receive_reply(self: Worker) -> dict[str, Any]:
-        reply = receive(self)
-        op, precision, sent = self.__dict__["_trace_pending"].pop(0)
+    def receive_reply(self: Worker, request_id: int | None = None) -> dict[str, Any]:
+        reply = receive(self, request_id)
+        op, precision, sent = self.__dict__["_trace_pending"].pop(reply["id"])
         trace.add(
             what="request",
             role=self.spec.role,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,18 +30,19 @@ _TRUSTED_KEYS = {
 
 
 @pytest.fixture()
-def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict, str]]:
-    """Every request as it goes on the wire: the typed request (kbv.wire) each worker was sent, with
-    the fields the parent adds to all of them, its worker's role and scratch folder."""
-    seen: list[tuple[str, str, dict, str]] = []
-    original = Worker._next_request
+def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, wire.Request, str]]:
+    """Every request as it goes on the wire: its worker's role, its op, the typed request (kbv.wire)
+    the worker was sent, with what the parent adds to all of them (the memory rule), and the
+    worker's scratch folder."""
+    seen: list[tuple[str, str, wire.Request, str]] = []
+    original = Worker._envelope
 
-    def spy(self: Worker, op: str, fields: dict) -> wire.Request:
-        request = original(self, op, fields)
-        seen.append((self.spec.role, request.op, dict(request.fields), str(self.scratch)))
-        return request
+    def spy(self: Worker, request: wire.Request) -> wire.Envelope:
+        envelope = original(self, request)
+        seen.append((self.spec.role, request.op, envelope.request, str(self.scratch)))
+        return envelope
 
-    monkeypatch.setattr(Worker, "_next_request", spy)
+    monkeypatch.setattr(Worker, "_envelope", spy)
     return seen
 
 
@@ -66,7 +68,9 @@ def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
     to_candidate = [
-        (op, fields, scratch) for role, op, fields, scratch in requests_seen if role == "candidate"
+        (op, request.to_json(), scratch)
+        for role, op, request, scratch in requests_seen
+        if role == "candidate"
     ]
     reference_scratch = {scratch for role, _, _, scratch in requests_seen if role == "reference"}
     assert to_candidate and reference_scratch
@@ -96,25 +100,33 @@ def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path))  # a cached baseline would time no rounds
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
-    timed = [(role, fields) for role, op, fields, _ in requests_seen if op == "time" and "sketch" in fields]
-    to_candidate = [fields for role, fields in timed if role == "candidate"]
-    to_baseline = [fields for role, fields in timed if role == "reference"]
+    timed = [
+        (role, request)
+        for role, _, request, _ in requests_seen
+        if isinstance(request, wire.Time) and request.sketch is not None
+    ]
+    to_candidate = [request for role, request in timed if role == "candidate"]
+    to_baseline = [request for role, request in timed if role == "reference"]
     rounds = record.timing["median_precision"]["rounds"]  # 3, and more while a median was imprecise
     assert rounds >= record.protocol["settings"]["timing"]["rounds"]
     assert len(to_candidate) == rounds and len(to_baseline) >= rounds
-    for fields in to_candidate:
-        assert set(fields) == {"distribution", "seeds", "precision", "settings", "sketch", "unseen_seeds"}
-        assert set(fields["sketch"]) == {"seed", "omega"}
+    # a timed batch's request holds these and nothing else (no call is named)
+    assert set(wire.FIELDS["time"]) == {
+        *("distribution", "seeds", "precision", "settings", "sketch", "unseen_seeds", "memory", "steps")
+    }
+    for request in to_candidate:
+        assert request.sketch is not None and set(request.sketch) == {"seed", "omega"}
     # every timed call has a draw of its own: no seed twice, none of them a warm-up set's
-    unseen = [seed for fields in to_candidate for seed in fields["unseen_seeds"]]
+    unseen = [seed for request in to_candidate for seed in request.unseen_seeds or []]
     assert len(unseen) == len(set(unseen)) == rounds * record.protocol["settings"]["timing"]["repeats"]
-    assert not set(unseen) & set(to_candidate[0]["seeds"])
+    assert not set(unseen) & set(to_candidate[0].seeds)
     assert record.seeds["unseen_timing_nonce"] != 0
-    same_round = {fields["sketch"]["seed"]: fields for fields in to_baseline}
-    for fields in to_candidate:
-        # the reference's every request also carries its memory room (Worker.request_fields)
-        baseline = {k: v for k, v in same_round[fields["sketch"]["seed"]].items() if k != "room_bytes"}
-        assert {**fields, "precision": None} == {**baseline, "precision": None}
+    same_round = {request.sketch["seed"]: request for request in to_baseline if request.sketch}
+    for request in to_candidate:
+        assert request.sketch is not None
+        baseline = same_round[request.sketch["seed"]]
+        # the same batch but for the precision and the memory rule (the reference's leaves room)
+        assert replace(request, precision="", memory=None) == replace(baseline, precision="", memory=None)
     checked = record.timing["timed_outputs"]
     assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
     assert checked["wrong"] == [] and checked["max_ratio"] < 1
@@ -135,9 +147,9 @@ def test_reference_output_files_are_gone_before_the_candidate_runs(requests_seen
     """Every file a reference wrote for the parent is deleted when the parent has read it."""
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
     written = [
-        fields["out_path"]
-        for role, op, fields, _ in requests_seen
-        if role == "reference" and "out_path" in fields and op == "run"
+        request.out_path
+        for role, _, request, _ in requests_seen
+        if role == "reference" and isinstance(request, wire.Run)
     ]
     assert written and not any(Path(p).exists() for p in written)
 
@@ -269,7 +281,7 @@ def test_on_the_cpu_the_reference_output_file_is_gone_before_the_candidate_runs_
     assert draws_overlap("cuda") and draws_overlap("cuda:1") and not draws_overlap("cpu")
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
     assert record.outcome == "passed"
-    runs = [(i, role, f["seed"]) for i, (role, op, f, _) in enumerate(requests_seen) if op == "run"]
+    runs = [(i, role, r.seed) for i, (role, _, r, _) in enumerate(requests_seen) if isinstance(r, wire.Run)]
     candidate = {seed: i for i, role, seed in runs if role == "candidate"}
     reference = {seed: i for i, role, seed in reversed(runs) if role == "reference"}  # its first run
     assert candidate, "no correctness draw was run"
@@ -367,9 +379,9 @@ def test_a_draw_the_reference_moves_to_a_domain_variant_is_run_by_the_candidate_
     moved = [d for d in record.distributions if "domain-preserving variant" in (d.note or "")]
     assert moved, "no distribution fell back: the test proves nothing"
     runs = [
-        (f["seed"], f["distribution"])
-        for role, op, f, _ in requests_seen
-        if role == "candidate" and op == "run"
+        (r.seed, r.distribution)
+        for role, _, r, _ in requests_seen
+        if role == "candidate" and isinstance(r, wire.Run)
     ]
     last = dict(runs)  # per seed, the distribution of its last (judged) run
     assert any(d.endswith("_positive") for d in last.values())
@@ -396,40 +408,42 @@ def test_on_the_gpu_redrawn_parameters_reach_the_candidate_through_its_inbox_and
     record = evaluate_paths(problem, candidate, protocol="verified", device="cuda", timeout_s=600)
     assert record.outcome == "passed", (record.error, [(f.check, f.detail[:120]) for f in record.findings])
     assert record.seeds["parameters"] == "state_dict"
-    to_candidate = [(op, fields) for role, op, fields, _ in requests_seen if role == "candidate"]
-    builds = [fields for op, fields in to_candidate if op == "build" and fields.get("state_inbox")]
+    to_candidate = [request for role, _, request, _ in requests_seen if role == "candidate"]
+    builds = [r for r in to_candidate if isinstance(r, wire.Build) and r.state_inbox]
     assert len(builds) >= len([d for d in record.distributions if d.applicable])
-    assert sum(op == "inbox" for op, _ in to_candidate) == len(builds)
-    for op, fields in to_candidate:
+    assert sum(isinstance(r, wire.Inbox) for r in to_candidate) == len(builds)
+    for request in to_candidate:
+        fields = request.to_json()
         json.dumps(fields)
-        assert not _keys(fields) & _TRUSTED_KEYS, (op, fields)
-        assert "state_path" not in fields or fields["state_path"] is None, (op, fields)
+        assert not _keys(fields) & _TRUSTED_KEYS, (request.op, fields)
+        assert not isinstance(request, wire.Build) or request.state_path is None, request
 
 
 def test_no_worker_is_told_where_the_problem_lives(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers get the problem's text, never its path: not in a request, their command line or their
     environment (a candidate that learnt it could rewrite the file; ``test_hack_fixtures`` has one)."""
-    seen: list[tuple[str, str, dict, list[bytes]]] = []
-    original = Worker._next_request
+    seen: list[tuple[str, wire.Request, list[bytes]]] = []
+    original = Worker._envelope
 
-    def spy(self: Worker, op: str, fields: dict) -> wire.Request:
-        request = original(self, op, fields)
+    def spy(self: Worker, request: wire.Request) -> wire.Envelope:
+        envelope = original(self, request)
         exposed = []
         for name in ("cmdline", "environ"):
             with open(f"/proc/{self.pid}/{name}", "rb") as handle:
                 exposed.append(handle.read())
-        seen.append((self.spec.role, request.op, dict(request.fields), exposed))
-        return request
+        seen.append((self.spec.role, envelope.request, exposed))
+        return envelope
 
-    monkeypatch.setattr(Worker, "_next_request", spy)
+    monkeypatch.setattr(Worker, "_envelope", spy)
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
-    loads = [fields for _, op, fields, _ in seen if op == "load"]
-    assert {role for role, op, _, _ in seen if op == "load"} == {"reference", "candidate"}
-    assert all(fields["problem_source"] == RELU.read_text() for fields in loads)
+    loads = [request for _, request, _ in seen if isinstance(request, wire.Load)]
+    assert {role for role, request, _ in seen if isinstance(request, wire.Load)} == {"reference", "candidate"}
+    assert all(load.problem_source == RELU.read_text() for load in loads)
     needles = {str(RELU), str(RELU.resolve()), str(RELU.parent)}
-    for role, op, fields, exposed in seen:
-        assert not needles & set(_strings(fields)), (role, op)
-        assert not any(n in json.dumps(fields) for n in needles), (role, op)
+    for role, request, exposed in seen:
+        fields = request.to_json()
+        assert not needles & set(_strings(fields)), (role, request.op)
+        assert not any(n in json.dumps(fields) for n in needles), (role, request.op)
         for blob in exposed:
-            assert not any(n.encode() in blob for n in needles), (role, op)
+            assert not any(n.encode() in blob for n in needles), (role, request.op)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kbv import wire
 from kbv.child import probes as _probes
 from kbv.integrity import dynamic
 from kbv.integrity._registry import list_checks
@@ -397,11 +398,14 @@ def test_a_module_whose_objects_have_no_string_module_does_not_break_the_custom_
     assert "triton" in _probes._custom_code()
 
 
+_CACHE_PROBE = wire.ProbeCache(distribution="signed", seed_a=1, seed_b=2, out_path="/nonexistent/c")
+
+
 class _FailingWorker:
     def __init__(self, message: str) -> None:
         self.message = message
 
-    def request(self, op: str, **fields):
+    def request(self, request: wire.Request):
         from kbv.worker import WorkerFailed
 
         raise WorkerFailed("runtime_error", self.message, {}, role="candidate")
@@ -413,13 +417,13 @@ def test_a_probe_that_runs_out_of_memory_is_the_candidates_runtime_error_not_a_h
     candidate = _FailingWorker("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has 73.62 MiB free")
     ctx = _ctx(reference=object(), subject=candidate)
     with pytest.raises(WorkerFailed) as raised:  # the evaluation records runtime_error
-        ctx.request(candidate, "probe_cache")
+        ctx.request(candidate, _CACHE_PROBE)
     assert raised.value.kind == "runtime_error"
     # any other failure inside a probe, after ordinary calls passed, stays the check's fail finding
     other = _FailingWorker("ValueError: inputs seen before")
     ctx = _ctx(reference=object(), subject=other)
     with pytest.raises(dynamic._ProbeFailed):
-        ctx.request(other, "probe_cache")
+        ctx.request(other, _CACHE_PROBE)
 
 
 def test_side_stream_kernels_names_the_kernels_off_the_callers_stream() -> None:
@@ -468,10 +472,11 @@ class _ObservingWorker:
     def new_path(self, prefix: str) -> str:
         return f"/scratch/{self.name}/{prefix}"
 
-    def send_request(self, op: str, **fields) -> None:
-        self.log.append((self.name, "send", op))
+    def send_request(self, request: wire.Request) -> int:
+        self.log.append((self.name, "send", request.op))
+        return 1
 
-    def receive_reply(self) -> dict:
+    def receive_reply(self, request_id: int | None = None) -> dict:
         self.log.append((self.name, "reply"))
         return {"outputs": {"outputs": ["first", "late"], "sizes": [1, 1]}}
 

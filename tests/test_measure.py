@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
-from kbv import baseline_cache, correctness, sketch
+from kbv import baseline_cache, correctness, sketch, wire
 from kbv import performance as measure
 from kbv.api import evaluate_paths
 from kbv.protocol import CorrectnessSettings, TimingSettings
@@ -129,13 +130,13 @@ class _FakeWorker:
     def __init__(self, tmp_path: Path, role: str, device_ms: list, outputs=None) -> None:
         self.spec = SimpleNamespace(role=role, device="cpu")
         self.tmp_path, self.device_ms, self.outputs = tmp_path, device_ms, outputs
-        self.requests: list[tuple[str, dict]] = []
+        self.requests: list[wire.Request] = []
 
     def scheduler_ns(self) -> None:  # no process to read: the batch records no counts
         return None
 
-    def request(self, op: str, **fields):
-        self.requests.append((op, fields))
+    def request(self, request: wire.Request):
+        self.requests.append(request)
         reply: dict = {
             "measurement": {
                 "recipe": "r",
@@ -144,9 +145,9 @@ class _FakeWorker:
                 "warmup_calls": 3,
             }
         }
-        if op == "time" and "sketch" in fields and self.outputs is not None:
+        if isinstance(request, wire.Time) and request.sketch is not None and self.outputs is not None:
             reply["sketches"] = [
-                sketch.sketch_outputs([self.outputs(i)], fields["sketch"], torch.device("cpu"))
+                sketch.sketch_outputs([self.outputs(i)], request.sketch, torch.device("cpu"))
                 for i in range(len(self.device_ms))
                 if self.outputs(i) is not None
             ]
@@ -163,7 +164,7 @@ def _mctx(**extra) -> measure.MeasureContext:
         init_seed=1,
         device_info={"name": "cpu"},
         torch_version="2.x",
-        load_fields={"sizes": {}},
+        load=wire.Load(role="reference", device="cpu", problem_source="", init_seed=1),
         **extra,
     )
 
@@ -264,14 +265,14 @@ def test_the_request_names_no_call_and_is_the_same_for_the_candidate_and_the_bas
     for worker in (reference, candidate):
         worker.paused = contextlib.nullcontext  # type: ignore[attr-defined]
     timing, speedup = measure.measure_pair(ctx, reference, candidate)  # type: ignore[arg-type]
-    to_candidate = [fields for op, fields in candidate.requests if op == "time"]
-    to_reference = [fields for op, fields in reference.requests if op == "time"]
+    to_candidate = [r for r in candidate.requests if isinstance(r, wire.Time)]
+    to_reference = [r for r in reference.requests if isinstance(r, wire.Time)]
     assert len(to_candidate) == len(to_reference) == 3
     for cand, base in zip(to_candidate, to_reference, strict=True):
-        assert set(cand) == {"distribution", "seeds", "precision", "settings", "sketch"}
-        assert set(cand["sketch"]) == {"seed", "omega"}
-        assert {**cand, "precision": None} == {**base, "precision": None}
-    assert len({fields["sketch"]["seed"] for fields in to_candidate}) == 3
+        assert cand.sketch is not None and set(cand.sketch) == {"seed", "omega"}
+        assert cand.unseen_seeds is None
+        assert replace(cand, precision="") == replace(base, precision="")
+    assert len({r.sketch["seed"] for r in to_candidate if r.sketch}) == 3
     assert timing["timed_outputs"]["checked"] == 12 and not timing["timed_outputs"]["wrong"]
     calibration = timing["timed_outputs"]["baselines"]["eager_fp32"]
     assert calibration["checked"] == 12 and calibration["wrong"] == 0 and calibration["max_ratio"] < 0.1
@@ -317,8 +318,8 @@ def test_disagreeing_rounds_get_trusted_batches_timed_beside_them_and_agreeing_o
     assert reference.requests == []
     recheck = measure._bracket_recheck(ctx, reference, subject, [_batch(0.500)] * 3, cached)
     assert recheck is not None and len(recheck["rounds"]) == measure.RECHECK_BATCHES
-    assert [op for op, _ in reference.requests] == ["time"] * measure.RECHECK_BATCHES
-    assert all(fields["precision"] == "fp32" for _, fields in reference.requests)
+    assert [r.op for r in reference.requests] == ["time"] * measure.RECHECK_BATCHES
+    assert all(getattr(r, "precision", None) == "fp32" for r in reference.requests)
     assert subject.requests == [] and subject.paused_batches == 1
     assert all(r["parent_bracket_s"] >= 0 and r["wall_ms"] == [1.0] * 4 for r in recheck["rounds"])
     busy_check = {"eager_fp32": {**cached["eager_fp32"], "cache_check": {"batch": _batch(0.100)}}}
@@ -345,12 +346,12 @@ def test_a_machine_that_gets_busy_after_the_cache_check_does_not_reject_an_hones
     evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     real, busy = Worker.request, [False]
 
-    def request(self: Worker, op: str, **fields):
-        if op == "time":
+    def request(self: Worker, request: wire.Request):
+        if isinstance(request, wire.Time):
             busy[0] = busy[0] or self.spec.role == "candidate"
             if busy[0]:
                 time.sleep(0.2)
-        return real(self, op, **fields)
+        return real(self, request)
 
     monkeypatch.setattr(Worker, "request", request)
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
@@ -543,9 +544,9 @@ class _PrecisionWorker(_FakeWorker):
         super().__init__(tmp_path, role, [1.0] * 3)
         self.ms = ms
 
-    def request(self, op: str, **fields):
-        self.device_ms = [self.ms[fields["precision"]]] * 3
-        return super().request(op, **fields)
+    def request(self, request):
+        self.device_ms = [self.ms[request.precision]] * 3
+        return super().request(request)
 
     @contextlib.contextmanager
     def paused(self):
@@ -566,7 +567,7 @@ def test_the_rounds_time_the_fp32_baseline_once_when_tf32_is_much_faster(tmp_pat
         bootstrap_resamples=100,
     )
     timing, speedup = measure.measure_pair(ctx, reference, subject)  # type: ignore[arg-type]
-    asked = [f["precision"] for op, f in reference.requests if op == "time"]
+    asked = [r.precision for r in reference.requests if isinstance(r, wire.Time)]
     assert asked == ["fp32", "tf32", "tf32", "tf32"]
     assert (
         len(timing["baselines"]["eager_fp32"]["rounds"]) == 1 and "eager_fp32" in timing["baselines_stopped"]

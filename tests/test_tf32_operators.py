@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import RELU, SUITE
 
-from kbv import performance
+from kbv import performance, wire
 from kbv.child import tf32_ops
 from kbv.worker import Worker, WorkerSpec
 
@@ -172,8 +172,8 @@ class _FakeReference:
     def new_path(self, what: str) -> str:
         return f"/nonexistent/{what}"
 
-    def request(self, op: str, **fields) -> dict:
-        self.asked.append((op, fields["precision"], bool(fields.get("record_operators"))))
+    def request(self, request: wire.Expected) -> dict:
+        self.asked.append((request.op, request.precision, request.record_operators))
         reply = {
             "types": ["torch.Tensor"],
             "truth_types": ["torch.Tensor"],
@@ -181,7 +181,7 @@ class _FakeReference:
             "baseline_error": {"outputs": [], "elementwise": 0.0, "norm": 0.0, "finite_match": True},
             "outputs": "truth",
         }
-        if fields.get("record_operators") and self.account is not None:
+        if request.record_operators and self.account is not None:
             reply["tf32_operators"] = self.account
         return reply
 

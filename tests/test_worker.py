@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import RELU
 
-from kbv.worker import Worker, WorkerFailed, WorkerSpec
+from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
 from kbv.worker._env import scrubbed_env
 
 FIXTURES = Path(__file__).parent / "fixtures" / "candidates" / "foundation"
@@ -400,18 +400,18 @@ def test_a_worker_hands_back_a_large_cache_unless_it_is_the_reference_with_room(
 
     gb = 1 << 30
     emptied: list[bool] = []
-    monkeypatch.setattr(child_main, "_ROLE", role)
+    rule = MemoryBudget().rule(role)  # the rule the parent sends a worker outside an evaluation
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 30 * gb)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 10 * gb)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free_gb * gb, 141 * gb))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    child_main._release_cached_memory()
+    child_main._release_cached_memory(rule)
     assert bool(emptied) == released
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 25 * gb)  # 5 GB cached: kept by all
     emptied.clear()
-    child_main._release_cached_memory()
+    child_main._release_cached_memory(rule)
     assert not emptied
 
 
@@ -429,20 +429,26 @@ def test_the_reference_leaves_the_candidates_own_device_limit_free(
 ) -> None:
     """On the H200 a reference that kept ~45 GB beside a 7.5 GB-input problem, whose candidate's limit
     had been widened to 3/4 of the GPU, ran that candidate's cache probe out of memory; the parent
-    now sends the candidate's limit as it stands (``room_bytes``) with every request."""
+    now sends the candidate's limit as it stands (the memory rule's ``room_bytes``) with every request."""
     from kbv.child import main as child_main
 
     gb = 1 << 30
     emptied: list[bool] = []
-    monkeypatch.setattr(child_main, "_ROLE", "reference")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 30 * gb)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 10 * gb)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * gb, 141 * gb))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    child_main._release_cached_memory(None if room_gib is None else room_gib * gb)
+    budget = MemoryBudget(room_bytes=None if room_gib is None else room_gib * gb)
+    child_main._release_cached_memory(budget.rule("reference"))
     assert bool(emptied) == released
+    emptied.clear()
+    child_main._release_cached_memory(budget.rule("candidate"))  # a candidate keeps no more than 8 GB
+    assert emptied
+    emptied.clear()
+    child_main._release_cached_memory(None)  # no rule sent: everything goes back
+    assert emptied
 
 
 def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
@@ -451,23 +457,21 @@ def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
     from kbv import evaluation
     from kbv.protocol import LimitSettings
 
-    fields: dict[str, object] = {}
-    ctx = SimpleNamespace(
-        reference_fields=fields, device_total_bytes=141 << 30, gpu_held="shared", drawing=False
-    )
+    budget = MemoryBudget()
+    ctx = SimpleNamespace(budget=budget, device_total_bytes=141 << 30, gpu_held="shared", drawing=False)
     subject = SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=64.0)))
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
-    assert fields["room_bytes"] == 64 << 30
+    assert budget.rule("reference").room_bytes == 64 << 30
     ctx.drawing = True  # shared with other evaluations: the limit still
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
-    assert fields["room_bytes"] == 64 << 30
+    assert budget.rule("reference").room_bytes == 64 << 30
     ctx.gpu_held = "alone for the whole evaluation"
     subject.spec = WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=105.5))
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
-    assert fields["room_bytes"] == 0
+    assert budget.rule("reference").room_bytes == 0
     ctx.drawing = False
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
-    assert fields["room_bytes"] == int(105.5 * (1 << 30))
+    assert budget.rule("reference").room_bytes == int(105.5 * (1 << 30))
     subject.spec = WorkerSpec(build_key="x")  # no limit: the whole device
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
-    assert fields["room_bytes"] == 141 << 30
+    assert budget.rule("reference").room_bytes == 141 << 30

@@ -109,7 +109,7 @@ def key_for(ctx: MeasureContext, baseline: str) -> str:
         "capability": ctx.device_info.get("capability"),
     }
     input_spec = {
-        "sizes": ctx.load_fields.get("sizes"),
+        "sizes": ctx.load.sizes,
         "distribution": "original",
         "input_sets": len(ctx.seeds),
     }

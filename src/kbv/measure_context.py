@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kbv import wire
 from kbv.protocol import CorrectnessSettings, TimingSettings
 
 
@@ -34,7 +35,7 @@ class MeasureContext:
         init_seed: int,
         device_info: dict[str, Any],
         torch_version: str,
-        load_fields: dict[str, Any],
+        load: wire.Load,
         sketch_seed: int | None = None,
         timed_reference: Callable[[int], dict[str, Any]] | None = None,
         build: Callable[[], None] | None = None,
@@ -67,7 +68,7 @@ class MeasureContext:
         self.init_seed = init_seed
         self.device_info = device_info
         self.torch_version = torch_version
-        self.load_fields = load_fields
+        self.load = load
         self.sketch_seed = sketch_seed
         self.timed_reference = timed_reference
         self.build = build

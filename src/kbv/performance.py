@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from kbv import baseline_cache, telemetry
+from kbv import baseline_cache, telemetry, wire
 from kbv import statistics as kbv_timing
 from kbv.measure_context import MeasureContext
 from kbv.measure_context import UnseenJudge as UnseenJudge  # what the evaluation builds a context with
@@ -417,19 +417,17 @@ def _timed_batch(
     ``timing.unseen_inputs``) gives each timed call a draw of its own."""
     budget = ctx.settings.warmup_seconds if warmup_s is None else float(warmup_s)
     before = telemetry.gpu_state(ctx.device)
-    extra: dict[str, Any] = {"sketch": sketch} if sketch is not None else {}
-    if unseen is not None:
-        extra["unseen_seeds"] = unseen
-    scheduled = worker.scheduler_ns()
-    started = time.monotonic()
-    reply = worker.request(
-        "time",
+    request = wire.Time(
         distribution="original",
         seeds=ctx.seeds,
         precision=precision,
         settings={**_settings_dict(ctx.settings), "warmup_seconds": budget},
-        **extra,
+        sketch=sketch,
+        unseen_seeds=unseen,
     )
+    scheduled = worker.scheduler_ns()
+    started = time.monotonic()
+    reply = worker.request(request)
     bracket_s = time.monotonic() - started
     scheduled_after = worker.scheduler_ns()
     after = telemetry.gpu_state(ctx.device)
@@ -524,8 +522,8 @@ def _compile_worker(ctx: MeasureContext) -> Worker:
     )
     worker = Worker(spec)
     worker.start()
-    worker.request("load", **ctx.load_fields)
-    worker.request("build", init_seed=ctx.init_seed)
+    worker.request(ctx.load)
+    worker.request(wire.Build(init_seed=ctx.init_seed))
     return worker
 
 

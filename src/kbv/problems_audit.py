@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kbv import wire
 from kbv.devices import release_device_memory
 from kbv.error_stats import error_stats, flat_chunks
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
@@ -154,15 +155,16 @@ def _audit_in(
     device = worker_device(device)
     try:
         worker.request(
-            "load",
-            role="reference",
-            device=device,
-            problem_source=problem.source,
-            problem_name=problem.name,
-            sizes=problem.sizes_for(device),
-            domain=problem.extras.get("domain", "any"),
-            init_seed=derive_seed(master, "init"),
-            precision=precision,
+            wire.Load(
+                role="reference",
+                device=device,
+                problem_source=problem.source,
+                problem_name=problem.name,
+                sizes=problem.sizes_for(device),
+                domain=problem.extras.get("domain", "any"),
+                init_seed=derive_seed(master, "init"),
+                precision=precision,
+            )
         )
         _probe(worker, result, master)
     except WorkerFailed as exc:
@@ -173,7 +175,7 @@ def _audit_in(
 
 def _run(worker: Worker, distribution: str, seed: int, precision: str = "fp32") -> list[Any]:
     reply = worker.request(
-        "run", distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit")
+        wire.Run(distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit"))
     )
     return list(worker.receive_outputs(reply.get("outputs")))
 

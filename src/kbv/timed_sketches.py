@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kbv import correctness
+from kbv import correctness, wire
 from kbv import sketch as kbv_sketch
 from kbv.worker import Worker
 
@@ -204,16 +204,15 @@ class _UnseenPlan(_SketchPlan):
         self, r: int, seeds: list[int], judge: UnseenJudge
     ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
         first = self.like is None
-        fields: dict[str, Any] = {
-            "distribution": "original",
-            "seeds": seeds,
-            "sketch": {"seed": self.round_seeds[r], "omega": list(self.omegas) if self.omegas else None},
-        }
+        baseline = None
         if first:  # the realistic baseline's error on the phase's first draw sets every call's norm limit
             # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it
             on_cuda = self.ctx.device.startswith("cuda") and self.ctx.precision == "fp32"
-            fields["baseline"] = "tf32" if on_cuda else "fp32"
-        reply = self.reference.request("truth_sketches", **fields)
+            baseline = "tf32" if on_cuda else "fp32"
+        sketch = {"seed": self.round_seeds[r], "omega": list(self.omegas) if self.omegas else None}
+        reply = self.reference.request(
+            wire.TruthSketches(distribution="original", seeds=seeds, sketch=sketch, baseline=baseline)
+        )
         if first:
             error = reply.get("baseline_error")
             if not isinstance(error, dict) or "structure_error" in error:

@@ -1,133 +1,353 @@
-"""What travels on the worker channel: requests with ids, and the check of each reply's id.
+"""What travels on the worker channel: one frozen dataclass per request kind, sent with an id, and
+the check of each reply's id.
 
-Both sides use this module: the parent serialises every request here (one place, where the id is
-added) and the worker parses every message it receives here before dispatching it, so a request
-the worker does not know, or one whose envelope has the wrong types, is refused instead of being
-guessed at. A reply echoes its request's id; the parent checks it, because a reply read for the
-wrong request (a pipelined request's reply left unread) would be judged as another request's
-answer. A wrong id is a harness error, never a candidate's outcome.
+Both sides use this module: the parent builds each request as its kind's dataclass and serialises it
+here (one place, where the id is added), and the worker parses every message it receives here into
+that dataclass before dispatching it, so a request the worker does not know, one that lacks a field
+its kind requires, names a field its kind does not take, or holds a value of the wrong JSON type, is
+refused instead of being guessed at. The worker's handlers read the request's attributes. A reply
+echoes its request's id; the parent checks it, because a reply read for the wrong request (a
+pipelined request's reply left unread) would be judged as another request's answer. A wrong id is a
+harness error, never a candidate's outcome.
+
+On the socket a request is one JSON object: ``op`` and ``id`` beside its kind's fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from kbv import channel as _channel
 
-_STR, _INT, _BOOL, _DICT, _LIST = (str,), (int,), (bool,), (dict,), (list,)
-_NUMBER = (int, float)
-_NONE = (type(None),)
-#: What every request may carry: the reference's memory room (``Worker.request_fields``, read after
-#: the request) and a profiling run's wish to know where its time went (benchmarks/request_trace.py).
-_COMMON: dict[str, tuple[type, ...]] = {"room_bytes": _INT + _NONE, "steps": _BOOL}
-_Types = tuple[type, ...]
-_DRAW: dict[str, _Types] = {"distribution": _STR, "seed": _INT, "out_path": _STR}
-_FORWARD: dict[str, _Types] = {
-    **_DRAW,
-    "mix_seed": _INT + _NONE,
-    "precision": _STR,
-    "measure_memory": _BOOL,
-    "record_operators": _BOOL,
-}
-_PROBE: dict[str, _Types] = {"inputs": _DICT, "precision": _STR}
-#: The fields of every request the worker answers (kbv.child.main, kbv.child.probes,
-#: kbv.child.calls), with the JSON types each may hold: the names its handlers read and the parent
-#: sends. A field not listed for its op, or of another type, is refused.
-FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "exit": {},
-    "load": {
-        "role": _STR,
-        "device": _STR,
-        "problem_source": _STR,
-        "problem_name": _STR,
-        "sizes": _DICT,
-        "domain": _STR,
-        "init_seed": _INT,
-        "structure": _DICT + _LIST + _NONE,
-        "precision": _STR,
-        "candidate_path": _STR,
-        "handoff": _STR,
-    },
-    "build": {"init_seed": _INT, "state_path": _STR + _NONE, "state_inbox": _LIST + _NONE},
-    "redraw": {**_DRAW, "hand_over": _BOOL},
-    "inbox": {"nbytes": _INT},
-    "run": _FORWARD,
-    "expected": _FORWARD,
-    "time": {
-        "distribution": _STR,
-        "seeds": _LIST,
-        "precision": _STR,
-        "settings": _DICT,
-        "sketch": _DICT + _NONE,
-        "unseen_seeds": _LIST + _NONE,
-    },
-    "truth_sketches": {"distribution": _STR, "seeds": _LIST, "sketch": _DICT, "baseline": _STR + _NONE},
-    "identities": {},
-    "probe_observe": {**_PROBE, "delay_s": _NUMBER, "hand_outputs": _BOOL, "out_path": _STR},
-    "probe_cache": {**_DRAW, "seed": _INT, "seed_a": _INT, "seed_b": _INT, "precision": _STR},
-    "probe_poison": {**_PROBE, "out_path": _STR, "output_nbytes": _LIST + _NONE},
-    "probe_flops": _PROBE,
-    "probe_kernels": _PROBE,
-    "probe_calls": _PROBE,
-}
-OPS = frozenset(FIELDS)
-#: The envelope's own keys: a request's fields may not reuse them.
-_ENVELOPE = ("op", "id")
 #: The error kind of a worker's refusal of a malformed request (a harness error in the parent).
 MALFORMED = "malformed_request"
+#: The envelope's own keys: a request's fields may not reuse them.
+_ENVELOPE = ("op", "id")
 
 
 class WireError(ValueError):
     """A message on the worker channel broke the wire format: a harness bug, not a candidate's outcome."""
 
 
-@dataclass(frozen=True)
-class Request:
-    """One request: its operation, the id its reply must echo, and the operation's fields."""
-
-    op: str
-    id: int
-    fields: Mapping[str, Any] = field(default_factory=dict)
+@dataclass(frozen=True, kw_only=True)
+class _Checked:
+    """A dataclass whose fields hold JSON values of their declared types, checked when it is made
+    (a tuple is kept as the list it becomes on the wire, a NumPy or tensor scalar as a number)."""
 
     def __post_init__(self) -> None:
-        _check_op(self.op)
-        _check_id(self.id, "request")
-        if not isinstance(self.fields, Mapping):
-            kind = type(self.fields).__name__
-            raise WireError(f"the fields of a {self.op!r} request must be a mapping, not {kind}")
-        for key in self.fields:
-            if not isinstance(key, str):
-                raise WireError(f"a {self.op!r} request's field names must be strings, not {key!r}")
-            if key in _ENVELOPE:
-                raise WireError(f"a {self.op!r} request's fields may not carry the envelope's {key!r}")
-            _check_field(self.op, key, self.fields[key])
+        for name, allowed in _types(type(self)).items():
+            value = getattr(self, name)
+            if not isinstance(value, (str, int, float, bool, type(None), _Checked)):
+                value = plain(value)
+                object.__setattr__(self, name, value)
+            _check_value(self._what(), name, value, allowed)
+
+    def _what(self) -> str:
+        return type(self).__name__
 
     def to_json(self) -> dict[str, Any]:
-        """The message as sent: the fields at the top level beside ``op`` and ``id`` (the names the
-        worker's handlers read)."""
-        return {"op": self.op, "id": self.id, **self.fields}
+        """The fields as JSON values (a nested dataclass as an object)."""
+        return {
+            f.name: v.to_json() if isinstance(v := getattr(self, f.name), _Checked) else v
+            for f in dataclasses.fields(self)
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRule(_Checked):
+    """What a worker's allocator may keep cached between requests, decided by the parent's budget
+    (``kbv.worker.MemoryBudget``) and sent with every request. After each request the worker keeps
+    up to ``cached_bytes_kept``; more only while the device has ``room_bytes`` free beside it (the
+    trusted reference's room for its candidate; None: never more). A request without a rule hands
+    every cached byte back."""
+
+    cached_bytes_kept: int
+    room_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request(_Checked):
+    """What every request may carry: the parent's memory rule for the worker, and a profiling run's
+    wish to know where the request's time went (``steps``: benchmarks/request_trace.py)."""
+
+    op: ClassVar[str] = ""
+    memory: MemoryRule | None = None
+    steps: bool = False
+
+    def _what(self) -> str:
+        return f"{self.op!r} request's"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exit(Request):
+    op: ClassVar[str] = "exit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load(Request):
+    """Load the problem (and in a candidate worker the candidate) and build the model."""
+
+    op: ClassVar[str] = "load"
+    role: str
+    device: str
+    problem_source: str
+    init_seed: int
+    problem_name: str | None = None
+    sizes: dict[str, Any] = field(default_factory=dict)
+    domain: str = "any"
+    structure: list[Any] | None = None
+    precision: str = "fp32"
+    candidate_path: str | None = None
+    handoff: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Build(Request):
+    """Build the model again under a seed, with the parameters of a file or of the inbox."""
+
+    op: ClassVar[str] = "build"
+    init_seed: int
+    state_path: str | None = None
+    state_inbox: list[Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Redraw(Request):
+    op: ClassVar[str] = "redraw"
+    distribution: str
+    seed: int
+    out_path: str
+    hand_over: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inbox(Request):
+    op: ClassVar[str] = "inbox"
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Forward(Request):
+    distribution: str
+    seed: int
+    out_path: str
+    mix_seed: int | None = None
+    precision: str = "native"
+    measure_memory: bool = False
+    record_operators: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run(_Forward):
+    """One forward on one draw, its outputs handed over."""
+
+    op: ClassVar[str] = "run"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expected(_Forward):
+    """The trusted reference's truth and realistic baseline (``precision``) of one draw."""
+
+    op: ClassVar[str] = "expected"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Time(Request):
+    op: ClassVar[str] = "time"
+    distribution: str
+    seeds: list[int]
+    settings: dict[str, Any]
+    precision: str = "native"
+    sketch: dict[str, Any] | None = None
+    unseen_seeds: list[int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TruthSketches(Request):
+    op: ClassVar[str] = "truth_sketches"
+    distribution: str
+    seeds: list[int]
+    sketch: dict[str, Any]
+    baseline: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identities(Request):
+    op: ClassVar[str] = "identities"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Probe(Request):
+    inputs: dict[str, Any]
+    precision: str = "fp32"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeObserve(_Probe):
+    op: ClassVar[str] = "probe_observe"
+    delay_s: float = 0.2
+    hand_outputs: bool = True
+    out_path: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeCache(Request):
+    op: ClassVar[str] = "probe_cache"
+    distribution: str
+    seed_a: int
+    seed_b: int
+    out_path: str
+    precision: str = "fp32"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbePoison(_Probe):
+    op: ClassVar[str] = "probe_poison"
+    out_path: str
+    output_nbytes: list[int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeFlops(_Probe):
+    op: ClassVar[str] = "probe_flops"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeKernels(_Probe):
+    op: ClassVar[str] = "probe_kernels"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeCalls(_Probe):
+    op: ClassVar[str] = "probe_calls"
+
+
+#: Every request kind the worker answers (kbv.child.main, kbv.child.probes, kbv.child.calls), by op.
+KINDS: dict[str, type[Request]] = {
+    kind.op: kind
+    for kind in (
+        Exit,
+        Load,
+        Build,
+        Redraw,
+        Inbox,
+        Run,
+        Expected,
+        Time,
+        TruthSketches,
+        Identities,
+        ProbeObserve,
+        ProbeCache,
+        ProbePoison,
+        ProbeFlops,
+        ProbeKernels,
+        ProbeCalls,
+    )
+}
+OPS = frozenset(KINDS)
+
+
+def _types(kind: type[_Checked]) -> dict[str, tuple[type, ...]]:
+    """The JSON types each field of ``kind`` may hold, read from its annotations (once a kind)."""
+    known = _TYPES.get(kind)
+    if known is None:
+        hints = typing.get_type_hints(kind)
+        known = _TYPES[kind] = {f.name: _json_types(hints[f.name]) for f in dataclasses.fields(kind)}
+    return known
+
+
+_TYPES: dict[type, dict[str, tuple[type, ...]]] = {}
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in _json_types(arg))
+    if hint is Any:
+        return (object,)
+    if hint is float:
+        return (int, float)
+    return (origin or hint,)
+
+
+#: The fields of every request kind, with the JSON types each may hold: derived from the dataclasses.
+FIELDS: dict[str, dict[str, tuple[type, ...]]] = {op: _types(kind) for op, kind in KINDS.items()}
+
+
+def request(op: str, **fields: Any) -> Request:
+    """The request of kind ``op`` with ``fields``; :class:`WireError` says what is wrong with it."""
+    if not isinstance(op, str):
+        raise WireError(f"a request's op must be a string, not {type(op).__name__}")
+    kind = KINDS.get(op)
+    if kind is None:
+        raise WireError(f"unknown request op {op!r}; the worker answers {sorted(OPS)}")
+    return _made(kind, fields, f"a {op!r} request")
+
+
+def _made(kind: type[Any], fields: Mapping[str, Any], what: str) -> Any:
+    declared = {f.name: f for f in dataclasses.fields(kind)}
+    for key in fields:
+        if not isinstance(key, str):
+            raise WireError(f"{what}'s field names must be strings, not {key!r}")
+        if key in _ENVELOPE:
+            raise WireError(f"{what}'s fields may not carry the envelope's {key!r}")
+        if key not in declared:
+            raise WireError(f"{what} has no field {key!r}; it takes {sorted(declared)}")
+    required = [n for n, f in declared.items() if dataclasses.MISSING is f.default is f.default_factory]
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise WireError(f"{what} lacks its field(s) {missing}")
+    values = dict(fields)
+    rule = values.get("memory")
+    if isinstance(rule, Mapping):
+        values["memory"] = _made(MemoryRule, rule, "a memory rule")
+    return kind(**values)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message on the channel: a request and the id its reply must echo."""
+
+    id: int
+    request: Request
+
+    def __post_init__(self) -> None:
+        _check_id(self.id, "request")
+        if not isinstance(self.request, Request) or not self.request.op:
+            raise WireError(f"an envelope holds a request, not {type(self.request).__name__}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as sent: the request's fields at the top level beside ``op`` and ``id``."""
+        return {"op": self.request.op, "id": self.id, **self.request.to_json()}
 
     @classmethod
-    def from_json(cls, message: Mapping[str, Any]) -> Request:
+    def from_json(cls, message: Mapping[str, Any]) -> Envelope:
         """Parse a received message; :class:`WireError` says what is wrong with it."""
         if not isinstance(message, Mapping):
             raise WireError(f"a request must be a JSON object, not {type(message).__name__}")
+        op, id_ = message.get("op"), message.get("id")
+        _check_id(id_, "request")
         fields = {key: value for key, value in message.items() if key not in _ENVELOPE}
-        return cls(op=message.get("op"), id=message.get("id"), fields=fields)  # type: ignore[arg-type]
+        if not isinstance(op, str):
+            raise WireError(f"a request's op must be a string, not {type(op).__name__}")
+        return cls(id=id_, request=request(op, **fields))  # type: ignore[arg-type]
 
 
-def plain(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """``fields`` as the worker will read them: through JSON, as the channel writes them (a tuple
-    arrives as a list, a NumPy or tensor scalar as a number), so the parent validates what is sent."""
-    return dict(json.loads(json.dumps(fields, default=_channel._default)))
+def plain(value: Any) -> Any:
+    """``value`` as the worker will read it: through JSON, as the channel writes it (a tuple arrives
+    as a list, a NumPy or tensor scalar as a number), so the parent validates what is sent."""
+    return json.loads(json.dumps(value, default=_channel._default))
 
 
-def reply_id(request: Mapping[str, Any]) -> Any:
-    """The id a reply to ``request`` echoes (what the worker can read of it, even a malformed one)."""
-    return request.get("id") if isinstance(request, Mapping) else None
+def reply_id(message: Mapping[str, Any]) -> Any:
+    """The id a reply to ``message`` echoes (what the worker can read of it, even a malformed one)."""
+    return message.get("id") if isinstance(message, Mapping) else None
 
 
 def check_reply(reply: Mapping[str, Any], request_id: int) -> None:
@@ -143,24 +363,13 @@ def check_reply(reply: Mapping[str, Any], request_id: int) -> None:
         raise WireError(f"the worker refused request {request_id}: {error.get('message')}")
 
 
-def _check_op(op: Any) -> None:
-    if not isinstance(op, str):
-        raise WireError(f"a request's op must be a string, not {type(op).__name__}")
-    if op not in OPS:
-        raise WireError(f"unknown request op {op!r}; the worker answers {sorted(OPS)}")
-
-
 def _check_id(value: Any, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WireError(f"a {what}'s id must be a positive integer, not {value!r}")
 
 
-def _check_field(op: str, name: str, value: Any) -> None:
-    types = FIELDS[op].get(name) or _COMMON.get(name)
-    if types is None:
-        known = sorted({*FIELDS[op], *_COMMON})
-        raise WireError(f"a {op!r} request has no field {name!r}; it takes {known}")
-    wrong_bool = isinstance(value, bool) and bool not in types  # JSON's true is no integer
-    if wrong_bool or not isinstance(value, types):
-        allowed = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-        raise WireError(f"the {op!r} request's {name!r} must be {allowed}, not {type(value).__name__}")
+def _check_value(what: str, name: str, value: Any, allowed: tuple[type, ...]) -> None:
+    wrong_bool = isinstance(value, bool) and bool not in allowed and object not in allowed
+    if wrong_bool or not isinstance(value, allowed):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+        raise WireError(f"the {what} {name!r} must be {names}, not {type(value).__name__}")

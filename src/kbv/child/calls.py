@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kbv import inputs as kbv_inputs
+from kbv import wire
 
 # Bound before the candidate is imported.
 _setprofile = sys.setprofile
@@ -177,9 +178,9 @@ class CallRecorder:
         return self._local
 
 
-def probe_calls(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_calls(state: Any, request: wire.ProbeCalls) -> dict[str, Any]:
     """One forward on a fresh draw with the call recorder on: what ran, what was built, what was caught."""
-    spec = request["inputs"]
+    spec = request.inputs
     args = _make_inputs(
         state.problem,
         spec["distribution"],

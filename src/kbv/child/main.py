@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,6 @@ from kbv.child.forward import (
 from kbv.child.timed import _identities, _time
 from kbv.child.truth import _expected, _truth_sketches
 from kbv.problems._loader import load_source
-from kbv.protocol import LimitSettings
 
 
 def main(fd: int) -> None:
@@ -64,67 +64,38 @@ def main(fd: int) -> None:
         _probes.note_boot_modules()
     _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
     while True:
-        request = _channel.receive(sock)
-        refusal = _refusal(request)
-        if refusal is not None:  # nothing of a malformed request runs; the parent raises on it
-            _channel.send(sock, refusal)
+        message = _channel.receive(sock)
+        try:
+            envelope = wire.Envelope.from_json(message)
+        except wire.WireError as exc:  # nothing of a malformed request runs; the parent raises on it
+            error = {"kind": wire.MALFORMED, "message": str(exc)}
+            _channel.send(sock, {"ok": False, "id": wire.reply_id(message), "error": error})
             continue
-        op = request["op"]
-        if op == "exit":
-            _channel.send(sock, {"ok": True, "id": request["id"]})
+        request = envelope.request
+        if isinstance(request, wire.Exit):
+            _channel.send(sock, {"ok": True, "id": envelope.id})
             break
         started = time.perf_counter()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
-        if op not in ("time", "truth_sketches"):  # the timing phase's requests keep its sets
+        if not isinstance(request, (wire.Time, wire.TruthSketches)):  # the timing phase's keep its sets
             state.timing_inputs = None
         try:
-            reply = _HANDLERS[str(op)](state, request)
+            reply = _HANDLERS[request.op](state, request)
             reply["ok"] = True
         except BaseException as exc:  # the candidate failed: report it, the parent decides
-            reply = {"ok": False, "error": _describe_error(exc, op=str(op))}
-        reply["id"] = request["id"]  # the parent checks it: a reply read for another request is refused
+            reply = {"ok": False, "error": _describe_error(exc, op=request.op)}
+        reply["id"] = envelope.id  # the parent checks it: a reply read for another request is refused
         reply["worker_seconds"] = time.perf_counter() - started
-        _release_cached_memory(request.get("room_bytes"))
-        if request.get("steps"):  # a profiling run asked where the request's time went
+        _release_cached_memory(request.memory)
+        if request.steps:  # a profiling run asked where the request's time went
             reply.setdefault("steps_s", {})["release"] = (
                 time.perf_counter() - started - reply["worker_seconds"]
             )
-        sent = state.handed + state.inbox if op == "inbox" else state.handed
+        sent = state.handed + state.inbox if isinstance(request, wire.Inbox) else state.handed
         _channel.send(sock, reply, fds=_handoff.fds_to_send(sent))
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
             break  # the CUDA context is unusable now; this process must not be reused
     sock.close()
-
-
-def _refusal(request: dict[str, Any]) -> dict[str, Any] | None:
-    """The reply refusing ``request`` when it breaks the wire format (kbv.wire), else None."""
-    try:
-        wire.Request.from_json(request)
-    except wire.WireError as exc:
-        error = {"kind": wire.MALFORMED, "message": str(exc)}
-        return {"ok": False, "id": wire.reply_id(request), "error": error}
-    return None
-
-
-#: A worker whose allocator keeps more than this cached hands it back after the request: three
-#: workers each keeping the peak of a billion-element request ran the H200 out of memory.
-CACHED_BYTES_KEPT = 8 << 30
-#: ... except the trusted reference worker while the device has what it keeps free (room for a
-#: peer's request as large as its own) and ``room_bytes``, which the parent sends with every
-#: request: the candidate's device limit as it stands (widened to 3/4 of the device where the
-#: evaluation holds it alone), or 0 during the correctness draws of an evaluation
-#: holding its GPU alone, where each of the reference's requests runs beside the candidate's draw
-#: (kbv.evaluation.budget._room_for_candidate); where none is sent, the protocols' default device
-#: limit (``LimitSettings.device_memory_gb``, read there, never repeated here). What the reference
-#: keeps must never make an honest candidate run out of memory below its limit: with a floor of
-#: 64 GB alone, a 7.5 GB-input problem's candidate (its limit widened) ran out in its cache probe on
-#: the H200 (2026-12-03, benchmarks/results/2026-12-03-h200-verified-cost/). Handing back and
-#: allocating again cost the ``expected``
-#: requests of a 1e9-element loss 0.02-0.04 s of release and more of allocation per draw there
-#: (tens of draws an evaluation; twice what it keeps was not free beside its candidate). A
-#: candidate worker always hands it back: what its allocator keeps counts against its device limit,
-#: and a cached block of the wrong size is kept beside a new one.
-_DEFAULT_ROOM_BYTES = LimitSettings().device_memory_gb * (1 << 30)  # GiB, as limits count
 
 
 #: The role this process was started for (argv), known before the first request names it, and
@@ -133,14 +104,17 @@ _ROLE = ""
 _WARM_PROBES = False
 
 
-def _release_cached_memory(room_bytes: Any = None) -> None:
+def _release_cached_memory(rule: wire.MemoryRule | None) -> None:
+    """Hand back what the allocator keeps cached unless the parent's rule (``kbv.worker.MemoryBudget``)
+    lets this worker keep it: up to ``cached_bytes_kept``, more only while the device has
+    ``room_bytes`` free beside it. Without a rule, everything goes back."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
     kept = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    if kept <= CACHED_BYTES_KEPT:
+    if kept <= (rule.cached_bytes_kept if rule is not None else 0):
         return
-    room = float(room_bytes) if isinstance(room_bytes, (int, float)) else _DEFAULT_ROOM_BYTES
-    if _ROLE == "reference" and torch.cuda.mem_get_info()[0] >= max(kept, room):
+    room = rule.room_bytes if rule is not None else None
+    if room is not None and torch.cuda.mem_get_info()[0] >= max(kept, room):
         return
     torch.cuda.empty_cache()
 
@@ -182,24 +156,24 @@ def _environment_facts() -> dict[str, Any]:
     return facts
 
 
-def _load(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    state.device = torch.device(request["device"])
-    state.role = request["role"]
-    state.domain = request.get("domain", "any")
-    state.structure = request.get("structure")
-    state.precision = str(request.get("precision") or "fp32")
-    if request.get("handoff") in _handoff.TRANSPORTS:
-        state.handoff = request["handoff"]
-    label = request.get("problem_name", "(its text)")
-    state.problem = load_source(request["problem_source"], sizes=request.get("sizes") or {}, label=label)
+def _load(state: _State, request: wire.Load) -> dict[str, Any]:
+    state.device = torch.device(request.device)
+    state.role = request.role
+    state.domain = request.domain
+    state.structure = request.structure
+    state.precision = request.precision or "fp32"
+    if request.handoff in _handoff.TRANSPORTS:
+        state.handoff = request.handoff
+    label = request.problem_name if request.problem_name is not None else "(its text)"
+    state.problem = load_source(request.problem_source, sizes=request.sizes, label=label)
     # Captured before any candidate code runs, so later patching cannot reach these references.
     state.timer = kbv_timing.make_timer(state.device)
     state.identities = kbv_timing.snapshot_identities()
     if state.role == "candidate":
-        state.model_cls = _import_candidate(Path(request["candidate_path"]))
+        state.model_cls = _import_candidate(Path(str(request.candidate_path)))
     else:
         state.model_cls = state.problem.Model
-    _build(state, {"init_seed": request["init_seed"]})
+    _build(state, wire.Build(init_seed=request.init_seed))
     return {"parameters": _parameter_shapes(state.model)}
 
 
@@ -216,17 +190,17 @@ def _import_candidate(path: Path) -> Any:
     return module.ModelNew
 
 
-def _build(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _build(state: _State, request: wire.Build) -> dict[str, Any]:
     """Construct the model under a seed, with the parameters the parent sends (a file, or the
     inbox on a GPU) given to it while ``__init__`` runs (``kbv.child.construct``)."""
-    state.init_seed = int(request["init_seed"])
+    state.init_seed = request.init_seed
     state.model = state.model_fp64 = state.model_compiled = None  # its memory free for the new one
-    if request.get("state_path"):
-        loaded = torch.load(request["state_path"], map_location=state.device, weights_only=True)
+    if request.state_path:
+        loaded = torch.load(request.state_path, map_location=state.device, weights_only=True)
         parameters = _construct(state, loaded)
-    elif request.get("state_inbox") is not None:
+    elif request.state_inbox is not None:
         try:
-            given = _handoff.inbox_tensors(state.inbox, request["state_inbox"], state.device)
+            given = _handoff.inbox_tensors(state.inbox, request.state_inbox, state.device)
             parameters = _construct(state, given)
             torch.cuda.synchronize(state.device)  # the copies are done before the inbox goes
         finally:
@@ -271,11 +245,11 @@ def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
     return "state_dict_after_init"
 
 
-def _inbox(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _inbox(state: _State, request: wire.Inbox) -> dict[str, Any]:
     """An empty allocation of ``nbytes`` for the parent to write a model's parameters into (CUDA
     only); the next ``build`` with ``state_inbox`` reads it. The parent never shares its memory."""
     _handoff.release(state.inbox)
-    return {"inbox": _handoff.open_inbox(int(request["nbytes"]), state.device, state.handoff, state.inbox)}
+    return {"inbox": _handoff.open_inbox(request.nbytes, state.device, state.handoff, state.inbox)}
 
 
 def _parameter_shapes(model: Any) -> dict[str, list[int]]:
@@ -285,42 +259,39 @@ def _parameter_shapes(model: Any) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in model.state_dict().items()}
 
 
-def _redraw(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _redraw(state: _State, request: wire.Redraw) -> dict[str, Any]:
     """Reference workers only: new parameter values for a distribution, saved for the candidate, or
     (``hand_over``, on a GPU) handed to the parent on the device with their names."""
     if state.role != "reference":
         raise PermissionError("only a reference worker redraws parameters")
-    new_state = kbv_inputs.redraw_parameters(state.model, request["distribution"], int(request["seed"]))
+    new_state = kbv_inputs.redraw_parameters(state.model, request.distribution, request.seed)
     # Built again with them, as the candidate is: what the problem's __init__ derives is theirs.
     state.model = state.model_fp64 = state.model_compiled = None
     _construct(state, new_state)
-    if request.get("hand_over"):
+    if request.hand_over:
         named = state.model.state_dict()
         values = [_handoff.plain_copy(v, state.device, copy=False) for v in named.values()]
         return {
             "names": list(named),
             "outputs": _handoff.hand_over(
-                values, state.device, request["out_path"], state.handed, state.handoff
+                values, state.device, request.out_path, state.handed, state.handoff
             ),
         }
     full = {k: v.detach().cpu() for k, v in state.model.state_dict().items()}
-    torch.save(full, request["out_path"])
+    torch.save(full, request.out_path)
     return {"n_tensors": len(full)}
 
 
-def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    precision = request.get("precision", "native")
+def _run(state: _State, request: wire.Run) -> dict[str, Any]:
+    precision = request.precision
     _set_precision_flags(precision)
-    mix = request.get("mix_seed")
-    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
-    args = _make_inputs(
-        state, request["distribution"], int(request["seed"]), precision, None if mix is None else int(mix)
-    )
+    steps = _Steps(request.steps, state.device.type == "cuda")
+    args = _make_inputs(state, request.distribution, request.seed, precision, request.mix_seed)
     steps.mark("inputs")
     model = _model_for(state, precision)
-    memory = _memory_before(state) if request.get("measure_memory") else None
+    memory = _memory_before(state) if request.measure_memory else None
     # Only a trusted worker's account of its own operators is asked for (and believed).
-    recording = request.get("record_operators") and state.role == "reference"
+    recording = request.record_operators and state.role == "reference"
     with torch.no_grad():
         outputs, operators = _forward_recording(model, args) if recording else (model(*args), None)
     outputs = _as_outputs(outputs)
@@ -337,7 +308,7 @@ def _run(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     reply = {
         "types": types,
         "memory": memory,
-        "outputs": _handoff.hand_over(copies, state.device, request["out_path"], state.handed, state.handoff),
+        "outputs": _handoff.hand_over(copies, state.device, request.out_path, state.handed, state.handoff),
     }
     return _finished(reply, steps, operators)
 
@@ -371,7 +342,7 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[_State, Any], dict[str, Any]]] = {
     "load": _load,
     "build": _build,
     "redraw": _redraw,

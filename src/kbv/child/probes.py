@@ -22,6 +22,7 @@ import torch
 
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
+from kbv import wire
 from kbv.child import timing as kbv_timing
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
@@ -135,12 +136,12 @@ def _snapshot(state: Any, value: Any) -> Any:
     return _plain_copy(value, state.device)
 
 
-def _hand(state: Any, request: dict[str, Any], groups: list[list[Any]]) -> dict[str, Any]:
+def _hand(state: Any, out_path: str | None, groups: list[list[Any]]) -> dict[str, Any]:
     """Hand several output lists to the parent at once: ``sizes`` says how to split them again."""
     flat = [value for group in groups for value in group]
     return {
         "sizes": [len(g) for g in groups],
-        "outputs": _hand_over(flat, state.device, request["out_path"], state.handed, state.handoff),
+        "outputs": _hand_over(flat, state.device, str(out_path), state.handed, state.handoff),
     }
 
 
@@ -311,14 +312,14 @@ class _ThreadStarts:
 # Probes
 
 
-def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_observe(state: Any, request: wire.ProbeObserve) -> dict[str, Any]:
     """One forward on a fresh draw, watched: checksums, aliasing, threads, processes, flags.
 
     Outputs are handed over as two lists: ``[immediately, after delay_s]`` (unless ``hand_outputs`` is
     false: the reference's observation needs none).
     """
-    spec = request["inputs"]
-    args = _probe_inputs(state, spec, request.get("precision", "fp32"))
+    spec = request.inputs
+    args = _probe_inputs(state, spec, request.precision)
     before_first = _activity()  # a process the first call leaves running is not lazy set-up
     _forward(
         state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -336,12 +337,12 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         first = [_snapshot(state, o) for o in outputs]
     sums_after = [_checksum(a) for a in args]
     aliasing = _aliasing(outputs, args)
-    _sleep(float(request.get("delay_s", 0.2)))
+    _sleep(float(request.delay_s))
     _sync(state)
     later = _activity()
     late = [_snapshot(state, o) for o in outputs]
     return {
-        "outputs": _hand(state, request, [first, late]) if request.get("hand_outputs", True) else None,
+        "outputs": _hand(state, request.out_path, [first, late]) if request.hand_outputs else None,
         "types": [_type_name(o) for o in outputs],
         "input_checksums_before": sums_before,
         "input_checksums_after": sums_after,
@@ -360,14 +361,14 @@ def probe_observe(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def probe_cache(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_cache(state: Any, request: wire.ProbeCache) -> dict[str, Any]:
     """Four calls that a cache keyed on pointers, ids, shapes or value samples answers wrongly.
 
     1. draw A on fresh buffers; 2. draw B's values copied into A's buffers (same pointers and
     objects, new contents); 3. B's values in new buffers; 4. the A/B mix on fresh buffers (the same
     sampled values as A, different data). The four calls' outputs are handed over as four lists.
     """
-    dist, seed_a, seed_b = request["distribution"], int(request["seed_a"]), int(request["seed_b"])
+    dist, seed_a, seed_b = request.distribution, request.seed_a, request.seed_b
     args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
     results = [[_snapshot(state, o) for o in _forward(state, args)]]
     new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
@@ -381,7 +382,7 @@ def probe_cache(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     results.append([_snapshot(state, o) for o in _forward(state, new_values)])
     mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
     results.append([_snapshot(state, o) for o in _forward(state, mixed)])
-    return {"calls": len(results), "outputs": _hand(state, request, results)}
+    return {"calls": len(results), "outputs": _hand(state, request.out_path, results)}
 
 
 def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
@@ -405,7 +406,7 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
     del blocks
 
 
-def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_poison(state: Any, request: wire.ProbePoison) -> dict[str, Any]:
     """The same draw twice, each on fresh input buffers after freed memory was poisoned with NaN.
 
     The outputs are handed over as ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
@@ -413,19 +414,19 @@ def probe_poison(state: Any, request: dict[str, Any]) -> dict[str, Any]:
     """
     runs = []
     for _ in range(2):
-        args = _probe_inputs(state, request["inputs"])
-        _poison(state.device, request.get("output_nbytes") or ())
+        args = _probe_inputs(state, request.inputs)
+        _poison(state.device, request.output_nbytes or ())
         _sync(state)
         runs.append([_snapshot(state, o) for o in _forward(state, args)])
         del args
-    return {"runs": len(runs), "outputs": _hand(state, request, runs)}
+    return {"runs": len(runs), "outputs": _hand(state, request.out_path, runs)}
 
 
-def probe_flops(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_flops(state: Any, request: wire.ProbeFlops) -> dict[str, Any]:
     """Reference side: FLOPs of one fp32 forward (FlopCounterMode) and the bytes of inputs and outputs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    args = _probe_inputs(state, request["inputs"])
+    args = _probe_inputs(state, request.inputs)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         outputs = _as_outputs(state.model(*args))
@@ -470,7 +471,7 @@ STREAM_MARK_CYCLES = 1000
 STREAM_MARK_KERNEL = "spin_kernel"
 
 
-def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
+def probe_kernels(state: Any, request: wire.ProbeKernels) -> dict[str, Any]:
     """CUDA only: names of the device kernels one forward launched (torch.profiler), the profiler's
     stream id of each and of the stream the forward was called on, and custom code loaded."""
     custom = _custom_code()
@@ -478,7 +479,7 @@ def probe_kernels(state: Any, request: dict[str, Any]) -> dict[str, Any]:
         return {"available": False, "kernels": [], "custom_code": custom}
     from torch.profiler import ProfilerActivity, profile
 
-    args = _probe_inputs(state, request["inputs"])
+    args = _probe_inputs(state, request.inputs)
     _forward(state, args)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         marked = _mark_stream()

@@ -10,6 +10,7 @@ import torch
 
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
+from kbv import wire
 from kbv.child import timing as kbv_timing
 from kbv.child.forward import (
     _as_outputs,
@@ -23,7 +24,7 @@ from kbv.child.forward import (
 from kbv.protocol import timing_settings_from_dict
 
 
-def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _time(state: _State, request: wire.Time) -> dict[str, Any]:
     """One timed batch. With ``sketch`` (a seed and a map frequency per output, the same in every
     worker's request of a round) every timed call's outputs are sketched (``kbv.sketch``) right after
     the call returned and was synchronised and timed, outside the timed region: the same work for
@@ -31,17 +32,17 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     With ``unseen_seeds`` (``timing.unseen_inputs``) timed call ``i`` runs on the draw of the i-th
     seed, made just before it outside the timed region and dropped once its outputs are sketched;
     the kept sets of ``seeds`` serve the warm-up only."""
-    precision = request.get("precision", "native")
+    precision = request.precision
     _set_precision_flags(precision)
-    settings = timing_settings_from_dict(request["settings"])
-    seeds = [int(s) for s in request["seeds"]]
-    unseen_seeds = [int(s) for s in request.get("unseen_seeds") or []]
-    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
-    input_sets = _timing_inputs(state, request["distribution"], seeds, precision)
+    settings = timing_settings_from_dict(request.settings)
+    seeds = [int(s) for s in request.seeds]
+    unseen_seeds = [int(s) for s in request.unseen_seeds or []]
+    steps = _Steps(request.steps, state.device.type == "cuda")
+    input_sets = _timing_inputs(state, request.distribution, seeds, precision)
     steps.mark("inputs")
     model = _model_for(state, precision)
     last: list[Any] = [None] * len(input_sets)
-    spec = request.get("sketch")
+    spec = request.sketch
     sketches: list[list[dict[str, Any]]] = []
     sketch_s = [0.0]
     unseen_out: list[Any] = [None]
@@ -53,7 +54,7 @@ def _time(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         if i >= len(unseen_seeds):
             raise RuntimeError(f"timed call {i} has no unseen input set ({len(unseen_seeds)} sent)")
         unseen_out[0] = None  # the previous call's set and outputs go before the next is drawn
-        args = _make_inputs(state, request["distribution"], unseen_seeds[i], precision)
+        args = _make_inputs(state, request.distribution, unseen_seeds[i], precision)
 
         def run() -> None:
             unseen_out[0] = model(*args)
@@ -130,5 +131,5 @@ def _timing_inputs(state: _State, distribution: str, seeds: list[int], precision
     return sets
 
 
-def _identities(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _identities(state: _State, request: wire.Identities) -> dict[str, Any]:
     return {"changed": kbv_timing.verify_identities(state.identities)}

@@ -10,6 +10,7 @@ import torch
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
+from kbv import wire
 from kbv.child.forward import (
     _as_outputs,
     _classify,
@@ -33,7 +34,7 @@ from kbv.child.forward import (
 SHARED_DRAW_SHARE = 1 / 16
 
 
-def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _expected(state: _State, request: wire.Expected) -> dict[str, Any]:
     """What judging one draw needs, from the trusted reference alone: the float64 truth and the
     realistic baseline (``precision``: TF32 on a GPU, fp32 on the CPU) on the same inputs, the
     baseline's error against the truth computed here (``kbv.error_stats.baseline_error``), and only
@@ -44,9 +45,8 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         raise PermissionError("only the trusted reference worker computes a draw's truth")
     from kbv.error_stats import baseline_error  # numbers, not a verdict (the reference worker only)
 
-    mix = request.get("mix_seed")
-    draw = (request["distribution"], int(request["seed"]), None if mix is None else int(mix))
-    steps = _Steps(bool(request.get("steps")), state.device.type == "cuda")
+    draw = (request.distribution, request.seed, request.mix_seed)
+    steps = _Steps(request.steps, state.device.type == "cuda")
     narrow = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
     wide = kbv_inputs.upcast_draw(narrow)
     args: list[Any] | None = narrow
@@ -68,9 +68,9 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     steps.mark("forward_fp64")
     if args is None:
         args = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
-    precision = str(request["precision"])
+    precision = request.precision
     _set_precision_flags(precision)
-    recording = bool(request.get("record_operators"))
+    recording = request.record_operators
     with torch.no_grad():
         baseline, operators = (
             _forward_recording(state.model, args) if recording else (state.model(*args), None)
@@ -91,13 +91,13 @@ def _expected(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         "baseline_outputs": [_shape_and_dtype(o) for o in kept_baseline],
         "baseline_error": error,
         "outputs": _handoff.hand_over(
-            kept_truth, state.device, request["out_path"], state.handed, state.handoff
+            kept_truth, state.device, request.out_path, state.handed, state.handoff
         ),
     }
     return _finished(reply, steps, operators)
 
 
-def _truth_sketches(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+def _truth_sketches(state: _State, request: wire.TruthSketches) -> dict[str, Any]:
     """The trusted reference's side of judging timed calls on unseen inputs (``timing.unseen_inputs``):
     for each of ``seeds`` (one per timed call of a round) the float64 truth of its draw, reduced
     here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
@@ -110,12 +110,12 @@ def _truth_sketches(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         raise PermissionError("only the trusted reference worker computes a draw's truth")
     from kbv.error_stats import baseline_error, finite_rms, truth_summary  # numbers, not a verdict
 
-    spec = dict(request["sketch"])
-    baseline_precision = request.get("baseline")
+    spec = dict(request.sketch)
+    baseline_precision = request.baseline
     sets: list[list[dict[str, Any] | None]] = []
     reply: dict[str, Any] = {}
-    for k, seed in enumerate(int(s) for s in request["seeds"]):
-        narrow = _make_inputs(state, request["distribution"], seed, "fp32")
+    for k, seed in enumerate(int(s) for s in request.seeds):
+        narrow = _make_inputs(state, request.distribution, seed, "fp32")
         wide = kbv_inputs.upcast_draw(narrow)
         _set_precision_flags("fp64")
         with torch.no_grad():

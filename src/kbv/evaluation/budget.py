@@ -82,24 +82,22 @@ def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str
 
 
 def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
-    """Tell the reference worker what it must leave free beside the allocator cache it keeps between
-    requests (``room_bytes``, kbv.child.main): the candidate's device limit as it stands now (widened
-    when the evaluation holds the GPU alone; the whole device where the candidate has none), except
-    during the correctness draws of an evaluation that holds its GPU alone. There each of the
-    reference's requests runs beside the candidate's draw, so what it keeps between them is no more
-    than what its next request takes at the same time, and no other evaluation shares the GPU; the
-    first request after the draws (the timing phase's build) hands back what the limit needs."""
-    fields = ctx.reference_fields
-    if fields is None:
-        return
+    """Set what the reference worker must leave free beside the allocator cache it keeps between
+    requests (the budget's ``room_bytes``, in the memory rule of every request: kbv.worker._memory):
+    the candidate's device limit as it stands now (widened when the evaluation holds the GPU alone;
+    the whole device where the candidate has none), except during the correctness draws of an
+    evaluation that holds its GPU alone. There each of the reference's requests runs beside the
+    candidate's draw, so what it keeps between them is no more than what its next request takes at
+    the same time, and no other evaluation shares the GPU; the first request after the draws (the
+    timing phase's build) hands back what the limit needs."""
     if ctx.drawing and ctx.gpu_held.startswith("alone"):
-        fields["room_bytes"] = 0
+        ctx.budget.room_bytes = 0
         return
     limits = subject.spec.limits
     if limits is not None and limits.device_memory_gb:
-        fields["room_bytes"] = int(float(limits.device_memory_gb) * (1 << 30))
+        ctx.budget.room_bytes = int(float(limits.device_memory_gb) * (1 << 30))
     else:
-        fields["room_bytes"] = ctx.device_total_bytes or None
+        ctx.budget.room_bytes = ctx.device_total_bytes or None
 
 
 def _hold_alone_for_outputs(

@@ -17,6 +17,7 @@ from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
 from kbv.protocol import Protocol
 from kbv.records import Finding
+from kbv.worker import MemoryBudget
 
 REFERENCE_TIMEOUT_S = 1800.0
 
@@ -80,8 +81,6 @@ class _Context:
     #: Distributions whose candidate build could not take the parameters during ``__init__`` (they
     #: were loaded after it: ``kbv.child.construct``), so state it derived there is the seed's.
     loaded_after_init: list[str] = field(default_factory=list)
-    #: A candidate ``build`` was sent without waiting for its reply (``_build_pair(wait=False)``).
-    build_pending: bool = False
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
     transients: list[dict[str, Any]] = field(default_factory=list)
     # The models' parameters right now (which build/redraw), so reference outputs are reused only
@@ -109,10 +108,10 @@ class _Context:
     # asked for once, on its first correctness draw on the GPU; None when not (or not yet) given.
     tf32_operators: dict[str, Any] | None = None
     tf32_operators_asked: bool = False
-    # The fields sent with every request to the reference worker (its ``request_fields``): the
-    # room it must leave free beside what its allocator keeps (_room_for_candidate), which depends
+    # The memory rule both workers are sent with every request (their ``budget``): the room the
+    # reference must leave free beside what its allocator keeps (_room_for_candidate), which depends
     # on whether the correctness draws are running (``drawing``).
-    reference_fields: dict[str, Any] | None = None
+    budget: MemoryBudget = field(default_factory=MemoryBudget)
     drawing: bool = False
 
 

@@ -3,13 +3,14 @@ judged by the parent, a failing draw confirmed by re-runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from kbv import correctness
+from kbv import correctness, wire
 from kbv.evaluation import reference as _reference
 from kbv.evaluation.budget import _output_numels, _room_for_candidate
 from kbv.evaluation.context import _Context, _phase, _structure
-from kbv.evaluation.requests import _received, _run, _run_fields
+from kbv.evaluation.requests import _forward, _received, _run
 from kbv.records import DistributionResult
 from kbv.worker import Worker
 
@@ -34,21 +35,15 @@ def _check_distributions(
     for distribution in settings.distributions:
         # A part of the correctness phase, kept apart: parameters redrawn by the reference and given
         # to the candidate (``_redrawn_state``).
-        _phase(
+        pending = _phase(
             ctx,
             "correctness:parameters",
             lambda d=distribution: _build_pair(ctx, reference, subject, d, wait=wait),
         )
         results.append(_check_distribution(ctx, reference, subject, distribution))
-        _finish_build(ctx, subject)
+        if pending is not None:  # (its reply was read before the first draw's, and kept for its id)
+            _note_build(ctx, subject.receive_reply(pending))
     return results
-
-
-def _finish_build(ctx: _Context, subject: Worker) -> None:
-    """Read the reply of a candidate build sent without waiting (``_build_pair(wait=False)``)."""
-    if ctx.build_pending:
-        ctx.build_pending = False
-        _note_build(ctx, subject.receive_reply())
 
 
 def _note_build(ctx: _Context, reply: Any) -> None:
@@ -61,54 +56,53 @@ def _note_build(ctx: _Context, reply: Any) -> None:
 
 def _build_pair(
     ctx: _Context, reference: Worker, subject: Worker, distribution: str, *, wait: bool = True
-) -> None:
+) -> int | None:
     """Both models with the parameters of ``distribution`` (the same seed gives the same values,
     so the dynamic checks can rebuild a correctness distribution's models and reuse its draws).
-    ``wait=False`` sends the candidate's build and leaves its reply to :func:`_finish_build`."""
+    ``wait=False`` sends the candidate's build without waiting and returns its request id, whose
+    reply the caller awaits (``Worker.receive_reply``)."""
     init_seed = ctx.seeds.init(distribution)
-    reference.request("build", init_seed=init_seed)
-    state: dict[str, Any] = {}
+    reference.request(wire.Build(init_seed=init_seed))
+    build = wire.Build(init_seed=init_seed)
     if ctx.parameters_mode == "state_dict":
-        state = _redrawn_state(ctx, reference, subject, distribution)
-    reply = None
-    if wait:
-        reply = subject.request("build", init_seed=init_seed, **state)
-    else:
-        subject.send_request("build", init_seed=init_seed, **state)
-        ctx.build_pending = True
+        build = _redrawn_state(ctx, reference, subject, distribution, build)
     ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
-    _note_build(ctx, reply)
+    if not wait:
+        return subject.send_request(build)
+    _note_build(ctx, subject.request(build))
+    return None
 
 
-def _redrawn_state(ctx: _Context, reference: Worker, subject: Worker, distribution: str) -> dict[str, Any]:
-    """The reference's parameters redrawn for ``distribution``, delivered to the candidate; what its
-    ``build`` request then names. On a GPU they stay on the device: the reference hands them to the
+def _redrawn_state(
+    ctx: _Context, reference: Worker, subject: Worker, distribution: str, build: wire.Build
+) -> wire.Build:
+    """The reference's parameters redrawn for ``distribution``, delivered to the candidate; ``build``
+    naming them. On a GPU they stay on the device: the reference hands them to the
     parent, the candidate opens an empty inbox of its own and the parent writes them into it (a file
     cost 4-5 s per distribution for an MLP's 2.7 GB on the H200, 27 s of a 51 s evaluation).
     Elsewhere they go through a file, given into the candidate's scratch."""
     out_path = reference.new_path("params")
     seed = ctx.seeds.params(distribution)
     if not ctx.device.startswith("cuda"):
-        reference.request("redraw", distribution=distribution, seed=seed, out_path=out_path)
-        return {"state_path": subject.give(out_path)}  # a copy its own uid may read
+        reference.request(wire.Redraw(distribution=distribution, seed=seed, out_path=out_path))
+        return replace(build, state_path=subject.give(out_path))  # a copy its own uid may read
     from kbv import handoff
 
     reply = reference.request(
-        "redraw", distribution=distribution, seed=seed, out_path=out_path, hand_over=True
+        wire.Redraw(distribution=distribution, seed=seed, out_path=out_path, hand_over=True)
     )
     named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
     items, needed = handoff.inbox_layout(named)
-    _finish_build(ctx, subject)  # (none is pending here; its reply must not be read as the inbox's)
-    opened = subject.request("inbox", nbytes=needed)
+    opened = subject.request(wire.Inbox(nbytes=needed))
     subject.fill_inbox(opened.get("inbox"), named, items)
-    return {"state_inbox": items}
+    return replace(build, state_inbox=items)
 
 
 def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None:
     """Both models with the timing (and dynamic-check) parameters: the ``original`` init seed."""
     init_seed = ctx.seeds.init("original")
-    reference.request("build", init_seed=init_seed)
-    subject.request("build", init_seed=init_seed)
+    reference.request(wire.Build(init_seed=init_seed))
+    subject.request(wire.Build(init_seed=init_seed))
     ctx.state_key = ("init", init_seed)
 
 
@@ -129,10 +123,9 @@ def _check_distribution(
             # The candidate runs its draw while the reference computes the baseline and the truth of
             # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
             # passes between them; the parent judges once both have answered.
-            subject.send_request("run", **_run_fields(subject, variant, seed, "native"))
+            run = subject.send_request(_forward(subject, variant, seed, "native"))
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
-            _finish_build(ctx, subject)  # its reply comes before the run's
-            outputs = _received(subject, subject.receive_reply())
+            outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
         else:
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
         if expected is None:

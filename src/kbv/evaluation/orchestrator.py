@@ -45,7 +45,7 @@ from kbv.evaluation.records import (
     _record,
 )
 from kbv.evaluation.reference import _reference_outputs, _timed_reference
-from kbv.evaluation.requests import _load_fields, _run
+from kbv.evaluation.requests import _load, _run
 from kbv.precision import below_precision_findings
 from kbv.problems import Problem
 from kbv.protocol import Protocol
@@ -122,6 +122,7 @@ def _release_device_memory(ctx: _Context) -> None:
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
+    reference.budget = subject.budget = ctx.budget  # what each may keep cached: the evaluation decides
     # The candidate's processes are searched (and killed) if they hold kbv's lock files open.
     gpu_lock = DeviceLock(device, suspects=subject.members)
     with gpu_lock as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
@@ -138,7 +139,6 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 return _failure_record(ctx, reference.hello, failure)
             return _problem_error_record(ctx, reference.hello, failure)
         ctx.gpu_held = _gpu_hold(ctx, ref_hello)
-        ctx.reference_fields = reference.request_fields
         _room_for_candidate(ctx, subject)
         if ctx.gpu_held.startswith("alone"):
             _hold_alone(ctx, gpu, subject, ref_hello)
@@ -367,7 +367,7 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
         raise HarnessError(
             f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}"
         ) from exc
-    reply = _phase(ctx, "reference_load", lambda: reference.request("load", **_load_fields(ctx, "reference")))
+    reply = _phase(ctx, "reference_load", lambda: reference.request(_load(ctx, "reference")))
     hello["parameters"] = reply["parameters"]
     return hello
 
@@ -391,7 +391,7 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
     subject.wait_ready()
     with build_lock(ctx.candidate.source_sha256):  # importing the candidate may build its extensions
         started = time.monotonic()
-        reply = subject.request("load", **_load_fields(ctx, "candidate"))
+        reply = subject.request(_load(ctx, "candidate"))
         bracket_s = time.monotonic() - started
     ctx.phases["compile"] = _compile_seconds(reply.get("worker_seconds"), bracket_s)
     ref_params = reference.hello.get("parameters") or {}
@@ -415,7 +415,7 @@ def _measure(
         init_seed=ctx.seeds.init("original"),
         device_info=_device_info(ctx, hello),
         torch_version=str(hello.get("torch", "")),
-        load_fields=_load_fields(ctx, "reference"),
+        load=_load(ctx, "reference"),
         sketch_seed=inputs.derive_seed(ctx.seeds.master, "timed-sketch"),
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
         build=lambda: _build_for_timing(ctx, reference, subject),

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from kbv import correctness, inputs
+from kbv import correctness, inputs, wire
 from kbv.evaluation.context import HarnessError, _Context, _structure
-from kbv.evaluation.requests import _run, _run_fields
+from kbv.evaluation.requests import _run
 from kbv.problems import Problem
 from kbv.worker import Worker, WorkerFailed
 
@@ -88,10 +88,16 @@ def _reference_outputs(
         on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
         # Asked once: a forward that refuses the recorder runs twice each time it is asked.
         record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
-        fields = _run_fields(reference, distribution, seed, "tf32" if on_cuda else "fp32", mix_seed=mix_seed)
-        if record:
-            fields["record_operators"] = True
-        reply = reference.request("expected", **fields)
+        reply = reference.request(
+            wire.Expected(
+                distribution=distribution,
+                seed=seed,
+                mix_seed=mix_seed,
+                precision="tf32" if on_cuda else "fp32",
+                out_path=reference.new_path("out"),
+                record_operators=record,
+            )
+        )
         if record:
             ctx.tf32_operators_asked, ctx.tf32_operators = True, reply.get("tf32_operators")
         expected = _error_model_expected(reference, reply)

@@ -1,32 +1,31 @@
-"""The requests the parent sends its workers for one evaluation: load fields and one forward."""
+"""The requests the parent sends its workers for one evaluation: the load and one forward."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from kbv import wire
 from kbv.evaluation.context import _Context, _structure
 from kbv.worker import Worker, worker_device
 
 
-def _load_fields(ctx: _Context, role: str) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "role": role,
-        "device": worker_device(ctx.device),
+def _load(ctx: _Context, role: str) -> wire.Load:
+    device = worker_device(ctx.device)
+    return wire.Load(
+        role=role,
+        device=device,
         # The text the parent read, never its path: the file may change meanwhile, and the
         # candidate worker must not learn where it lives (``docs/architecture.md``).
-        "problem_source": ctx.problem.source,
-        "sizes": ctx.problem.sizes_for(worker_device(ctx.device)),
-        "domain": ctx.problem.extras.get("domain", "any"),
-        "init_seed": ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
-        "structure": _structure(ctx).applied() or None,
-    }
-    if ctx.protocol.precision != "fp32":  # (fp32 loads as before: the baseline cache keys read these)
-        fields["precision"] = ctx.protocol.precision
-    if role == "candidate":
-        fields["candidate_path"] = str(ctx.candidate.path)
-    else:
-        fields["problem_name"] = ctx.problem.name  # for the reference's error messages
-    return fields
+        problem_source=ctx.problem.source,
+        sizes=ctx.problem.sizes_for(device),
+        domain=ctx.problem.extras.get("domain", "any"),
+        init_seed=ctx.seeds.init(ctx.protocol.correctness.distributions[0]),
+        structure=_structure(ctx).applied() or None,
+        precision=ctx.protocol.precision,
+        candidate_path=str(ctx.candidate.path) if role == "candidate" else None,
+        problem_name=None if role == "candidate" else ctx.problem.name,  # for the reference's errors
+    )
 
 
 def _run(
@@ -42,28 +41,29 @@ def _run(
     GPU through CUDA IPC or exported VMM memory, on the CPU through a file read once and deleted).
     ``record_operators`` (a trusted reference only) also reports the TF32-sensitive operators the
     forward ran."""
-    fields = _run_fields(worker, distribution, seed, precision, measure_memory, mix_seed)
+    request = _forward(worker, distribution, seed, precision, measure_memory, mix_seed)
     if record_operators:
-        fields["record_operators"] = True
-    return _received(worker, worker.request("run", **fields))
+        request = replace(request, record_operators=True)
+    return _received(worker, worker.request(request))
 
 
-def _run_fields(
+def _forward(
     worker: Worker,
     distribution: str,
     seed: int,
     precision: str,
     measure_memory: bool = False,
     mix_seed: int | None = None,
-) -> dict[str, Any]:
-    return {
-        "distribution": distribution,
-        "seed": seed,
-        "mix_seed": mix_seed,
-        "precision": precision,
-        "out_path": worker.new_path("out"),
-        "measure_memory": measure_memory,
-    }
+) -> wire.Run:
+    """The ``run`` request of one draw, its outputs written into ``worker``'s own scratch."""
+    return wire.Run(
+        distribution=distribution,
+        seed=seed,
+        mix_seed=mix_seed,
+        precision=precision,
+        out_path=worker.new_path("out"),
+        measure_memory=measure_memory,
+    )
 
 
 def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:

@@ -7,15 +7,17 @@ parses. Every process it starts is tracked (``kbv.worker._contain``: a cgroup wh
 allows one, the worker as child subreaper, a marker in the environment) and killed with it; a
 candidate worker's resources are polled against its protocol's limits while the parent waits.
 
-Modules: the process and its channel (``_process``), its limits (``_limits``), the isolation
-report (``_isolation``), the spares pool (``_spares``), how a worker is started and how it fails
-(``_spec``), and the scratch directories (``_scratch``).
+Modules: the process and its channel (``_process``), its limits (``_limits``), the memory rule
+sent with each request (``_memory``), the isolation report (``_isolation``), the spares pool
+(``_spares``), how a worker is started and how it fails (``_spec``), and the scratch directories
+(``_scratch``).
 """
 
 from __future__ import annotations
 
 from kbv.processes import harden_process as harden_process  # kbv.worker.harden_process, as documented
 from kbv.worker._limits import FULL_SCAN_S, POLL_S
+from kbv.worker._memory import CACHED_BYTES_KEPT, DEFAULT_ROOM_BYTES, MemoryBudget
 from kbv.worker._process import (
     CPU_INTRA_OP_THREADS,
     ESCAPED_STOP_ROUNDS,
@@ -36,6 +38,9 @@ from kbv.worker._spec import (
 )
 
 __all__ = [
+    "CACHED_BYTES_KEPT",
+    "DEFAULT_ROOM_BYTES",
+    "MemoryBudget",
     "CPU_INTRA_OP_THREADS",
     "ESCAPED_STOP_ROUNDS",
     "ESCAPED_STOP_WAIT_S",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from kbv.worker import _contain, _forkserver, _privileges, _scratch
 from kbv.worker._env import arch_list_for, scrubbed_env
 from kbv.worker._isolation import IsolationReport
 from kbv.worker._limits import POLL_S, LimitWatch
+from kbv.worker._memory import MemoryBudget
 from kbv.worker._spec import WorkerFailed, WorkerSpec, cache_root, confinement_env
 
 LOG_TAIL_BYTES = 16_000
@@ -46,8 +48,8 @@ class Worker(LimitWatch, IsolationReport):
         self.home = self.scratch / "home"
         self.home.mkdir()
         self.hello: dict[str, Any] = {}
-        #: Fields sent with every request (the reference's ``room_bytes``: kbv.evaluation).
-        self.request_fields: dict[str, Any] = {}
+        #: What decides the memory rule sent with every request: the evaluation's, once it binds it.
+        self.budget = MemoryBudget()
         self._proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None = None
         #: How the process started: forked from kbv's fork server, or a fresh interpreter (and why).
         self.started_as = ""
@@ -59,6 +61,8 @@ class Worker(LimitWatch, IsolationReport):
         #: (a pipelined request's reply comes before a later one's).
         self._last_id = 0
         self._awaited: deque[int] = deque()
+        #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
+        self._unread: dict[int, dict[str, Any]] = {}
         self.remaining_s = spec.budget_s
         self._tag = uuid.uuid4().hex[:12]
         self._cgroup: _contain.Cgroup | None = None
@@ -162,58 +166,76 @@ class Worker(LimitWatch, IsolationReport):
             self.hello = self._receive()
         return self.hello
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request and wait for its reply within the worker's remaining budget."""
-        self.send_request(op, **fields)
-        return self.receive_reply()
+    def request(self, request: wire.Request | str, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply within the worker's remaining budget. A request is
+        its kind's :mod:`kbv.wire` dataclass; an op's name with its fields (scripts, tests) is made
+        into one, and checked alike."""
+        return self.receive_reply(self.send_request(request, **fields))
 
-    def send_request(self, op: str, **fields: Any) -> None:
-        """The first half of :meth:`request`: two workers can then work at once (``receive_reply``)."""
+    def send_request(self, request: wire.Request | str, **fields: Any) -> int:
+        """The first half of :meth:`request`: two workers can then work at once. Returns the
+        request's id, whose reply :meth:`receive_reply` awaits."""
         if self._sock is None:
             raise RuntimeError("worker not started")
-        if op == "load":
-            fields.setdefault("handoff", self.handoff)
-        message = self._next_request(op, {**self.request_fields, **fields}).to_json()
+        if isinstance(request, str):
+            request = wire.request(request, **fields)
+        added: dict[str, Any] = {}
+        if request.memory is None:
+            added["memory"] = self.budget.rule(self.spec.role)
+        if isinstance(request, wire.Load) and request.handoff is None:
+            added["handoff"] = self.handoff
+        envelope = self._envelope(dataclasses.replace(request, **added) if added else request)
         try:
-            _channel.send(self._sock, message)
+            _channel.send(self._sock, envelope.to_json())
         except OSError as exc:
             self.kill()
             raise WorkerFailed(
                 "crashed", f"the worker is gone ({exc})", self.logs(), role=self.spec.role
             ) from exc
+        return envelope.id
 
-    def _next_request(self, op: str, fields: dict[str, Any]) -> wire.Request:
-        """The request to send, with the next id; its reply is awaited after any still unread."""
+    def _envelope(self, request: wire.Request) -> wire.Envelope:
+        """``request`` with the next id; its reply is awaited after any still unread."""
         self._last_id += 1
-        request = wire.Request(op, self._last_id, wire.plain(fields))
-        self._awaited.append(request.id)
-        return request
+        envelope = wire.Envelope(self._last_id, request)
+        self._awaited.append(envelope.id)
+        return envelope
 
-    def receive_reply(self) -> dict[str, Any]:
-        if not self._awaited:
-            raise wire.WireError("a reply was read for no request sent (receive_reply without send_request)")
-        awaited = self._awaited.popleft()
-        reply = self._receive()
-        wire.check_reply(reply, awaited)
-        if not reply.get("ok"):
-            error = reply.get("error") or {}
-            kind = str(error.get("kind", "runtime_error"))
-            if kind == "cuda_error":
-                self.kill()
-            limits = self.spec.limits
-            over = None
-            if limits is not None and _contain.is_open_files_error(error):
-                over = _contain.open_files_exceeded(limits)
-            elif limits is not None and limits.disk_gb and _contain.is_file_size_error(error):
-                over = _contain.file_size_exceeded(limits, self.disk_bytes())
-            if over is not None:
-                kind, error = "resource_limit", {**error, **over}
-                self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
-                self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
-            raise WorkerFailed(
-                kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role
-            )
-        return reply
+    def receive_reply(self, request_id: int | None = None) -> dict[str, Any]:
+        """The reply to the request ``request_id`` (default: the oldest whose reply is unread). The
+        replies of requests sent before it are read first, in order, and kept for their own
+        :meth:`receive_reply`; a failed one raises when read."""
+        if request_id is not None and request_id in self._unread:
+            return self._unread.pop(request_id)
+        if not self._awaited or (request_id is not None and request_id not in self._awaited):
+            raise wire.WireError(f"a reply was awaited for no request sent ({request_id})")
+        while True:
+            awaited = self._awaited.popleft()
+            reply = self._receive()
+            wire.check_reply(reply, awaited)
+            self._raise_if_failed(reply)
+            if request_id is None or awaited == request_id:
+                return reply
+            self._unread[awaited] = reply
+
+    def _raise_if_failed(self, reply: dict[str, Any]) -> None:
+        if reply.get("ok"):
+            return
+        error = reply.get("error") or {}
+        kind = str(error.get("kind", "runtime_error"))
+        if kind == "cuda_error":
+            self.kill()
+        limits = self.spec.limits
+        over = None
+        if limits is not None and _contain.is_open_files_error(error):
+            over = _contain.open_files_exceeded(limits)
+        elif limits is not None and limits.disk_gb and _contain.is_file_size_error(error):
+            over = _contain.file_size_exceeded(limits, self.disk_bytes())
+        if over is not None:
+            kind, error = "resource_limit", {**error, **over}
+            self.exceeded = {k: error[k] for k in ("limit", "figure", "allowed", "unit")}
+            self.kill()  # the evaluation ends here, as for a limit the parent's poll caught
+        raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role)
 
     def receive_outputs(self, description: Any) -> list[Any]:
         """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
@@ -382,7 +404,7 @@ class Worker(LimitWatch, IsolationReport):
         self._exit_asked = False
         if self._sock is not None and self.alive():
             try:
-                _channel.send(self._sock, self._next_request("exit", {}).to_json())
+                _channel.send(self._sock, self._envelope(wire.Exit()).to_json())
                 self._exit_asked = True
             except OSError:
                 pass

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kbv import wire
 from kbv.integrity._registry import get_check
 from kbv.records import Finding
 from kbv.worker import WorkerFailed
@@ -86,8 +87,8 @@ class DynamicContext:
             raise value
         return value
 
-    def request(self, worker: Any, op: str, **fields: Any) -> dict[str, Any]:
-        return self._answer(worker, lambda: worker.request(op, **fields))
+    def request(self, worker: Any, request: wire.Request) -> dict[str, Any]:
+        return self._answer(worker, lambda: worker.request(request))
 
     def _answer(self, worker: Any, receive: Any) -> dict[str, Any]:
         try:
@@ -122,23 +123,22 @@ class DynamicContext:
             position += n
         return groups
 
-    def concurrently(self, requests: dict[str, tuple[Any, str, dict[str, Any]]]) -> None:
-        """Run independent probes in both workers at once (``{cache key: (worker, op, fields)}``);
+    def concurrently(self, requests: dict[str, tuple[Any, wire.Request]]) -> None:
+        """Run independent probes in both workers at once (``{cache key: (worker, request)}``);
         each result is kept under its key as :meth:`once` would, a failure is raised when read."""
         started = time.monotonic()
         sent = []
-        for key, (worker, op, fields) in requests.items():
+        for key, (worker, request) in requests.items():
             if key not in self._cache:
-                worker.send_request(op, **fields)
-                sent.append((key, worker))
-        for key, worker in sent:
+                sent.append((key, worker, worker.send_request(request)))
+        for key, worker, request_id in sent:
             try:
-                self._cache[key] = self._answer(worker, worker.receive_reply)
+                self._cache[key] = self._answer(worker, lambda w=worker, i=request_id: w.receive_reply(i))
             except (_ProbeFailed, _ReferenceProbeFailed) as exc:
                 self._cache[key] = exc
         phases = getattr(self.session, "phases", None)
         if phases is not None and sent:
-            phases["+".join(k for k, _ in sent)] = time.monotonic() - started
+            phases["+".join(k for k, _, _ in sent)] = time.monotonic() - started
 
     def release(self, key: str) -> None:
         """Drop a probe's results once no later check reads them (their outputs hold device memory)."""
@@ -183,17 +183,12 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.draw(0)
             sub, ref = self.session.subject, self.session.reference
-            candidate_fields = {
-                "inputs": spec,
-                "delay_s": OBSERVE_DELAY_S,
-                "out_path": sub.new_path("probe-observe"),
-            }
-            reference_fields = {
-                "inputs": spec,
-                "delay_s": 0.0,
-                "hand_outputs": False,
-                "out_path": ref.new_path("probe-observe"),
-            }
+            to_candidate = wire.ProbeObserve(
+                inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe")
+            )
+            to_reference = wire.ProbeObserve(
+                inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe")
+            )
             if getattr(self.session, "side_by_side", False):
                 # Where the GPU has room for both forwards: each observation counts its own process's
                 # threads and children, and the reference's runs while the candidate's waits out its
@@ -201,17 +196,16 @@ class DynamicContext:
                 # reach the parent by CUDA IPC; on the CPU through a file, which a candidate running
                 # beside it could read: kbv.evaluation.draws_overlap). The candidate's reply is read
                 # even when the reference failed: a reply left unread would answer the next request.
-                sub.send_request("probe_observe", **candidate_fields)
-                ref.send_request("probe_observe", **reference_fields)
+                sent = sub.send_request(to_candidate), ref.send_request(to_reference)
                 try:
-                    refr = self._answer(ref, ref.receive_reply)
+                    refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
                     if self.on_cuda:
                         self._expected_quietly(self.cache_specs())
                 finally:
-                    cand = self._answer(sub, sub.receive_reply)
+                    cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
             else:
-                cand = self.request(sub, "probe_observe", **candidate_fields)
-                refr = self.request(ref, "probe_observe", **reference_fields)
+                cand = self.request(sub, to_candidate)
+                refr = self.request(ref, to_reference)
             first, late = self.handed(sub, cand)
             # Only the difference is kept: the outputs themselves would hold device memory all phase.
             return {
@@ -251,11 +245,12 @@ class DynamicContext:
             sub = self.session.subject
             reply = self.request(
                 sub,
-                "probe_cache",
-                distribution=specs[0]["distribution"],
-                seed_a=specs[0]["seed"],
-                seed_b=specs[1]["seed"],
-                out_path=sub.new_path("probe-cache"),
+                wire.ProbeCache(
+                    distribution=specs[0]["distribution"],
+                    seed_a=specs[0]["seed"],
+                    seed_b=specs[1]["seed"],
+                    out_path=sub.new_path("probe-cache"),
+                ),
             )
             return {"outputs": self.handed(sub, reply), "specs": specs}
 
@@ -272,7 +267,7 @@ class DynamicContext:
                 if isinstance(t, torch.Tensor)
             ]
             reply = self.request(
-                sub, "probe_poison", inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes
+                sub, wire.ProbePoison(inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes)
             )
             return {"spec": spec, "runs": self.handed(sub, reply)}
 

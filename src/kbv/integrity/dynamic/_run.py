@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kbv import wire
 from kbv.integrity._registry import Check, ordered_checks
 from kbv.integrity.dynamic._context import DynamicContext, _finding, _ProbeFailed, _ReferenceProbeFailed
 from kbv.integrity.dynamic.containment import ContainmentContext
@@ -54,9 +55,11 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
     ctx = DynamicContext(session)
     if ctx.on_cuda:  # the two slow probes (the profiler's start-up, FlopCounterMode) run side by side
         spec = ctx.draw(0)
-        both = {"kernels": (session.subject, "probe_kernels", {"inputs": spec})}
+        both: dict[str, tuple[Any, wire.Request]] = {
+            "kernels": (session.subject, wire.ProbeKernels(inputs=spec))
+        }
         if session.correct:
-            both["flops"] = (session.reference, "probe_flops", {"inputs": spec})
+            both["flops"] = (session.reference, wire.ProbeFlops(inputs=spec))
         ctx.concurrently(both)
     checks = [c for c in ordered_checks("dynamic") if not c.at_end]
     names = [c.name for c in checks]

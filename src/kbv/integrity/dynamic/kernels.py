@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kbv import wire
 from kbv.integrity._registry import register_check
 from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt
 from kbv.records import Finding
@@ -27,7 +28,9 @@ DEFAULT_GPU_PEAK = (2500e12, 10e12)
 
 
 def _kernels(ctx: DynamicContext) -> dict[str, Any]:
-    return ctx.once("kernels", lambda: ctx.request(ctx.session.subject, "probe_kernels", inputs=ctx.draw(0)))
+    return ctx.once(
+        "kernels", lambda: ctx.request(ctx.session.subject, wire.ProbeKernels(inputs=ctx.draw(0)))
+    )
 
 
 @register_check(
@@ -113,7 +116,7 @@ def side_stream_kernel_findings(info: dict[str, Any]) -> list[Finding]:
     candidate in PyTorch alone (nothing built, nothing caught) is left to ``pytorch_only``.""",
 )
 def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
-    calls = ctx.once("calls", lambda: ctx.request(ctx.session.subject, "probe_calls", inputs=ctx.draw(0)))
+    calls = ctx.once("calls", lambda: ctx.request(ctx.session.subject, wire.ProbeCalls(inputs=ctx.draw(0))))
     found = unused_kernel_findings(calls)
     if found or not ctx.on_cuda:
         return found
@@ -217,7 +220,7 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         )
     if not ctx.on_cuda:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
-    facts = ctx.once("flops", lambda: ctx.request(session.reference, "probe_flops", inputs=ctx.draw(0)))
+    facts = ctx.once("flops", lambda: ctx.request(session.reference, wire.ProbeFlops(inputs=ctx.draw(0))))
     flops_peak, bw_peak, where = _peaks(ctx)
     nbytes = facts["input_bytes"] + facts["output_bytes"]
     floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3
