@@ -165,7 +165,7 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
     from kbv import evaluation
     from kbv.problems.structure import InputStructure
     from kbv.protocol import LimitSettings
-    from kbv.worker import WorkerSpec
+    from kbv.worker import MemoryBudget, WorkerSpec
 
     class Lock:
         alone = 0
@@ -178,7 +178,10 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
 
     def after_first_draw(output_numel: int) -> tuple[str, int, float]:
         ctx = SimpleNamespace(
-            device="cuda", structure=InputStructure(invariants=[], numels=[conv_input]), reference_fields=None
+            device="cuda",
+            structure=InputStructure(invariants=[], numels=[conv_input]),
+            budget=MemoryBudget(),
+            drawing=False,
         )
         ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
         assert ctx.gpu_held.startswith("shared")
