@@ -121,7 +121,9 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
     from kbv.problems.structure import InputStructure
 
     def hold(device: str, numels: list[int]) -> str:
-        ctx = SimpleNamespace(device=device, structure=InputStructure(invariants=[], numels=numels))
+        ctx = SimpleNamespace(
+            device=device, structure=InputStructure(invariants=[], numels=numels), gpu=evaluation._GpuState()
+        )
         return evaluation._gpu_hold(ctx, {"device": {"total_memory_bytes": 140 * 10**9}})  # type: ignore[arg-type]
 
     assert hold("cuda", [4096 * 393216]).startswith("alone")  # KernelBench's 1.6e9-element ReLU
@@ -142,9 +144,11 @@ def test_both_observations_run_at_once_unless_the_gpu_held_alone_has_no_room_for
 
     def side_by_side(inputs: list[int], outputs: list[int] | None) -> bool:
         ctx = SimpleNamespace(
-            device="cuda", structure=InputStructure(invariants=[], numels=inputs), output_numels=outputs
+            device="cuda",
+            structure=InputStructure(invariants=[], numels=inputs),
+            gpu=evaluation._GpuState(output_numels=outputs),
         )
-        ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
         return evaluation._side_by_side(ctx)  # type: ignore[arg-type]
 
     loss = [32768 * 32768] * 2
@@ -180,15 +184,14 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
         ctx = SimpleNamespace(
             device="cuda",
             structure=InputStructure(invariants=[], numels=[conv_input]),
-            budget=MemoryBudget(),
-            drawing=False,
+            gpu=evaluation._GpuState(budget=MemoryBudget()),
         )
-        ctx.gpu_held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
-        assert ctx.gpu_held.startswith("shared")
+        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        assert ctx.gpu.held.startswith("shared")
         lock, subject = Lock(), SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings()))
         hook = evaluation._hold_alone_for_outputs(ctx, lock, subject, hello)  # type: ignore[arg-type]
         hook({"reference": {"outputs": [torch.empty(output_numel, device="meta")]}})
-        return ctx.gpu_held, lock.alone, subject.spec.limits.device_memory_gb
+        return ctx.gpu.held, lock.alone, subject.spec.limits.device_memory_gb
 
     held, alone, limit = after_first_draw(conv_output)
     assert held.startswith("alone for the first correctness draw on") and "GB of outputs" in held

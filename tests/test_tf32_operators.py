@@ -203,10 +203,10 @@ def test_the_parent_asks_for_the_account_once_per_evaluation_on_the_gpu(account:
         protocol=VERIFIED,
         device="cuda:0",
         seeds=None,  # type: ignore[arg-type]
-        expected=evaluation.ExpectedCache(1 << 20),
     )
+    ctx.cache.expected = evaluation.ExpectedCache(1 << 20)
     reference = _FakeReference(account)
     for seed in (1, 2, 3):
         evaluation._reference_outputs(ctx, reference, "original", seed)  # type: ignore[arg-type]
     assert reference.asked == [("expected", "tf32", True)] + [("expected", "tf32", False)] * 2
-    assert ctx.tf32_operators == account and ctx.tf32_operators_asked
+    assert ctx.cache.tf32_operators == account and ctx.cache.tf32_operators_asked

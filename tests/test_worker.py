@@ -458,18 +458,19 @@ def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
     from kbv.protocol import LimitSettings
 
     budget = MemoryBudget()
-    ctx = SimpleNamespace(budget=budget, device_total_bytes=141 << 30, gpu_held="shared", drawing=False)
+    gpu = evaluation._GpuState(held="shared", device_total_bytes=141 << 30, budget=budget)
+    ctx = SimpleNamespace(gpu=gpu)
     subject = SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=64.0)))
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 64 << 30
-    ctx.drawing = True  # shared with other evaluations: the limit still
+    ctx.gpu.drawing = True  # shared with other evaluations: the limit still
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 64 << 30
-    ctx.gpu_held = "alone for the whole evaluation"
+    ctx.gpu.held = "alone for the whole evaluation"
     subject.spec = WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=105.5))
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 0
-    ctx.drawing = False
+    ctx.gpu.drawing = False
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == int(105.5 * (1 << 30))
     subject.spec = WorkerSpec(build_key="x")  # no limit: the whole device

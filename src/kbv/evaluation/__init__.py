@@ -30,6 +30,7 @@ from kbv.evaluation.context import (
     STANDARD_SEED,
     HarnessError,
     _Context,
+    _GpuState,
     _Seeds,
     default_device,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "HarnessError",
     "Session",
     "_Context",
+    "_GpuState",
     "_Seeds",
     "_end_containment",
     "_gpu_hold",

@@ -29,7 +29,7 @@ def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | N
     (``output_numels``; a convolution's output can be 100x its input)."""
     if not ctx.device.startswith("cuda"):
         return ""
-    total = ctx.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    total = ctx.gpu.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
     inputs, outputs = _io_bytes(ctx, output_numels)
     if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
         since = "the whole evaluation" if output_numels is None else "the first correctness draw on"
@@ -54,13 +54,13 @@ SIDE_BY_SIDE_SHARE = 0.75
 
 def _side_by_side(ctx: _Context) -> bool:
     """Whether both workers may run a probe's forward at once (``Session.side_by_side``)."""
-    if not ctx.gpu_held.startswith("alone"):
+    if not ctx.gpu.held.startswith("alone"):
         return True
-    if ctx.output_numels is None or ctx.device_total_bytes <= 0:
+    if ctx.gpu.output_numels is None or ctx.gpu.device_total_bytes <= 0:
         return False
     return (
-        GPU_ALONE_COPIES * sum(_io_bytes(ctx, ctx.output_numels))
-        <= SIDE_BY_SIDE_SHARE * ctx.device_total_bytes
+        GPU_ALONE_COPIES * sum(_io_bytes(ctx, ctx.gpu.output_numels))
+        <= SIDE_BY_SIDE_SHARE * ctx.gpu.device_total_bytes
     )
 
 
@@ -77,7 +77,7 @@ def _output_numels(expected: dict[str, Any]) -> list[int]:
 
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
     gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
-    ctx.gpu_held += _widen_device_limit(subject, hello)
+    ctx.gpu.held += _widen_device_limit(subject, hello)
     _room_for_candidate(ctx, subject)
 
 
@@ -90,14 +90,14 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
     candidate's draw, so what it keeps between them is no more than what its next request takes at
     the same time, and no other evaluation shares the GPU; the first request after the draws (the
     timing phase's build) hands back what the limit needs."""
-    if ctx.drawing and ctx.gpu_held.startswith("alone"):
-        ctx.budget.room_bytes = 0
+    if ctx.gpu.drawing and ctx.gpu.held.startswith("alone"):
+        ctx.gpu.budget.room_bytes = 0
         return
     limits = subject.spec.limits
     if limits is not None and limits.device_memory_gb:
-        ctx.budget.room_bytes = int(float(limits.device_memory_gb) * (1 << 30))
+        ctx.gpu.budget.room_bytes = int(float(limits.device_memory_gb) * (1 << 30))
     else:
-        ctx.budget.room_bytes = ctx.device_total_bytes or None
+        ctx.gpu.budget.room_bytes = ctx.gpu.device_total_bytes or None
 
 
 def _hold_alone_for_outputs(
@@ -109,7 +109,7 @@ def _hold_alone_for_outputs(
     def with_outputs(expected: dict[str, Any]) -> None:
         held = _gpu_hold(ctx, hello, _output_numels(expected))
         if held.startswith("alone"):
-            ctx.gpu_held = held
+            ctx.gpu.held = held
             _hold_alone(ctx, gpu, subject, hello)
 
     return with_outputs

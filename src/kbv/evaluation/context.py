@@ -1,4 +1,5 @@
-"""What one evaluation carries from phase to phase: its seeds, its context, its phase clock."""
+"""What one evaluation carries from phase to phase: its seeds, its context (what it evaluates, what it
+has found, how it holds its GPU, the reference outputs it keeps), its phase clock."""
 
 from __future__ import annotations
 
@@ -69,45 +70,35 @@ class _Seeds:
 
 
 @dataclass
-class _Context:
-    problem: Problem
-    candidate: Candidate
-    protocol: Protocol
-    device: str
-    seeds: _Seeds
+class _Found:
+    """What the evaluation has found so far, for its record."""
+
     findings: list[Finding] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
-    parameters_mode: str = "matched_seed"
     #: Distributions whose candidate build could not take the parameters during ``__init__`` (they
     #: were loaded after it: ``kbv.child.construct``), so state it derived there is the seed's.
     loaded_after_init: list[str] = field(default_factory=list)
     # Failing draws that passed every re-run on the same inputs (see _confirm_failure).
     transients: list[dict[str, Any]] = field(default_factory=list)
-    # The models' parameters right now (which build/redraw), so reference outputs are reused only
-    # for the parameters they were computed with.
-    state_key: tuple[Any, ...] = ()
-    expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
-    expected_shared: bool = False  # ``expected`` is a batch's (kbv._shared_reference), kept after
     # The input distribution each protocol distribution really ran (a domain fallback, or itself).
     variants: dict[str, str] = field(default_factory=dict)
+    # Filled at the end of the evaluation by _end_containment.
+    isolation: dict[str, Any] = field(default_factory=dict)
+    host_memory: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _GpuState:
+    """How the evaluation holds its GPU and what it lets its workers keep there (kbv.evaluation.budget)."""
+
     # How the evaluation held its GPU (_gpu_hold); "" on the CPU.
-    gpu_held: str = ""
+    held: str = ""
     # The GPU's memory (the reference's hello; 0 on the CPU) and the outputs' element counts (the
     # first correctness draw's): what _side_by_side weighs.
     device_total_bytes: int = 0
     output_numels: list[int] | None = None
     # Called once with the first correctness draw's expected outputs (_hold_alone_for_outputs).
     on_first_outputs: Callable[[dict[str, Any]], None] | None = None
-    # Filled at the end of the evaluation by _end_containment.
-    isolation: dict[str, Any] = field(default_factory=dict)
-    host_memory: dict[str, Any] = field(default_factory=dict)
-    # Input invariants: a replayed record's own, else inferred once (see _structure).
-    replay_structure: list[Any] | None = None
-    structure: InputStructure | None = None
-    # The TF32-sensitive operators the reference's realistic baseline ran (kbv.child.tf32_ops),
-    # asked for once, on its first correctness draw on the GPU; None when not (or not yet) given.
-    tf32_operators: dict[str, Any] | None = None
-    tf32_operators_asked: bool = False
     # The memory rule both workers are sent with every request (their ``budget``): the room the
     # reference must leave free beside what its allocator keeps (_room_for_candidate), which depends
     # on whether the correctness draws are running (``drawing``).
@@ -115,12 +106,46 @@ class _Context:
     drawing: bool = False
 
 
+@dataclass
+class _ReferenceCache:
+    """The models' parameters right now and the reference's outputs computed for them."""
+
+    parameters_mode: str = "matched_seed"
+    # Which build or redraw the models hold, so reference outputs are reused only for the
+    # parameters they were computed with.
+    state_key: tuple[Any, ...] = ()
+    expected: ExpectedCache = field(default_factory=lambda: ExpectedCache(0))
+    expected_shared: bool = False  # ``expected`` is a batch's (kbv._shared_reference), kept after
+    # The TF32-sensitive operators the reference's realistic baseline ran (kbv.child.tf32_ops),
+    # asked for once, on its first correctness draw on the GPU; None when not (or not yet) given.
+    tf32_operators: dict[str, Any] | None = None
+    tf32_operators_asked: bool = False
+
+
+@dataclass
+class _Context:
+    """One evaluation: what it evaluates (problem, candidate, protocol, device, seeds, inputs'
+    invariants), and three small states it carries from phase to phase."""
+
+    problem: Problem
+    candidate: Candidate
+    protocol: Protocol
+    device: str
+    seeds: _Seeds
+    # Input invariants: a replayed record's own, else inferred once (see _structure).
+    replay_structure: list[Any] | None = None
+    structure: InputStructure | None = None
+    found: _Found = field(default_factory=_Found)
+    gpu: _GpuState = field(default_factory=_GpuState)
+    cache: _ReferenceCache = field(default_factory=_ReferenceCache)
+
+
 @contextlib.contextmanager
 def _phase_entered(ctx: _Context, name: str, manager: Any) -> Iterator[None]:
     """``with manager``, the time its entry took counted as the phase ``name``."""
     started = time.monotonic()
     with manager:
-        ctx.phases[name] = ctx.phases.get(name, 0.0) + time.monotonic() - started
+        ctx.found.phases[name] = ctx.found.phases.get(name, 0.0) + time.monotonic() - started
         yield
 
 
@@ -129,7 +154,7 @@ def _phase(ctx: _Context, name: str, work: Any) -> Any:
     try:
         return work()
     finally:
-        ctx.phases[name] = ctx.phases.get(name, 0.0) + time.monotonic() - started
+        ctx.found.phases[name] = ctx.found.phases.get(name, 0.0) + time.monotonic() - started
 
 
 def _structure(ctx: _Context) -> InputStructure:

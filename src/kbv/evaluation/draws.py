@@ -16,14 +16,14 @@ from kbv.worker import Worker
 
 
 def _check_correctness(ctx: _Context, reference: Worker, subject: Worker) -> list[DistributionResult]:
-    ctx.drawing = draws_overlap(ctx.device)
+    ctx.gpu.drawing = draws_overlap(ctx.device)
     _room_for_candidate(ctx, subject)
     try:
         # On a GPU the candidate's build is not waited for: its reply is read after the first draw's
         # reference work, so loading the parameters overlaps it (requests are answered in order).
-        return _check_distributions(ctx, reference, subject, wait=not ctx.drawing)
+        return _check_distributions(ctx, reference, subject, wait=not ctx.gpu.drawing)
     finally:
-        ctx.drawing = False
+        ctx.gpu.drawing = False
         _room_for_candidate(ctx, subject)
 
 
@@ -49,9 +49,9 @@ def _check_distributions(
 def _note_build(ctx: _Context, reply: Any) -> None:
     """Where the candidate's model had its parameters loaded after ``__init__``, the record says so."""
     if isinstance(reply, dict) and reply.get("parameters") == "state_dict_after_init":
-        distribution = ctx.state_key[1] if len(ctx.state_key) > 1 else "?"
-        if distribution not in ctx.loaded_after_init:
-            ctx.loaded_after_init.append(str(distribution))
+        distribution = ctx.cache.state_key[1] if len(ctx.cache.state_key) > 1 else "?"
+        if distribution not in ctx.found.loaded_after_init:
+            ctx.found.loaded_after_init.append(str(distribution))
 
 
 def _build_pair(
@@ -64,9 +64,9 @@ def _build_pair(
     init_seed = ctx.seeds.init(distribution)
     reference.request(wire.Build(init_seed=init_seed))
     build = wire.Build(init_seed=init_seed)
-    if ctx.parameters_mode == "state_dict":
+    if ctx.cache.parameters_mode == "state_dict":
         build = _redrawn_state(ctx, reference, subject, distribution, build)
-    ctx.state_key = ("distribution", distribution, init_seed, ctx.parameters_mode)
+    ctx.cache.state_key = ("distribution", distribution, init_seed, ctx.cache.parameters_mode)
     if not wait:
         return subject.send_request(build)
     _note_build(ctx, subject.request(build))
@@ -103,7 +103,7 @@ def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None
     init_seed = ctx.seeds.init("original")
     reference.request(wire.Build(init_seed=init_seed))
     subject.request(wire.Build(init_seed=init_seed))
-    ctx.state_key = ("init", init_seed)
+    ctx.cache.state_key = ("init", init_seed)
 
 
 def _check_distribution(
@@ -139,10 +139,10 @@ def _check_distribution(
         if outputs is None or used != variant:  # (again where the reference fell back to a variant)
             outputs = _run(subject, used, seed, "native")
         variant = used
-        if ctx.output_numels is None:
-            ctx.output_numels = _output_numels(expected)
-        if ctx.on_first_outputs is not None:
-            hook, ctx.on_first_outputs = ctx.on_first_outputs, None
+        if ctx.gpu.output_numels is None:
+            ctx.gpu.output_numels = _output_numels(expected)
+        if ctx.gpu.on_first_outputs is not None:
+            hook, ctx.gpu.on_first_outputs = ctx.gpu.on_first_outputs, None
             hook(expected)
         judged = _judge_draw(ctx, outputs, expected)
         if not judged["passed"]:
@@ -153,7 +153,7 @@ def _check_distribution(
         if not draws[-1]["passed"]:
             break
     result = correctness.judge_distribution(distribution, draws, settings)
-    ctx.variants[distribution] = variant
+    ctx.found.variants[distribution] = variant
     if variant != distribution:
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
@@ -197,7 +197,7 @@ def _confirm_failure(
             note = f"failed again on a re-run of the same inputs ({label})"
             return {**first, "note": "; ".join(n for n in (first.get("note"), note) if n)}
     if reruns:
-        ctx.transients.append(
+        ctx.found.transients.append(
             {
                 "draw": label,
                 "max_abs_err": first.get("max_abs_err"),

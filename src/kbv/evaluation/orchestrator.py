@@ -97,14 +97,17 @@ def evaluate(
         timing_nonce=0 if fixed else inputs.new_seed(),
     )
     ctx = _Context(problem, candidate, protocol, device, seeds, replay_structure=structure)
-    ctx.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
+    ctx.cache.expected = ExpectedCache(EXPECTED_CACHE_BYTES["cuda" if device.startswith("cuda") else "cpu"])
     if shared is not None and not fixed:
         from kbv import _shared_reference
 
         if _shared_reference.shares(device):
-            ctx.expected = _shared_reference.expected_cache(shared, problem, protocol, device, ctx.expected)
-            ctx.expected_shared = True
-    ctx.findings.extend(_static_findings(ctx))
+            cache = ctx.cache
+            cache.expected = _shared_reference.expected_cache(
+                shared, problem, protocol, device, cache.expected
+            )
+            cache.expected_shared = True
+    ctx.found.findings.extend(_static_findings(ctx))
     try:
         return _evaluate_in_workers(ctx, spares or Spares(), started)
     finally:
@@ -114,15 +117,15 @@ def evaluate(
 def _release_device_memory(ctx: _Context) -> None:
     """Hand the evaluation's device memory back: the reference outputs it kept, then whatever
     :func:`kbv.devices.release_device_memory` frees, for the next evaluation's workers."""
-    if not ctx.expected_shared:  # a batch's shared outputs are dropped at the batch's end
-        ctx.expected.clear()
+    if not ctx.cache.expected_shared:  # a batch's shared outputs are dropped at the batch's end
+        ctx.cache.expected.clear()
     release_device_memory(ctx.device)
 
 
 def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Record:
     problem, candidate, protocol, device = ctx.problem, ctx.candidate, ctx.protocol, ctx.device
     reference, subject = (spares.take(spec) for spec in worker_specs(problem, candidate, protocol, device))
-    reference.budget = subject.budget = ctx.budget  # what each may keep cached: the evaluation decides
+    reference.budget = subject.budget = ctx.gpu.budget  # what each may keep cached: the evaluation decides
     # The candidate's processes are searched (and killed) if they hold kbv's lock files open.
     gpu_lock = DeviceLock(device, suspects=subject.members)
     with gpu_lock as gpu, contextlib.ExitStack() as before_unlock, reference, subject:
@@ -138,16 +141,16 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             if failure.details.get("stopped"):  # ... unless something stopped it: not the problem's
                 return _failure_record(ctx, reference.hello, failure)
             return _problem_error_record(ctx, reference.hello, failure)
-        ctx.gpu_held = _gpu_hold(ctx, ref_hello)
+        ctx.gpu.held = _gpu_hold(ctx, ref_hello)
         _room_for_candidate(ctx, subject)
-        if ctx.gpu_held.startswith("alone"):
+        if ctx.gpu.held.startswith("alone"):
             _hold_alone(ctx, gpu, subject, ref_hello)
-        elif ctx.gpu_held:
-            ctx.on_first_outputs = _hold_alone_for_outputs(ctx, gpu, subject, ref_hello)
+        elif ctx.gpu.held:
+            ctx.gpu.on_first_outputs = _hold_alone_for_outputs(ctx, gpu, subject, ref_hello)
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
-            ctx.findings.extend(
+            ctx.found.findings.extend(
                 below_precision_findings(ctx.protocol.precision, results, ctx.candidate.source)
             )
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
@@ -160,9 +163,10 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                     timing, speedup, memory = _phase(
                         ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject)
                     )
-                ctx.phases["timing"] -= ctx.phases.get("baseline", 0.0)  # timing = the candidate's share
+                phases = ctx.found.phases
+                phases["timing"] -= phases.get("baseline", 0.0)  # timing = the candidate's share
             if gpu.waited_s:
-                ctx.phases["device_wait"] = gpu.waited_s
+                ctx.found.phases["device_wait"] = gpu.waited_s
             if ctx.protocol.integrity.dynamic:
                 _phase(
                     ctx,
@@ -170,9 +174,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                     lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup),
                 )
             else:
-                ctx.findings.extend(_findings_without_probes(ctx, timing))
+                ctx.found.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
-            ctx.phases["total"] = time.monotonic() - started
+            ctx.found.phases["total"] = time.monotonic() - started
             _end_containment(ctx, reference, subject, gpu, spares, failure)
             if _problem_failed(failure):
                 return _problem_error_record(ctx, ref_hello, failure)
@@ -180,9 +184,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         _end_containment(ctx, reference, subject, gpu, spares)
         closing = time.monotonic()
         close_all((subject, reference))  # side by side (the ``with`` then has nothing left to close)
-    ctx.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
-    ctx.phases["total"] = time.monotonic() - started  # closing the workers included
-    outcome = decide_outcome(correct, ctx.findings)
+    ctx.found.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
+    ctx.found.phases["total"] = time.monotonic() - started  # closing the workers included
+    outcome = decide_outcome(correct, ctx.found.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
 
 
@@ -234,9 +238,9 @@ def _end_containment(
         stops.insert(0, dict(failure.details["stopped"]))
     reference.finish()  # the problem's leftovers are killed, never blamed on the candidate
     found = containment_findings(subject.finish(), gpu.take_tampering(), stops)
-    ctx.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
-    ctx.isolation = {**subject.isolation, **({"gpu": ctx.gpu_held} if ctx.gpu_held else {})}
-    ctx.host_memory = host_memory_section(subject.host_peak_bytes, reference.host_peak_bytes)
+    ctx.found.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
+    ctx.found.isolation = {**subject.isolation, **({"gpu": ctx.gpu.held} if ctx.gpu.held else {})}
+    ctx.found.host_memory = host_memory_section(subject.host_peak_bytes, reference.host_peak_bytes)
 
 
 def _static_findings(ctx: _Context) -> list[Finding]:
@@ -253,7 +257,7 @@ def _static_findings(ctx: _Context) -> list[Finding]:
         # it is caught by the tolerance (below_precision_findings); TF32 rules are fp32's alone.
         problem_dtype_fp32=ctx.protocol.precision == "fp32",
     )
-    ctx.phases["integrity"] = time.monotonic() - started
+    ctx.found.phases["integrity"] = time.monotonic() - started
     return integrity.apply_severity(findings, ctx.protocol.integrity)
 
 
@@ -292,7 +296,7 @@ def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Find
     from kbv import integrity
     from kbv.integrity import dynamic
 
-    found = dynamic.findings_without_probes(timing, ctx.transients)
+    found = dynamic.findings_without_probes(timing, ctx.found.transients)
     return integrity.apply_severity(found, ctx.protocol.integrity)
 
 
@@ -309,7 +313,7 @@ def _dynamic_findings(
 
     counter = iter(range(1 << 30))
     base = _probe_base(ctx)
-    variant = ctx.variants.get(base, base)
+    variant = ctx.found.variants.get(base, base)
 
     def spec_outputs(spec: dict[str, Any]) -> dict[str, Any]:
         return _reference_outputs(
@@ -339,22 +343,22 @@ def _dynamic_findings(
         reference_runs=runs,
         judge=lambda got, expected: _judge_draw(ctx, got, expected),
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
-        transients=ctx.transients,
+        transients=ctx.found.transients,
         side_by_side=_side_by_side(ctx),
     )
     try:
         result = dynamic.run_dynamic_checks(session)
-        ctx.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
+        ctx.found.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
         speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
     finally:
-        ctx.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
+        ctx.found.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
 
 
 def _probe_base(ctx: _Context) -> str:
     """The correctness distribution whose draws the probes reuse: ``signed`` where it ran (signs
     matter: identity-on-ReLU must not pass a probe), else the protocol's first distribution."""
     distributions = ctx.protocol.correctness.distributions
-    return "signed" if "signed" in ctx.variants else distributions[0]
+    return "signed" if "signed" in ctx.found.variants else distributions[0]
 
 
 def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
@@ -393,10 +397,10 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
         started = time.monotonic()
         reply = subject.request(_load(ctx, "candidate"))
         bracket_s = time.monotonic() - started
-    ctx.phases["compile"] = _compile_seconds(reply.get("worker_seconds"), bracket_s)
+    ctx.found.phases["compile"] = _compile_seconds(reply.get("worker_seconds"), bracket_s)
     ref_params = reference.hello.get("parameters") or {}
     same = bool(ref_params) and reply["parameters"] == ref_params
-    ctx.parameters_mode = (
+    ctx.cache.parameters_mode = (
         "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
     )
 
@@ -420,7 +424,7 @@ def _measure(
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
         build=lambda: _build_for_timing(ctx, reference, subject),
         recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
-        tf32_operators=ctx.tf32_operators,
+        tf32_operators=ctx.cache.tf32_operators,
         precision=ctx.protocol.precision,
         unseen_seeds=lambda r: ctx.seeds.unseen(r, settings.repeats),
         unseen_judge=performance.UnseenJudge(ctx.protocol.correctness, tuple(_structure(ctx).numels)),
@@ -428,7 +432,7 @@ def _measure(
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing, speedup = performance.named_for_precision(timing, speedup, ctx.protocol.precision)
     timing["input_sets"] = len(mctx.seeds)
-    ctx.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
+    ctx.found.phases["baseline"] = timing.pop("baseline_seconds", 0.0)
     memory = performance.measure_memory(ctx.device, reference, subject, _run, ctx.seeds.timing(0))
     return timing, speedup, memory
 

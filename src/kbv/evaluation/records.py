@@ -82,33 +82,33 @@ def _record(
         outcome=Outcome(outcome),
         correct=correct,
         distributions=results,
-        findings=ctx.findings,
+        findings=ctx.found.findings,
         # kbv.performance built these sections in the record's layout (kbv.records.TimingSection, ...).
         timing=cast(TimingSection, timing),
         speedup=speedup,
-        memory=cast(MemorySection, {**memory, **ctx.host_memory}),
+        memory=cast(MemorySection, {**memory, **ctx.found.host_memory}),
         seeds={
             "master": ctx.seeds.master,
             "fixed": ctx.seeds.fixed,
-            "parameters": ctx.parameters_mode,
-            **({"parameters_loaded_after_init": ctx.loaded_after_init} if ctx.loaded_after_init else {}),
+            "parameters": ctx.cache.parameters_mode,
+            **({"parameters_loaded_after_init": late} if (late := ctx.found.loaded_after_init) else {}),
             "derivation": "hmac-sha256(master, purpose, distribution, k)",
             "unseen_timing_nonce": ctx.seeds.timing_nonce,
             "structure": _structure(ctx).invariants,
         },
         versions=_versions(hello),
         # Every outcome but passed says why in error.summary (a hack names its failed checks).
-        error=with_summary(outcome, ctx.findings, results, error),
+        error=with_summary(outcome, ctx.found.findings, results, error),
         logs=logs or {},
-        phases_s=ctx.phases,
-        isolation=ctx.isolation,
+        phases_s=ctx.found.phases,
+        isolation=ctx.found.isolation,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
 
 
 def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
-    if any(f.check == "signalled_process" and f.severity == Severity.FAIL for f in ctx.findings):
+    if any(f.check == "signalled_process" and f.severity == Severity.FAIL for f in ctx.found.findings):
         # kbv's own process was stopped while this candidate ran: that, not the failure it caused,
         # is the outcome (the error section still says what failed)
         outcome = Outcome.HACK_DETECTED.value

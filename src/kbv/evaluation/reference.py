@@ -75,8 +75,8 @@ def _reference_outputs(
     (TF32 on the GPU, fp32 on the CPU, which also gives the shapes and dtypes to expect) and the
     float64 truth. Computed once per (parameters, inputs) and reused (``fresh`` runs them again:
     confirming a failure must not lean on the first run)."""
-    key = (ctx.state_key, distribution, int(seed), mix_seed)
-    cached = None if fresh else ctx.expected.get(key)
+    key = (ctx.cache.state_key, distribution, int(seed), mix_seed)
+    cached = None if fresh else ctx.cache.expected.get(key)
     if cached is not None:
         return cached
     if ctx.protocol.correctness.mode != "error_model":
@@ -87,7 +87,7 @@ def _reference_outputs(
         # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it.
         on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
         # Asked once: a forward that refuses the recorder runs twice each time it is asked.
-        record = on_cuda and not ctx.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
+        record = on_cuda and not ctx.cache.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
         reply = reference.request(
             wire.Expected(
                 distribution=distribution,
@@ -99,9 +99,9 @@ def _reference_outputs(
             )
         )
         if record:
-            ctx.tf32_operators_asked, ctx.tf32_operators = True, reply.get("tf32_operators")
+            ctx.cache.tf32_operators_asked, ctx.cache.tf32_operators = True, reply.get("tf32_operators")
         expected = _error_model_expected(reference, reply)
-    ctx.expected.put(key, expected)
+    ctx.cache.expected.put(key, expected)
     return expected
 
 
