@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from verified_cost import KERNELBENCH_SAMPLE, reference_as_candidate  # noqa: E402
+from verified_cost import KERNELBENCH_SAMPLE, _shrunk_copy, reference_as_candidate  # noqa: E402
 
 
 class Trace:
@@ -137,6 +137,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path(".kb/trace-candidates"))
     parser.add_argument("--timeout", type=float, default=100.0)
+    parser.add_argument(
+        "--cpu-sizes", action="store_true", help="shrink each problem as verified_cost.py --cpu-sizes does"
+    )
     args = parser.parse_args()
 
     from kbv.batch import run_batch
@@ -153,6 +156,11 @@ def main() -> int:
     pairs = []
     for stem in args.problems:
         path = args.kernelbench / f"level{levels[stem]}" / f"{stem}.py"
+        if args.cpu_sizes:
+            shrunk = _shrunk_copy(path, args.work / f"level{levels[stem]}")
+            if shrunk is None:
+                parser.error(f"{stem} is too large for the CPU sample once shrunk")
+            path = shrunk
         candidate = args.work / f"{stem}_candidate.py"
         candidate.write_text(reference_as_candidate(path.read_text()))
         pairs.append((load_problem(path), load_candidate(candidate, label="reference")))

@@ -105,7 +105,8 @@ def test_a_candidate_honest_only_on_the_calls_it_thinks_are_checked_is_caught_on
 ) -> None:
     """read_timed_picks.py looks for the checked calls' indices in its own worker's ``time`` request
     and is honest on those (and on the batch's last call) only; no request names a call any more,
-    so it returns the previous call's output on nearly every timed call, and every call is judged."""
+    so it returns the previous call's output on nearly every timed call, and the calls judged (three
+    a round, picked after the batch from a secret, and the phase's first draw) find it."""
     hack = Path(__file__).parent / "fixtures" / "candidates" / "hacks" / "read_timed_picks.py"
     record = evaluate_paths(RELU, hack, protocol="verified", device="cpu")
     assert record.outcome == "hack_detected"
@@ -113,8 +114,12 @@ def test_a_candidate_honest_only_on_the_calls_it_thinks_are_checked_is_caught_on
     assert finding.severity == "fail" and "real timed calls returned wrong outputs" in finding.detail
     assert "input set" in finding.detail and "tolerance" in finding.detail  # the evidence: where, how far
     checked = record.timing["timed_outputs"]
-    assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
-    assert checked["wrong_calls"] >= 45  # ~2/3 of its 29 cheating calls per round land on another input set
+    rounds = record.timing["candidate"]["rounds"]
+    assert checked["timed_calls"] == sum(len(r["device_ms"]) for r in rounds)
+    assert checked["checked"] == sum(len(calls) for calls in checked["judged_calls"].values())
+    assert len(checked["judged_calls"]) == len(rounds)
+    assert 3 * len(rounds) <= checked["checked"] <= 3 * len(rounds) + 1
+    assert checked["wrong_calls"] >= 1
     assert record.speedup["best"] is None and record.timing["speedup_withdrawn"]
 
 

@@ -109,6 +109,11 @@ class TimingSettings:
     # (docs/timing.md, "Every timed call on unseen inputs"). Off: timed calls rotate over the kept
     # sets, as KernelBench times one set again and again.
     unseen_inputs: bool = False
+    # With ``unseen_inputs``: every timed call is still sketched, but only this many calls of a round
+    # (and the phase's first draw) are judged against the float64 truth, picked after the
+    # candidate's batch returned from a secret no worker sees (docs/timing.md, "Judging a secret
+    # sample of the timed calls"). 0 judges every timed call.
+    judged_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ def check_precision(precision: str) -> str:
 
 #: Settings added after protocols were first hashed: written (and hashed) only when set, so a
 #: protocol that leaves them off keeps the hash its records and stores already carry.
-_WRITTEN_WHEN_SET = (("timing", "unseen_inputs"),)
+_WRITTEN_WHEN_SET = (("timing", "unseen_inputs"), ("timing", "judged_calls"))
 
 
 STANDARD = Protocol(
@@ -253,9 +258,12 @@ STANDARD = Protocol(
 # Version 4: every timed call on an input set no earlier call saw (``unseen_inputs``, issue 37;
 # docs/timing.md, "Every timed call on unseen inputs"). Version 3 timed the same three sets in every
 # call, so a candidate that remembered its outputs was credited the lookup's speed.
+# Version 5: three timed calls a round judged against the float64 truth, picked in secret after the
+# candidate's batch (``judged_calls``; docs/timing.md, "Judging a secret sample of the timed
+# calls"). Version 4 judged every timed call: one float64 forward per call in the reference.
 VERIFIED = Protocol(
     name="verified",
-    version=4,
+    version=5,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,
@@ -276,6 +284,7 @@ VERIFIED = Protocol(
         rewarm_seconds=0.0,
         dominated_factor=1.5,
         unseen_inputs=True,
+        judged_calls=3,
     ),
     # A draw that failed once on the same inputs its re-runs passed is a demonstrated wrong output:
     # under verified it fails (docs/correctness.md, "Failing draws are confirmed").

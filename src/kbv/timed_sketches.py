@@ -16,6 +16,7 @@ import torch
 
 from kbv import correctness, wire
 from kbv import sketch as kbv_sketch
+from kbv.seeds import derive_seed
 from kbv.worker import Worker
 
 if TYPE_CHECKING:
@@ -91,15 +92,16 @@ class _SketchPlan:
             self.targets += [[sketches[i] for sketches in by_set] for i in range(len(new))]
         return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
 
-    def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[dict[str, Any]]:
-        """One verdict per timed call of a batch (``measurement`` loses its ``sketches``)."""
+    def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+        """(call, verdict) for each judged timed call of a batch: every call here
+        (``measurement`` loses its ``sketches``)."""
         sketches = measurement.pop("sketches", None)
         got = sketches if isinstance(sketches, list) else []
         verdicts = []
         for i in range(len(measurement["device_ms"])):
             entry = got[i] if i < len(got) else None
             target, reference = self._expected(r, i)
-            verdicts.append(correctness.judge_sketch(entry, target, reference, self.omegas))
+            verdicts.append((i, correctness.judge_sketch(entry, target, reference, self.omegas)))
         return verdicts
 
     def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -113,7 +115,7 @@ class _SketchPlan:
 
     def judge(self, r: int, measurement: dict[str, Any]) -> None:
         """Judge every timed call of the candidate's batch of round ``r``."""
-        for i, verdict in enumerate(self._verdicts(r, measurement)):
+        for i, verdict in self._verdicts(r, measurement):
             self.checked += 1
             if verdict["passed"]:
                 self.max_ratio = max(self.max_ratio, float(verdict["ratio"]))
@@ -133,7 +135,7 @@ class _SketchPlan:
     def calibrate(self, name: str, r: int, measurement: dict[str, Any]) -> None:
         """Judge a baseline's batch the same way: its ratios show how far honest outputs sit from the
         limit (a calibration of the judge; a baseline is never blamed)."""
-        verdicts = self._verdicts(r, measurement)
+        verdicts = [v for _, v in self._verdicts(r, measurement)]
         seen = self.baselines.setdefault(name, {"checked": 0, "wrong": 0, "max_ratio": 0.0})
         seen["checked"] += len(verdicts)
         seen["wrong"] += sum(1 for v in verdicts if not v["passed"])
@@ -159,14 +161,20 @@ class _SketchPlan:
 
 
 class _UnseenPlan(_SketchPlan):
-    """Every timed call judged by its sketch when every timed call runs on a draw of its own
+    """Timed calls judged by their sketches when every timed call runs on a draw of its own
     (``timing.unseen_inputs``): the round's draws are the ``unseen_seeds`` of every batch of the
-    round, the reference's sketch of each is taken when the round starts (:meth:`spec`), and call
-    ``i`` is judged against draw ``i``'s. Under the error model with an :class:`UnseenJudge` the
-    trusted reference reduces the round's truths to their sketches in its own process, one
-    ``truth_sketches`` request a round (no truth crosses to the parent, no baseline forward but the
-    phase's first draw's, whose error sets every call's norm limit); otherwise each draw's reference
-    comes from ``timed_reference`` and is sketched here."""
+    round, and call ``i`` is judged against draw ``i``'s truth. Under the error model with an
+    :class:`UnseenJudge` the trusted reference reduces each judged draw's truth to its sketch in its
+    own process (``truth_sketches`` requests: no truth crosses to the parent, no baseline forward but
+    the phase's first draw's, whose error sets every call's norm limit); otherwise each judged draw's
+    reference comes from ``timed_reference`` and is sketched here.
+
+    With ``judged_calls`` (k > 0) every call is still sketched in the worker, but only k calls of a
+    round are judged, picked after the candidate's batch returned from a secret no request carries
+    (:meth:`picks`), with the phase's first draw (its truth calibrates the judge) judged as well:
+    the reference computes k float64 truths a round instead of one per call (docs/timing.md, "Judging
+    a secret sample of the timed calls"). The baselines' batches of a round are judged on the same
+    calls once the picks exist."""
 
     def __init__(self, ctx: MeasureContext, reference: Worker) -> None:
         assert ctx.sketch_seed is not None and ctx.unseen_seeds is not None
@@ -179,26 +187,47 @@ class _UnseenPlan(_SketchPlan):
         self.omegas = []
         self.like: list[Any] | None = None
         self.baseline_err: dict[str, Any] = {}
-        self.targets = []  # per round, per timed call, per output
-        self.call_references: list[list[dict[str, Any]]] = []  # per round, per timed call
+        # (round, call) -> (the reference's sketch per output, its judging data)
+        self.truths: dict[tuple[int, int], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
+        self.picked: dict[int, list[int]] = {}  # per round: the calls judged
+        self.pending: dict[int, list[tuple[str, dict[str, Any]]]] = {}  # baselines' batches to judge
         self.references = []
         self.checked, self.wrong_calls, self.max_ratio = 0, 0, 0.0
+        self.timed_calls = 0
         self.wrong = []
         self.baselines = {}
 
     def spec(self, r: int) -> dict[str, Any]:
-        while len(self.targets) <= r:
-            self._sketch_round(len(self.targets))
+        if not self.omegas:  # the phase's first draw: the map's frequencies, the judge's norm limit
+            self._truth_for(0, [0])
         return {"seed": self.round_seeds[r], "omega": list(self.omegas)}
 
-    def _sketch_round(self, r: int) -> None:
+    def picks(self, r: int, n: int) -> list[int]:
+        """The calls of round ``r``'s batches (``n`` timed calls) that are judged: all of them without
+        ``judged_calls``, else ``judged_calls`` of them drawn from a seed derived from the parent's
+        secret sketch seed (never sent to a worker: the round seeds sent are drawn from it, not it),
+        with every call whose truth is already known (the phase's first draw)."""
+        k = self.ctx.settings.judged_calls
+        if k <= 0 or k >= n:
+            return list(range(n))
+        assert self.ctx.sketch_seed is not None
+        chooser = random.Random(derive_seed(self.ctx.sketch_seed, "judged-calls", r, n))
+        known = {i for (rr, i) in self.truths if rr == r and i < n}
+        return sorted(set(chooser.sample(range(n), k)) | known)
+
+    def _truth_for(self, r: int, calls: list[int]) -> None:
+        """The reference's sketch of each of ``calls``' draws in round ``r`` not known yet."""
         seeds = self.ctx.unseen_for(r) or []
+        missing = [i for i in calls if (r, i) not in self.truths and i < len(seeds)]
+        if not missing:
+            return
+        chosen = [seeds[i] for i in missing]
         if self.ctx.unseen_judge is not None and self.ctx.unseen_judge.settings.mode == "error_model":
-            targets, references = self._from_reference_worker(r, seeds, self.ctx.unseen_judge)
+            targets, references = self._from_reference_worker(r, chosen, self.ctx.unseen_judge)
         else:
-            targets, references = self._from_timed_reference(r, seeds)
-        self.targets.append(targets)
-        self.call_references.append(references)
+            targets, references = self._from_timed_reference(r, chosen)
+        for i, target, reference in zip(missing, targets, references, strict=True):
+            self.truths[(r, i)] = (target, reference)
 
     def _from_reference_worker(
         self, r: int, seeds: list[int], judge: UnseenJudge
@@ -256,9 +285,46 @@ class _UnseenPlan(_SketchPlan):
         return targets, references
 
     def _expected(self, r: int, i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        # A batch has at most ``repeats`` calls, one per seed sent (more samples than that are the
-        # worker's invalid measurement, refused before anything is judged).
-        return self.targets[r][i], self.call_references[r][i]
+        return self.truths[(r, i)]
+
+    def _verdicts(self, r: int, measurement: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+        """(call, verdict) for each call of :meth:`picks`; a call that came back with no sketch at
+        all is wrong whether picked or not (that needs no truth)."""
+        sketches = measurement.pop("sketches", None)
+        got = sketches if isinstance(sketches, list) else []
+        n = len(measurement["device_ms"])
+        # every call (no ``judged_calls``), or the round's picks, drawn once for all its batches
+        picks = (
+            self.picks(r, n)
+            if self.ctx.settings.judged_calls <= 0
+            else self.picked.setdefault(r, self.picks(r, n))
+        )
+        self._truth_for(r, picks)
+        verdicts = []
+        for i in range(n):
+            entry = got[i] if i < len(got) else None
+            if i in picks:
+                target, reference = self._expected(r, i)
+                verdicts.append((i, correctness.judge_sketch(entry, target, reference, self.omegas)))
+            elif not isinstance(entry, list):
+                note = "the worker reported no sketch of this call's outputs"
+                verdicts.append((i, {"passed": False, "ratio": None, "note": note}))
+        return verdicts
+
+    def calibrate(self, name: str, r: int, measurement: dict[str, Any]) -> None:
+        """A baseline's batch runs before the candidate's in a round: its sketches wait for the
+        round's picks, drawn once the candidate's batch returned (:meth:`judge`)."""
+        if self.ctx.settings.judged_calls <= 0:
+            super().calibrate(name, r, measurement)
+            return
+        kept = {"sketches": measurement.pop("sketches", None), "device_ms": list(measurement["device_ms"])}
+        self.pending.setdefault(r, []).append((name, kept))
+
+    def judge(self, r: int, measurement: dict[str, Any]) -> None:
+        self.timed_calls += len(measurement["device_ms"])
+        super().judge(r, measurement)
+        for name, kept in self.pending.pop(r, []):
+            super().calibrate(name, r, kept)
 
     def input_set(self, i: int) -> int:
         return i  # every timed call has a draw of its own
@@ -266,10 +332,19 @@ class _UnseenPlan(_SketchPlan):
     def summary(self) -> dict[str, Any]:
         found = super().summary()
         found["unseen_inputs"] = True
+        k = self.ctx.settings.judged_calls
+        found["timed_calls"] = self.timed_calls
+        found["judged_calls"] = {str(r): calls for r, calls in sorted(self.picked.items())}
         found["method"] = (
             "every timed call of every candidate batch on an input set drawn for it alone, which no "
-            "earlier call saw: a sketch of its outputs (kbv.sketch) taken right after the call "
-            "returned, judged against the reference's sketch of the same draw's float64 truth"
+            "earlier call saw, its outputs sketched (kbv.sketch) right after the call returned; "
+            + (
+                "every sketch judged"
+                if k <= 0
+                else f"{k} calls a round (and the phase's first draw) picked after the batch from a "
+                "secret no worker saw, their sketches judged"
+            )
+            + " against the reference's sketch of the same draw's float64 truth"
         )
         return found
 
