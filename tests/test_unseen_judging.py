@@ -24,7 +24,8 @@ def _plan(sketch_seed: int, judged_calls: int = 3) -> _UnseenPlan:
     settings = TimingSettings(
         repeats=10, rounds=3, max_rounds=9, unseen_inputs=True, judged_calls=judged_calls
     )
-    ctx = SimpleNamespace(sketch_seed=sketch_seed, unseen_seeds=lambda r: list(range(10)), settings=settings)
+    draws = lambda r: [1000 * r + i for i in range(10)]  # noqa: E731
+    ctx = SimpleNamespace(sketch_seed=sketch_seed, unseen_seeds=draws, unseen_for=draws, settings=settings)
     return _UnseenPlan(ctx, reference=None)  # type: ignore[arg-type]
 
 
@@ -35,6 +36,9 @@ def test_the_picks_are_a_secret_sample_of_each_round() -> None:
     assert picks == [_plan(12345).picks(r, 10) for r in range(9)]  # a function of the secret alone
     assert len({tuple(p) for p in picks}) > 3  # rounds differ
     assert picks != [_plan(12346).picks(r, 10) for r in range(9)]  # another secret, other picks
+    other_draws = _plan(12345)
+    other_draws.ctx.unseen_for = lambda r: [7 + 1000 * r + i for i in range(10)]
+    assert picks != [other_draws.picks(r, 10) for r in range(9)]  # same secret, other draws
     plan.truths[(0, 0)] = ([], {})  # the phase's first draw, known before any batch: judged too
     assert 0 in plan.picks(0, 10) and len(plan.picks(0, 10)) in (3, 4)
     assert 0 not in plan.picks(1, 10) or len(plan.picks(1, 10)) == 3
@@ -45,7 +49,7 @@ def test_the_picks_are_a_secret_sample_of_each_round() -> None:
 def test_a_candidate_wrong_on_a_fraction_of_timed_calls_is_caught_as_the_sampling_says() -> None:
     """Wrong on a fraction f of its calls (which ones its own choice, fixed before the picks): caught
     unless every pick of every round misses them. Over 400 fixed secrets, three rounds: f = 1/2 is
-    caught every time (theory 1 - (1/12)^3), f = 3/10 in about 1 - (35/120)^3 = 97.5%, f = 1/10 (a
+    caught by 399 (theory 1 - (1/12)^3 = 99.94%), f = 3/10 in about 1 - (35/120)^3 = 97.5%, f = 1/10 (a
     gain of at most one call in ten) in about 1 - (7/10)^3 = 66%; nine rounds (the CPU's usual
     count) catch f = 1/10 in about 96%."""
 
@@ -58,7 +62,7 @@ def test_a_candidate_wrong_on_a_fraction_of_timed_calls_is_caught_as_the_samplin
     three = sum(caught({2, 5, 8}, 3, s) for s in secrets)
     one = sum(caught({6}, 3, s) for s in secrets)
     one_nine = sum(caught({6}, 9, s) for s in secrets)
-    assert half == 400
+    assert half >= 398
     assert 375 <= three <= 400
     assert 230 <= one <= 300
     assert one_nine >= 370

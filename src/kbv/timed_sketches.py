@@ -205,13 +205,15 @@ class _UnseenPlan(_SketchPlan):
     def picks(self, r: int, n: int) -> list[int]:
         """The calls of round ``r``'s batches (``n`` timed calls) that are judged: all of them without
         ``judged_calls``, else ``judged_calls`` of them drawn from a seed derived from the parent's
-        secret sketch seed (never sent to a worker: the round seeds sent are drawn from it, not it),
+        secret sketch seed (never sent to a worker: the round seeds sent are drawn from it, not it)
+        and the round's draws (candidates of one batch share their master seed, never their draws),
         with every call whose truth is already known (the phase's first draw)."""
         k = self.ctx.settings.judged_calls
         if k <= 0 or k >= n:
             return list(range(n))
         assert self.ctx.sketch_seed is not None
-        chooser = random.Random(derive_seed(self.ctx.sketch_seed, "judged-calls", r, n))
+        draws = self.ctx.unseen_for(r) or []
+        chooser = random.Random(derive_seed(self.ctx.sketch_seed, "judged-calls", r, n, *draws))
         known = {i for (rr, i) in self.truths if rr == r and i < n}
         return sorted(set(chooser.sample(range(n), k)) | known)
 
