@@ -96,7 +96,8 @@ def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
 ) -> None:
     """The candidate's worker can read its own ``time`` requests: none names a call (no secret
     picks to be honest on), and each is exactly the request the baseline's batch of the same round
-    got, but for the precision. Every timed call comes back sketched, none held back."""
+    got, but for the precision. Every timed call comes back sketched, none held back; which ones are
+    judged is picked in the parent after the batch."""
     monkeypatch.setenv("KBV_CACHE_DIR", str(tmp_path))  # a cached baseline would time no rounds
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
@@ -128,7 +129,10 @@ def test_a_timed_batch_request_names_no_call_and_is_the_baselines_own(
         # the same batch but for the precision and the memory rule (the reference's leaves room)
         assert replace(request, precision="", memory=None) == replace(baseline, precision="", memory=None)
     checked = record.timing["timed_outputs"]
-    assert checked["checked"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
+    # every timed call sketched; the calls judged are picked in the parent after each batch
+    assert checked["timed_calls"] == sum(len(r["device_ms"]) for r in record.timing["candidate"]["rounds"])
+    assert checked["checked"] == sum(len(calls) for calls in checked["judged_calls"].values())
+    assert checked["checked"] < checked["timed_calls"]
     assert checked["wrong"] == [] and checked["max_ratio"] < 1
 
 
