@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import kbv
-from kbv import _shared_reference
+from kbv import _shared_reference, wire
 from kbv.problems import bundled_suite_dir
 from kbv.worker import Worker
 
@@ -83,12 +83,11 @@ class ReferenceRequests:
         sent: dict[int, tuple[str, float]] = {}
         counts, seconds = self.counts, self.seconds
 
-        def send_request(worker: Worker, request: Any, **fields: Any) -> int:
-            op = request if isinstance(request, str) else request.op
+        def send_request(worker: Worker, request: wire.Request) -> int:
             if worker.spec.role == "reference":
-                counts[op] += 1
-                sent[id(worker)] = (op, time.monotonic())
-            return send(worker, request, **fields)
+                counts[request.op] += 1
+                sent[id(worker)] = (request.op, time.monotonic())
+            return send(worker, request)
 
         def receive_reply(worker: Worker, request_id: int | None = None) -> dict[str, Any]:
             try:

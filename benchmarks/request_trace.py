@@ -64,9 +64,7 @@ def install(trace: Trace) -> None:
     send, receive = Worker.send_request, Worker.receive_reply
     outputs, inbox = Worker.receive_outputs, Worker.fill_inbox
 
-    def send_request(self: Worker, request: Any, **fields: Any) -> int:
-        if isinstance(request, str):
-            request = wire.request(request, **fields)
+    def send_request(self: Worker, request: wire.Request) -> int:
         if request.op in ("run", "expected", "time"):
             request = dataclasses.replace(request, steps=True)
         sent_at = time.monotonic()

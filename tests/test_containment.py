@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import RELU, ROOT
 
+from kbv import wire
 from kbv.integrity import dynamic
 from kbv.protocol import LimitSettings, ProtocolError, protocol_from_dict
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, _contain
@@ -38,19 +39,20 @@ def _worker(name: str, limits: LimitSettings | None = None, budget_s: float = 60
 def _load(worker: Worker, path: Path) -> None:
     worker.start()
     worker.request(
-        "load",
-        role="candidate",
-        device="cpu",
-        problem_source=RELU.read_text(),
-        sizes={"batch_size": 2, "dim": 8},
-        candidate_path=str(path),
-        init_seed=1,
+        wire.Load(
+            role="candidate",
+            device="cpu",
+            problem_source=RELU.read_text(),
+            sizes={"batch_size": 2, "dim": 8},
+            candidate_path=str(path),
+            init_seed=1,
+        )
     )
 
 
 def _run(worker: Worker) -> dict:
     return worker.request(
-        "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+        wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
     )
 
 
@@ -311,15 +313,16 @@ def test_the_process_limit_holds_without_a_cgroup(monkeypatch: pytest.MonkeyPatc
 _ORPHAN_PARENT = """
 import sys, time
 from pathlib import Path
+from kbv import wire
 from kbv.worker import Worker, WorkerSpec
 worker = Worker(
     WorkerSpec(build_key="test-contain-parent-death", device="cpu", role="candidate", budget_s=120)
 )
 worker.start()
-worker.request("load", role="candidate", device="cpu", problem_source=Path(sys.argv[1]).read_text(),
-               sizes={"batch_size": 2, "dim": 8}, candidate_path=sys.argv[2], init_seed=1)
+worker.request(wire.Load(role="candidate", device="cpu", problem_source=Path(sys.argv[1]).read_text(),
+               sizes={"batch_size": 2, "dim": 8}, candidate_path=sys.argv[2], init_seed=1))
 Path(sys.argv[3]).write_text(str(worker.pid))
-worker.request("run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+worker.request(wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o")))
 """
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kbv import handoff as _handoff
+from kbv import wire
 from kbv.handoff import HandoffError, receive
 
 
@@ -198,16 +199,17 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
     with Worker(WorkerSpec(build_key="test-ipc", device="cuda", role="reference", budget_s=120)) as worker:
         worker.start()
         worker.request(
-            "load",
-            role="reference",
-            device="cuda",
-            problem_source=RELU.read_text(),
-            sizes={"batch_size": 4, "dim": 1024},
-            init_seed=1,
-            handoff=transport,
+            wire.Load(
+                role="reference",
+                device="cuda",
+                problem_source=RELU.read_text(),
+                sizes={"batch_size": 4, "dim": 1024},
+                init_seed=1,
+                handoff=transport,
+            )
         )
         reply = worker.request(
-            "run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o")
+            wire.Run(distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))
         )
         assert reply["outputs"]["transport"] == transport
         if transport == "cuda_vmm":
@@ -218,7 +220,7 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
         (y,) = worker.receive_outputs(reply["outputs"])
         again = worker.receive_outputs(
             worker.request(
-                "run", distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o")
+                wire.Run(distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))
             )["outputs"]
         )[0]
     assert y.is_cuda and y.shape == (4, 1024) and bool((y >= 0).all())
@@ -335,7 +337,7 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
 
     def run(worker: Worker, precision: str) -> torch.Tensor:
         reply = worker.request(
-            "run", distribution="signed", seed=3, precision=precision, out_path=worker.new_path("o")
+            wire.Run(distribution="signed", seed=3, precision=precision, out_path=worker.new_path("o"))
         )
         return worker.receive_outputs(reply["outputs"])[0]
 
@@ -352,22 +354,22 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
         candidate = subject.scratch / "reference_as_candidate.py"
         candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
         candidate.chmod(0o644)
-        reference.request("load", role="reference", **common)
-        subject.request("load", role="candidate", candidate_path=str(candidate), **common)
+        reference.request(wire.Load(role="reference", **common))
+        subject.request(wire.Load(role="candidate", candidate_path=str(candidate), **common))
         seeded = run(subject, "native")
         reply = reference.request(
-            "redraw", distribution="signed", seed=5, out_path=reference.new_path("p"), hand_over=True
+            wire.Redraw(distribution="signed", seed=5, out_path=reference.new_path("p"), hand_over=True)
         )
         named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
         items, needed = _handoff.inbox_layout(named)
-        small = subject.request("inbox", nbytes=needed // 2)["inbox"]
+        small = subject.request(wire.Inbox(nbytes=needed // 2))["inbox"]
         if transport == "cuda_ipc":  # a VMM inbox is rounded up to the driver's granularity
             with pytest.raises(WorkerFailed, match="cannot hold"):
                 subject.fill_inbox(small, named, items)
-        opened = subject.request("inbox", nbytes=needed)["inbox"]
+        opened = subject.request(wire.Inbox(nbytes=needed))["inbox"]
         assert opened["transport"] == transport
         subject.fill_inbox(opened, named, items)
-        assert subject.request("build", init_seed=1, state_inbox=items)["parameters"] == "state_dict"
+        assert subject.request(wire.Build(init_seed=1, state_inbox=items))["parameters"] == "state_dict"
         loaded = run(subject, "native")
         expected = run(reference, "native")
     assert torch.equal(loaded, expected)
@@ -426,17 +428,18 @@ def test_a_candidate_ipc_descriptor_claiming_more_than_its_allocation_is_refused
     with Worker(spec) as worker:
         worker.start()
         worker.request(
-            "load",
-            role="candidate",
-            device="cuda",
-            problem_source=RELU.read_text(),
-            candidate_path=str(FOUNDATION / "relu_plain.py"),
-            sizes={"batch_size": 4, "dim": 1024},
-            init_seed=1,
-            handoff="cuda_ipc",
+            wire.Load(
+                role="candidate",
+                device="cuda",
+                problem_source=RELU.read_text(),
+                candidate_path=str(FOUNDATION / "relu_plain.py"),
+                sizes={"batch_size": 4, "dim": 1024},
+                init_seed=1,
+                handoff="cuda_ipc",
+            )
         )
         reply = worker.request(
-            "run", distribution="signed", seed=3, precision="native", out_path=worker.new_path("o")
+            wire.Run(distribution="signed", seed=3, precision="native", out_path=worker.new_path("o"))
         )
         (item,) = reply["outputs"]["items"]
         claimed = (256 << 20) // 4

@@ -107,14 +107,15 @@ def _run_recording(role: str, problem, sizes: dict) -> dict:
         }
         if role == "candidate":
             load["candidate_path"] = str(FOUNDATION / "relu_plain.py")
-        worker.request("load", **load)
+        worker.request(wire.Load(**load))
         reply = worker.request(
-            "run",
-            distribution="original",
-            seed=3,
-            precision="fp32",
-            out_path=worker.new_path("out"),
-            record_operators=True,
+            wire.Run(
+                distribution="original",
+                seed=3,
+                precision="fp32",
+                out_path=worker.new_path("out"),
+                record_operators=True,
+            )
         )
         worker.receive_outputs(reply["outputs"])
         return reply

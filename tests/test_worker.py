@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import RELU
 
+from kbv import wire
 from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
 from kbv.worker._env import scrubbed_env
 
@@ -28,13 +29,14 @@ def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
 def _load(worker: Worker, name: str) -> dict:
     worker.start()
     return worker.request(
-        "load",
-        role="candidate",
-        device="cpu",
-        problem_source=RELU.read_text(),
-        sizes={"batch_size": 2, "dim": 8},
-        candidate_path=str(FIXTURES / name),
-        init_seed=1,
+        wire.Load(
+            role="candidate",
+            device="cpu",
+            problem_source=RELU.read_text(),
+            sizes={"batch_size": 2, "dim": 8},
+            candidate_path=str(FIXTURES / name),
+            init_seed=1,
+        )
     )
 
 
@@ -45,12 +47,13 @@ def _reference_worker(name: str, problem: Path, sizes: dict | None = None) -> It
     with Worker(spec) as worker:
         worker.start()
         worker.request(
-            "load",
-            role="reference",
-            device="cpu",
-            problem_source=problem.read_text(),
-            sizes=sizes or {},
-            init_seed=1,
+            wire.Load(
+                role="reference",
+                device="cpu",
+                problem_source=problem.read_text(),
+                sizes=sizes or {},
+                init_seed=1,
+            )
         )
         yield worker
 
@@ -105,7 +108,7 @@ def test_worker_runs_a_model_and_returns_outputs_through_files() -> None:
         reply = _load(worker, "relu_plain.py")
         assert reply["ok"] and reply["parameters"] == {}
         out = worker.new_path("out")
-        reply = worker.request("run", distribution="original", seed=3, precision="native", out_path=out)
+        reply = worker.request(wire.Run(distribution="original", seed=3, precision="native", out_path=out))
         assert reply["types"] == ["torch.Tensor"]
         assert reply["outputs"] == {"transport": "file", "path": out, "count": 1}
         (y,) = worker.receive_outputs(reply["outputs"])
@@ -119,7 +122,7 @@ def test_secrets_in_parent_environment_never_reach_the_candidate(monkeypatch: py
     with _candidate_worker("spy") as worker:
         _load(worker, "relu_env_spy.py")
         reply = worker.request(
-            "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+            wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
         )
         assert reply["ok"]
 
@@ -131,7 +134,7 @@ def test_timeout_kills_the_whole_process_group() -> None:
         started = time.monotonic()
         with pytest.raises(WorkerFailed) as info:
             worker.request(
-                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+                wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
             )
         assert info.value.kind == "timeout"
         assert time.monotonic() - started < 8
@@ -160,7 +163,7 @@ def test_stdout_is_a_log_never_a_result_and_early_exit_is_a_crash() -> None:
         _load(worker, "relu_exit_fake.py")
         with pytest.raises(WorkerFailed) as info:
             worker.request(
-                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+                wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
             )
         assert info.value.kind == "crashed"
         assert '"outcome": "passed"' in info.value.details["stdout"]  # kept as a log only
@@ -171,7 +174,7 @@ def test_a_signal_death_is_a_crash() -> None:
         _load(worker, "relu_segfault.py")
         with pytest.raises(WorkerFailed) as info:
             worker.request(
-                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+                wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
             )
         assert info.value.kind == "crashed"
         assert "exit status -11" in info.value.message
@@ -182,13 +185,13 @@ def test_errors_are_reported_with_their_kind() -> None:
         _load(worker, "relu_raises.py")
         with pytest.raises(WorkerFailed) as info:
             worker.request(
-                "run", distribution="original", seed=3, precision="native", out_path=worker.new_path("o")
+                wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
             )
         assert info.value.kind == "runtime_error"
         assert "invalid configuration argument" in info.value.message
         assert "ValueError" in info.value.details["traceback"]
         # The worker survives a Python exception and answers the next request.
-        assert worker.request("build", init_seed=2)["ok"]
+        assert worker.request(wire.Build(init_seed=2))["ok"]
 
 
 def test_missing_modelnew_is_a_compile_error() -> None:
@@ -202,7 +205,7 @@ def test_reference_worker_refuses_to_redraw_for_candidates() -> None:
     with _candidate_worker("plain2") as worker:
         _load(worker, "relu_plain.py")
         with pytest.raises(WorkerFailed, match="only a reference worker"):
-            worker.request("redraw", distribution="signed", seed=1, out_path=worker.new_path("p"))
+            worker.request(wire.Redraw(distribution="signed", seed=1, out_path=worker.new_path("p")))
 
 
 def test_only_the_reference_worker_computes_a_draws_truth() -> None:
@@ -210,7 +213,7 @@ def test_only_the_reference_worker_computes_a_draws_truth() -> None:
         _load(worker, "relu_plain.py")
         with pytest.raises(WorkerFailed, match="only the trusted reference worker"):
             worker.request(
-                "expected", distribution="signed", seed=1, precision="fp32", out_path=worker.new_path("e")
+                wire.Expected(distribution="signed", seed=1, precision="fp32", out_path=worker.new_path("e"))
             )
 
 
@@ -222,11 +225,13 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
 
     with _reference_worker("expected", RELU, {"batch_size": 4, "dim": 64}) as worker:
         fields = {"distribution": "signed", "seed": 5, "mix_seed": None}
-        reply = worker.request("expected", precision="fp32", out_path=worker.new_path("e"), **fields)
+        reply = worker.request(wire.Expected(precision="fp32", out_path=worker.new_path("e"), **fields))
         (truth,) = worker.receive_outputs(reply["outputs"])
         separate = {
             precision: worker.receive_outputs(
-                worker.request("run", precision=precision, out_path=worker.new_path("r"), **fields)["outputs"]
+                worker.request(wire.Run(precision=precision, out_path=worker.new_path("r"), **fields))[
+                    "outputs"
+                ]
             )
             for precision in ("fp32", "fp64")
         }
@@ -252,7 +257,7 @@ def test_a_forward_that_fails_in_float64_says_so(tmp_path: Path) -> None:
     )
     with _reference_worker("expected-f64", problem) as worker, pytest.raises(WorkerFailed) as info:
         worker.request(
-            "expected", distribution="original", seed=1, precision="fp32", out_path=worker.new_path("e")
+            wire.Expected(distribution="original", seed=1, precision="fp32", out_path=worker.new_path("e"))
         )
     assert info.value.kind == "runtime_error"
     assert info.value.message.startswith("in float64 (the verified protocol's truth): ")
@@ -262,9 +267,9 @@ def test_a_run_says_where_its_time_went_only_when_asked() -> None:
     with _candidate_worker("steps") as worker:
         _load(worker, "relu_plain.py")
         fields = {"distribution": "original", "seed": 3, "precision": "native"}
-        plain = worker.request("run", out_path=worker.new_path("o"), **fields)
+        plain = worker.request(wire.Run(out_path=worker.new_path("o"), **fields))
         worker.receive_outputs(plain["outputs"])
-        asked = worker.request("run", out_path=worker.new_path("o"), steps=True, **fields)
+        asked = worker.request(wire.Run(out_path=worker.new_path("o"), steps=True, **fields))
         worker.receive_outputs(asked["outputs"])
     assert "steps_s" not in plain
     assert set(asked["steps_s"]) == {"inputs", "forward", "copy", "hand_over", "release"}

@@ -166,19 +166,16 @@ class Worker(LimitWatch, IsolationReport):
             self.hello = self._receive()
         return self.hello
 
-    def request(self, request: wire.Request | str, **fields: Any) -> dict[str, Any]:
-        """Send one request and wait for its reply within the worker's remaining budget. A request is
-        its kind's :mod:`kbv.wire` dataclass; an op's name with its fields (scripts, tests) is made
-        into one, and checked alike."""
-        return self.receive_reply(self.send_request(request, **fields))
+    def request(self, request: wire.Request) -> dict[str, Any]:
+        """Send one request (its kind's :mod:`kbv.wire` dataclass) and wait for its reply within the
+        worker's remaining budget."""
+        return self.receive_reply(self.send_request(request))
 
-    def send_request(self, request: wire.Request | str, **fields: Any) -> int:
+    def send_request(self, request: wire.Request) -> int:
         """The first half of :meth:`request`: two workers can then work at once. Returns the
         request's id, whose reply :meth:`receive_reply` awaits."""
         if self._sock is None:
             raise RuntimeError("worker not started")
-        if isinstance(request, str):
-            request = wire.request(request, **fields)
         added: dict[str, Any] = {}
         if request.memory is None:
             added["memory"] = self.budget.rule(self.spec.role)
