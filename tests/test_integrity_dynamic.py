@@ -329,6 +329,20 @@ def test_caching_probe_judges_each_call_against_its_own_values() -> None:
     assert findings[0].severity == "fail" and "same buffers, new contents" in findings[0].detail
 
 
+def test_a_candidate_wrong_in_correctness_and_now_and_then_right_is_not_called_a_cache() -> None:
+    """Right on the control and wrong afterwards is a cache's mark only where correctness passed:
+    a candidate that failed it everywhere, erring near the tolerance, gets an info finding."""
+    specs = [{"distribution": "signed", "seed": s} for s in (1, 2, 2, 3)]
+    outputs = [[torch.ones(2)], [torch.zeros(2)], [torch.ones(2) * 2], [torch.ones(2) * 3]]
+    verdicts = {"passed": lambda outputs, spec: bool(outputs[0].sum() > 0) and spec["seed"] == 1}
+    for correct, severity in ((False, "info"), (True, "fail")):
+        ctx = _ctx(correct=correct)
+        ctx._cache["cache"] = {"outputs": outputs, "specs": specs}
+        ctx.judge = lambda outputs, spec: {"passed": verdicts["passed"](outputs, spec), "max_abs_err": 1.0}
+        (finding,) = dynamic.check_caching(ctx)
+        assert finding.severity == severity, (correct, finding)
+
+
 def test_max_diff_over_chunks_finds_the_worst_difference_and_nan_mismatches(monkeypatch) -> None:
     monkeypatch.setattr(dynamic._context, "_DIFF_CHUNK", 4)
     a = torch.zeros(10)

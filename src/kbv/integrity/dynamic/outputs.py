@@ -25,7 +25,9 @@ from kbv.records import Finding
     Each output is judged against the reference for the values actually passed; the first call is
     the control. A call that returns, bit for bit, an earlier call's output for other inputs (where
     the reference's answers differ) is a cache hit whatever else happened; an integer output
-    (argmax indices repeat honestly) counts only when it is also wrong.""",
+    (argmax indices repeat honestly) counts only when it is also wrong. Calls wrong after a right
+    control fail only a candidate that passed correctness: one that failed it already errs near
+    the tolerance and is right or wrong on a fresh draw by chance.""",
 )
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
@@ -59,6 +61,18 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
         for i, v in enumerate(verdicts)
         if i and not v["passed"]
     ]
+    if bad and not ctx.session.correct:
+        # A candidate that already failed correctness and errs near the tolerance passes one fresh
+        # draw and fails the next by chance (an fp16-accumulated bf16 row sum at 3-4x the limit did,
+        # one run in two): no evidence of a cache beyond the bit-for-bit repeats checked above.
+        return [
+            _finding(
+                "caching_probe",
+                "calls after a right control were wrong, but the candidate failed correctness "
+                "already: its errors straddle the tolerance; no verdict -- " + "; ".join(bad),
+                "info",
+            )
+        ]
     return (
         [_finding("caching_probe", "wrong output after the control was right -- " + "; ".join(bad))]
         if bad
