@@ -296,11 +296,12 @@ class _UnseenPlan(_SketchPlan):
         got = sketches if isinstance(sketches, list) else []
         n = len(measurement["device_ms"])
         # every call (no ``judged_calls``), or the round's picks, drawn once for all its batches
-        picks = (
-            self.picks(r, n)
-            if self.ctx.settings.judged_calls <= 0
-            else self.picked.setdefault(r, self.picks(r, n))
-        )
+        if self.ctx.settings.judged_calls <= 0:
+            picks = self.picks(r, n)
+        else:
+            if r not in self.picked:
+                self.picked[r] = self.picks(r, n)
+            picks = self.picked[r]
         self._truth_for(r, picks)
         verdicts = []
         for i in range(n):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from kbv import wire
@@ -41,9 +40,7 @@ def _run(
     GPU through CUDA IPC or exported VMM memory, on the CPU through a file read once and deleted).
     ``record_operators`` (a trusted reference only) also reports the TF32-sensitive operators the
     forward ran."""
-    request = _forward(worker, distribution, seed, precision, measure_memory, mix_seed)
-    if record_operators:
-        request = replace(request, record_operators=True)
+    request = _forward(worker, distribution, seed, precision, measure_memory, mix_seed, record_operators)
     return _received(worker, worker.request(request))
 
 
@@ -54,6 +51,7 @@ def _forward(
     precision: str,
     measure_memory: bool = False,
     mix_seed: int | None = None,
+    record_operators: bool = False,
 ) -> wire.Run:
     """The ``run`` request of one draw, its outputs written into ``worker``'s own scratch."""
     return wire.Run(
@@ -63,6 +61,7 @@ def _forward(
         precision=precision,
         out_path=worker.new_path("out"),
         measure_memory=measure_memory,
+        record_operators=record_operators,
     )
 
 

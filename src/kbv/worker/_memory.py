@@ -19,7 +19,7 @@ CACHED_BYTES_KEPT = 8 << 30
 #: peer's request as large as its own) and its room for the candidate (:attr:`MemoryBudget.room_bytes`):
 #: the candidate's device limit as it stands (widened to 3/4 of the device where the evaluation holds
 #: it alone), or 0 during the correctness draws of an evaluation holding its GPU alone, where each of
-#: the reference's requests runs beside the candidate's draw (kbv.evaluation.budget.room_for_candidate);
+#: the reference's requests runs beside the candidate's draw (kbv.evaluation.budget._room_for_candidate);
 #: where the evaluation names none, the protocols' default device limit (``LimitSettings``, read
 #: here, never repeated). What the reference keeps must never make an honest candidate run out of
 #: memory below its limit: with a floor of 64 GB alone, a 7.5 GB-input problem's candidate (its limit
