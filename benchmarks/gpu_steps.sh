@@ -11,6 +11,7 @@
 #
 # Inputs that do not travel by themselves are read from the git-ignored .kb/ (carry it):
 #   .kb/kb250            the 250 KernelBench problems (a copy of ../shared/kernelbench)
+#   .kb/pylib            the serve extra's packages, for the service step (see below)
 #   .kb/cuda-l1-streams  issue 16's corpus (a copy of ../shared/corpora/cuda-l1-streams)
 #   .kb/ref_plain.jsonl, .kb/ref_tf32.jsonl, .kb/compare.sqlite, .kb/kb_rows.jsonl, .kb/audit.sqlite,
 #   .kb/fidelity.json
@@ -22,6 +23,10 @@ set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src KBV_CACHE_DIR=${KBV_CACHE_DIR:-/tmp/kbvc} PYTHONUNBUFFERED=1
+# The device has no index to install from: the serve extra (fastapi, uvicorn, ...) travels as a
+# folder made here with `pip install --target .kb/pylib fastapi uvicorn httpx prometheus-client`
+# (the same Python minor version as the device's), after src on the path.
+[ -d .kb/pylib ] && PYTHONPATH=$PYTHONPATH:$PWD/.kb/pylib
 KB=.kb/kb250
 
 stamp() { local s; s=$(date +%s); while IFS= read -r line; do echo "$(( $(date +%s) - s )) $line"; done; }
