@@ -188,10 +188,12 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
         )
         ctx.gpu.held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
         assert ctx.gpu.held.startswith("shared")
-        lock, subject = Lock(), SimpleNamespace(spec=WorkerSpec(build_key="x", limits=LimitSettings()))
+        spec = WorkerSpec(build_key="x", limits=LimitSettings())
+        lock, subject = Lock(), SimpleNamespace(spec=spec)
         hook = evaluation._hold_alone_for_outputs(ctx, lock, subject, hello)  # type: ignore[arg-type]
         hook({"reference": {"outputs": [torch.empty(output_numel, device="meta")]}})
-        return ctx.gpu.held, lock.alone, subject.spec.limits.device_memory_gb
+        assert subject.spec is spec and spec.limits == LimitSettings()  # the budget widens, not the spec
+        return ctx.gpu.held, lock.alone, ctx.gpu.budget.limits_of(spec).device_memory_gb
 
     held, alone, limit = after_first_draw(conv_output)
     assert held.startswith("alone for the first correctness draw on") and "GB of outputs" in held
@@ -208,12 +210,14 @@ def test_a_candidate_alone_on_its_gpu_may_use_most_of_it_but_not_more() -> None:
 
     from kbv import evaluation
     from kbv.protocol import LimitSettings
-    from kbv.worker import WorkerSpec
+    from kbv.worker import MemoryBudget, WorkerSpec
 
     def widened(limits: LimitSettings | None, total: int) -> tuple[str, object]:
-        subject = SimpleNamespace(spec=WorkerSpec(build_key="x", device="cuda", limits=limits))
-        said = evaluation._widen_device_limit(subject, {"device": {"total_memory_bytes": total}})  # type: ignore[arg-type]
-        return said, subject.spec.limits
+        spec = WorkerSpec(build_key="x", device="cuda", limits=limits)
+        subject, budget = SimpleNamespace(spec=spec), MemoryBudget()
+        said = evaluation._widen_device_limit(budget, subject, {"device": {"total_memory_bytes": total}})  # type: ignore[arg-type]
+        assert subject.spec is spec and spec.limits is limits  # the worker's spec stays as launched
+        return said, budget.limits_of(spec)
 
     h200 = 143771 * (1 << 20)
     said, limits = widened(LimitSettings(), h200)

@@ -472,7 +472,7 @@ def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 64 << 30
     ctx.gpu.held = "alone for the whole evaluation"
-    subject.spec = WorkerSpec(build_key="x", limits=LimitSettings(device_memory_gb=105.5))
+    budget.candidate_device_gb = 105.5  # the limit widened, in the budget
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 0
     ctx.gpu.drawing = False
@@ -481,3 +481,45 @@ def test_the_reference_is_told_the_candidates_limit_as_it_stands() -> None:
     subject.spec = WorkerSpec(build_key="x")  # no limit: the whole device
     evaluation._room_for_candidate(ctx, subject)  # type: ignore[arg-type]
     assert budget.rule("reference").room_bytes == 141 << 30
+
+
+def test_the_device_limit_polled_is_the_one_the_budget_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation that holds its GPU alone widens its candidate's device-memory limit in its
+    budget (kbv.evaluation.budget); the parent's limit poll reads it there. NVML's per-process
+    figure is faked: 100 GiB is over the protocol's 64 GiB but within the 105.3 GiB widened on an
+    H200, and is not killed; 110 GiB is, against the widened figure. The worker's spec is never
+    edited."""
+    from kbv import evaluation, telemetry
+    from kbv.protocol import LimitSettings
+
+    gib = 1 << 30
+    spec = WorkerSpec(build_key="test-widened", device="cuda", role="candidate", limits=LimitSettings())
+    used = {"bytes": 100 * gib}
+    worker = Worker(spec)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    worker._proc = sleeper
+    monkeypatch.setattr(
+        telemetry, "process_memory_bytes", lambda device, pid: used["bytes"] if pid == sleeper.pid else None
+    )
+    with worker:
+        assert worker.poll() == {
+            "limit": "device_memory",
+            "figure": 100 * gib,
+            "allowed": 64 * gib,
+            "unit": "bytes",
+        }
+        budget = worker.budget = MemoryBudget()
+        h200 = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
+        assert "raised from 64 GiB to 105.3 GiB" in evaluation._widen_device_limit(budget, worker, h200)  # type: ignore[arg-type]
+        assert worker._watch() and worker.exceeded is None  # over the old limit, under the widened one
+        assert worker.isolation["limits"]["device_memory_gb"] == 105.3  # the record names the limit in force
+        used["bytes"] = 110 * gib
+        worker._last_poll = 0.0  # the next poll now, not POLL_S later
+        assert not worker._watch() and not worker.alive()
+        assert worker.exceeded == {
+            "limit": "device_memory",
+            "figure": 110 * gib,
+            "allowed": int(105.3 * gib),
+            "unit": "bytes",
+        }
+        assert worker.spec is spec and spec.limits == LimitSettings()

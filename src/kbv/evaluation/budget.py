@@ -1,17 +1,17 @@
 """The GPU-memory budget of one evaluation: whether it holds its GPU alone, the room the reference
-leaves for the candidate, the candidate's widened limit, and how many timing input sets fit."""
+leaves for the candidate, the candidate's widened limit (held in the evaluation's
+``kbv.worker.MemoryBudget``, which the limit poll reads), and how many timing input sets fit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from kbv.device_lock import DeviceLock
 from kbv.evaluation.context import _Context, _structure
-from kbv.worker import Worker
+from kbv.worker import MemoryBudget, Worker
 
 #: An evaluation keeps about this many copies of its inputs' bytes on the GPU at once (inputs and
 #: outputs in both workers, the float64 inputs and truth, the TF32 baseline's output, the parent's
@@ -77,15 +77,15 @@ def _output_numels(expected: dict[str, Any]) -> list[int]:
 
 def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
     gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
-    ctx.gpu.held += _widen_device_limit(subject, hello)
+    ctx.gpu.held += _widen_device_limit(ctx.gpu.budget, subject, hello)
     _room_for_candidate(ctx, subject)
 
 
 def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
     """Set what the reference worker must leave free beside the allocator cache it keeps between
     requests (the budget's ``room_bytes``, in the memory rule of every request: kbv.worker._memory):
-    the candidate's device limit as it stands now (widened when the evaluation holds the GPU alone;
-    the whole device where the candidate has none), except during the correctness draws of an
+    the candidate's device limit in force (the budget's, widened when the evaluation holds the GPU
+    alone; the whole device where the candidate has none), except during the correctness draws of an
     evaluation that holds its GPU alone. There each of the reference's requests runs beside the
     candidate's draw, so what it keeps between them is no more than what its next request takes at
     the same time, and no other evaluation shares the GPU; the first request after the draws (the
@@ -93,7 +93,7 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
     if ctx.gpu.drawing and ctx.gpu.held.startswith("alone"):
         ctx.gpu.budget.room_bytes = 0
         return
-    limits = subject.spec.limits
+    limits = ctx.gpu.budget.limits_of(subject.spec)
     if limits is not None and limits.device_memory_gb:
         ctx.gpu.budget.room_bytes = int(float(limits.device_memory_gb) * (1 << 30))
     else:
@@ -115,21 +115,19 @@ def _hold_alone_for_outputs(
     return with_outputs
 
 
-def _widen_device_limit(subject: Worker, hello: dict[str, Any]) -> str:
-    """Raise the candidate worker's device-memory limit for an evaluation that holds its GPU alone;
-    what was done, for the record's ``isolation.gpu`` ("" when nothing changed)."""
-    limits = subject.spec.limits
+def _widen_device_limit(budget: MemoryBudget, subject: Worker, hello: dict[str, Any]) -> str:
+    """Raise the candidate's device-memory limit in the evaluation's budget (its worker's spec stays
+    as launched) for an evaluation that holds its GPU alone; what was done, for the record's
+    ``isolation.gpu`` ("" when nothing changed)."""
     total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
-    if limits is None or not limits.device_memory_gb or not total:
+    widened = budget.widen_device_limit(subject.spec, total)
+    if widened is None:
         return ""
-    share = float(limits.device_memory_alone_share)  # the protocol's [limits]
-    widened = share * total / (1 << 30)
-    if widened <= limits.device_memory_gb:
-        return ""
-    subject.spec = replace(subject.spec, limits=replace(limits, device_memory_gb=round(widened, 1)))
+    before, share_gb = widened
+    share = float(subject.spec.limits.device_memory_alone_share)  # the protocol's [limits]
     return (
-        f"; the candidate's device-memory limit raised from {limits.device_memory_gb:g} GiB to "
-        f"{widened:.1f} GiB ({share:.0%} of the GPU, [limits] device_memory_alone_share: no other "
+        f"; the candidate's device-memory limit raised from {before:g} GiB to "
+        f"{share_gb:.1f} GiB ({share:.0%} of the GPU, [limits] device_memory_alone_share: no other "
         "evaluation shares it)"
     )
 

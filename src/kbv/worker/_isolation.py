@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from kbv.worker import _contain
+from kbv.worker._memory import MemoryBudget
 from kbv.worker._spec import WorkerSpec, confinement_off
 
 
@@ -15,6 +16,7 @@ class IsolationReport:
     """The isolation half of a worker: its attributes are set by ``Worker.__init__`` and its launch."""
 
     spec: WorkerSpec
+    budget: MemoryBudget
     hello: dict[str, Any]
     started_as: str
     uid: int | None
@@ -39,7 +41,7 @@ class IsolationReport:
         netns, no_netns = _contain.network_namespace()
         private_net = self._private_net
         facts["network"] = "private namespace (no network)" if private_net else "shared with the parent"
-        limits = self.spec.limits
+        limits = self.budget.limits_of(self.spec)  # in force: widened where the GPU is held alone
         if limits is not None:
             facts["limits"] = {
                 f: getattr(limits, f)

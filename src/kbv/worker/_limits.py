@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kbv import telemetry
+from kbv.protocol import LimitSettings
 from kbv.worker import _contain, _forkserver
+from kbv.worker._memory import MemoryBudget
 from kbv.worker._spec import WorkerFailed, WorkerSpec
 
 #: Seconds between two polls of a limited worker's resources while the parent waits for it.
@@ -24,6 +26,7 @@ class LimitWatch:
     """The limit half of a worker: its attributes are set by ``Worker.__init__``."""
 
     spec: WorkerSpec
+    budget: MemoryBudget
     scratch: Path
     _proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None
     _cgroup: _contain.Cgroup | None
@@ -43,6 +46,12 @@ class LimitWatch:
         def alive(self) -> bool: ...
         def kill(self) -> int | None: ...
         def logs(self) -> dict[str, str]: ...
+
+    @property
+    def limits(self) -> LimitSettings | None:
+        """The limits in force: the spec's, with the device-memory limit the parent's budget holds
+        (widened where the evaluation holds its GPU alone: kbv.evaluation.budget)."""
+        return self.budget.limits_of(self.spec)
 
     def _watch(self) -> bool:
         """``alive`` for the channel: the worker still runs and is within its limits (killed if not).
@@ -67,7 +76,7 @@ class LimitWatch:
     def poll(self) -> dict[str, Any] | None:
         """Measure the worker's tree once (peaks are kept); the first limit it is over, or None."""
         assert self._proc is not None
-        limits = self.spec.limits
+        limits = self.limits
         table = self._poll_table()
         members = list(table)
         usage = _contain.tree_usage(members, table, count_files=bool(limits and limits.open_files))
@@ -104,9 +113,8 @@ class LimitWatch:
         return _contain.files_bytes([self.scratch, self._builds], self._given)
 
     def _device_bytes(self, members: list[int]) -> int | None:
-        if not self.spec.device.startswith("cuda") or not (
-            self.spec.limits and self.spec.limits.device_memory_gb
-        ):
+        limits = self.limits
+        if not self.spec.device.startswith("cuda") or not (limits and limits.device_memory_gb):
             return None
         figures = [telemetry.process_memory_bytes(self.spec.device, pid) for pid in members]
         known = [f for f in figures if f is not None]

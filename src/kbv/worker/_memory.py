@@ -7,10 +7,11 @@ here and nowhere else, and the worker keeps no constant of its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kbv import wire
 from kbv.protocol import LimitSettings
+from kbv.worker._spec import WorkerSpec
 
 #: A worker whose allocator keeps more than this cached hands it back after the request: three
 #: workers each keeping the peak of a billion-element request ran the H200 out of memory.
@@ -36,9 +37,34 @@ DEFAULT_ROOM_BYTES = int(LimitSettings().device_memory_gb * (1 << 30))  # GiB, a
 class MemoryBudget:
     """The rule every worker of an evaluation is sent with each request (``Worker.budget``; a worker
     outside an evaluation has one of its own). ``room_bytes``: what the reference leaves free for its
-    candidate (None: :data:`DEFAULT_ROOM_BYTES`)."""
+    candidate (None: :data:`DEFAULT_ROOM_BYTES`). ``candidate_device_gb``: the candidate's
+    device-memory limit in force, GiB (None: the one its worker was launched with); the parent's
+    limit poll reads it here (:meth:`limits_of`), so a worker's spec never changes after launch."""
 
     room_bytes: int | None = None
+    candidate_device_gb: float | None = None
+
+    def limits_of(self, spec: WorkerSpec) -> LimitSettings | None:
+        """The limits ``spec``'s worker is held to now: those it was launched with, a candidate's
+        device-memory limit as this budget has it in force."""
+        limits: LimitSettings | None = spec.limits
+        if limits is None or spec.role != "candidate" or self.candidate_device_gb is None:
+            return limits
+        return replace(limits, device_memory_gb=self.candidate_device_gb)
+
+    def widen_device_limit(self, spec: WorkerSpec, total_bytes: int) -> tuple[float, float] | None:
+        """Raise the candidate's device-memory limit, for an evaluation that holds its GPU of
+        ``total_bytes`` alone, to the protocol's ``device_memory_alone_share`` of it where that is
+        more: (the limit before, the share in GiB), or None where it stays (a limit turned off, a
+        trusted worker, a share below the protocol's figure)."""
+        limits = self.limits_of(spec)
+        if spec.role != "candidate" or limits is None or not limits.device_memory_gb or not total_bytes:
+            return None
+        widened = float(limits.device_memory_alone_share) * total_bytes / (1 << 30)
+        if widened <= limits.device_memory_gb:
+            return None
+        self.candidate_device_gb = round(widened, 1)
+        return float(limits.device_memory_gb), widened
 
     def rule(self, role: str) -> wire.MemoryRule:
         if role != "reference":
