@@ -37,6 +37,9 @@ def test_every_registered_check_is_listed_with_its_kind_severity_and_doc(capsys)
         )
         assert entry["kind"] in KINDS and entry["default_severity"] in SEVERITIES and entry["doc"]
     assert {c["kind"] for c in _listed(capsys, "--kind", "dynamic").values()} == {"dynamic"}
+    assert {n: c["kind"] for n, c in _listed(capsys, "--kind", "correctness").items()} == {
+        "below_precision": "correctness"
+    }
 
 
 def test_each_check_lists_the_fixtures_it_must_reject_and_accept(capsys) -> None:
@@ -54,6 +57,9 @@ def test_each_check_lists_the_fixtures_it_must_reject_and_accept(capsys) -> None
         assert (scanned_honest in accepts) == (entry["kind"] == "static")  # never run: static only
         assert not accepts & set(entry["fixtures"]["rejects"])
         assert "tests/fixtures/candidates/foundation/relu_cpp.py" not in accepts  # no test holds it
+    precision = "tests/fixtures/candidates/precision/long_row_sum_fp{}_accumulation.py"
+    assert listed["below_precision"]["fixtures"]["reports"] == [precision.format(16)]
+    assert precision.format(32) in listed["below_precision"]["fixtures"]["accepts"]
 
 
 def test_every_check_a_fixture_names_is_registered() -> None:

@@ -59,7 +59,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.timed_sketches",
             "kbv.measure_context",
             "kbv.correctness",
-            "kbv.precision",
             "kbv.integrity",
             "kbv.integrity.*",
             "kbv.problems_audit",

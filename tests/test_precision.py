@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from conftest import ROOT, SUITE
 
 from kbv import inputs
 from kbv.api import evaluate_paths
+from kbv.integrity import correctness_findings, get_check, list_checks
+from kbv.integrity.catalog import read_declaration
 from kbv.protocol import (
     STANDARD,
     VERIFIED,
@@ -22,6 +25,7 @@ from kbv.protocol import (
     load_protocol,
     protocol_from_dict,
 )
+from kbv.records import DistributionResult
 
 PROBLEMS = ROOT / "tests" / "fixtures" / "problems_precision"
 CANDIDATES = ROOT / "tests" / "fixtures" / "candidates" / "precision"
@@ -114,20 +118,28 @@ def test_reference_as_candidate_passes_verified_in_half_precision(tmp_path: Path
     assert not [f for f in record.findings if f.check == "precision_cast"]
 
 
+def _declared(name: str) -> tuple[dict[str, Any], Any]:
+    """A precision fixture's ``KBV_FIXTURE`` (what ``kbv checks`` lists it for) and its record."""
+    path = CANDIDATES / name
+    spec = read_declaration(path) or {}
+    return spec, evaluate_paths(ROOT / spec["problem"], path, device="cpu", precision=spec["precision"])
+
+
 def test_fp32_accumulation_of_a_long_bf16_reduction_passes() -> None:
-    record = evaluate_paths(
-        LONG_SUM, CANDIDATES / "long_row_sum_fp32_accumulation.py", device="cpu", precision="bf16"
-    )
+    """The fixture every check, ``below_precision`` among them, must accept."""
+    spec, record = _declared("long_row_sum_fp32_accumulation.py")
+    assert spec["expect_outcome"] == ["passed"] and Path(spec["problem"]) == LONG_SUM.relative_to(ROOT)
     assert record.outcome == "passed", [(d.name, d.rel_err) for d in record.distributions]
     assert not [f for f in record.findings if f.check == "below_precision"]
 
 
 def test_fp16_accumulation_of_a_long_bf16_reduction_is_rejected_and_named() -> None:
-    record = evaluate_paths(
-        LONG_SUM, CANDIDATES / "long_row_sum_fp16_accumulation.py", device="cpu", precision="bf16"
-    )
+    """The fixture ``below_precision`` must report (info: the outcome already rejects it)."""
+    spec, record = _declared("long_row_sum_fp16_accumulation.py")
+    assert spec["expect_findings"] == ["below_precision"] and record.outcome in spec["expect_outcome"]
     assert record.outcome == "incorrect"
     (finding,) = [f for f in record.findings if f.check == "below_precision"]
+    assert finding.severity == "info"
     assert "below bf16" in finding.detail and "the source uses float16" in finding.detail
     # caught by the tolerance on finite errors, not only by fp16's overflow
     assert any(not d.passed and d.rel_err not in (None, float("inf")) for d in record.distributions)
@@ -340,3 +352,48 @@ def test_kbv_compare_in_bf16_stores_and_compares_bf16_records(tmp_path: Path) ->
     assert {r.protocol["name"] for r in records} == {"standard", "verified"}
     assert {record_precision(r) for r in records} == {"bf16"}
     assert all(r.outcome == "passed" for r in records)
+
+
+def _missed(rel_err: float = 0.03) -> DistributionResult:
+    """A distribution whose float output missed the error model's tolerance by a finite error."""
+    output = {"kind": "float", "passed": False, "norm_err": 3.1e-2, "norm_tol": 9e-3}
+    tolerance = {"mode": "error_model", "outputs": [output]}
+    return DistributionResult("signed", applicable=True, passed=False, rel_err=rel_err, tolerance=tolerance)
+
+
+def test_below_precision_is_a_registered_correctness_check() -> None:
+    """Made through the registry (``kbv checks`` lists it), from the correctness results alone."""
+    check = get_check("below_precision")
+    assert (check.kind, check.default_severity) == ("correctness", "info") and "fp8" in check.doc
+    assert "below_precision" in [c.name for c in list_checks("correctness")]
+    (found,) = correctness_findings("bf16", [_missed()], "y = x.to(torch.float8_e4m3fn)")
+    assert (found.check, found.severity) == ("below_precision", "info")
+    assert "a relative norm of 0.031 against a tolerance of 0.009" in found.detail
+    assert "the source uses fp8" in found.detail
+    # accepted: fp32, a distribution that passed, an error that is not finite, a structural failure
+    assert correctness_findings("fp32", [_missed()]) == []
+    assert correctness_findings("bf16", [replace(_missed(), passed=True)]) == []
+    assert correctness_findings("bf16", [_missed(rel_err=float("inf"))]) == []
+    structural = replace(_missed(), tolerance={"mode": "error_model", "error": "shape (4,) != (4, 1)"})
+    assert correctness_findings("fp16", [structural]) == []
+
+
+@pytest.mark.parametrize("override", ["warn", "off"])
+def test_a_protocols_severity_override_applies_to_below_precision(override: str) -> None:
+    from types import SimpleNamespace
+
+    from kbv.evaluation.orchestrator import _correctness_findings
+
+    protocol = protocol_from_dict(
+        {
+            "name": "half-strict",
+            "base": "verified",
+            "precision": "bf16",
+            "integrity": {"severity": {"below_precision": override}},
+        }
+    )
+    ctx = SimpleNamespace(protocol=protocol, candidate=SimpleNamespace(source=""))
+    found = _correctness_findings(ctx, [_missed()])  # type: ignore[arg-type]
+    assert [(f.check, f.severity) for f in found] == (
+        [] if override == "off" else [("below_precision", override)]
+    )

@@ -46,10 +46,9 @@ from kbv.evaluation.records import (
 )
 from kbv.evaluation.reference import _reference_outputs, _timed_reference
 from kbv.evaluation.requests import _load, _run
-from kbv.precision import below_precision_findings
 from kbv.problems import Problem
 from kbv.protocol import Protocol
-from kbv.records import Finding, Record, decide_outcome, host_memory_section
+from kbv.records import DistributionResult, Finding, Record, decide_outcome, host_memory_section
 from kbv.worker import (
     Spares,
     Worker,
@@ -150,9 +149,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         try:
             _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
-            ctx.found.findings.extend(
-                below_precision_findings(ctx.protocol.precision, results, ctx.candidate.source)
-            )
+            ctx.found.findings.extend(_correctness_findings(ctx, results))
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
             release_cached_blocks(ctx.device)  # the draws' blocks, for the workers' timing inputs
@@ -254,7 +251,7 @@ def _static_findings(ctx: _Context) -> list[Finding]:
         path=str(ctx.candidate.path),
         problem_source=ctx.problem.source,
         # 16-bit compute is the precision of a bf16 or fp16 evaluation, not a hack; what goes below
-        # it is caught by the tolerance (below_precision_findings); TF32 rules are fp32's alone.
+        # it is caught by the tolerance (the below_precision check); TF32 rules are fp32's alone.
         problem_dtype_fp32=ctx.protocol.precision == "fp32",
     )
     ctx.found.phases["integrity"] = time.monotonic() - started
@@ -288,6 +285,15 @@ class Session:
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
     # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
+
+
+def _correctness_findings(ctx: _Context, results: list[DistributionResult]) -> list[Finding]:
+    """The checks derived from the correctness draws' results (``below_precision``), under every
+    protocol, at the protocol's severity."""
+    from kbv import integrity
+
+    found = integrity.correctness_findings(ctx.protocol.precision, results, ctx.candidate.source)
+    return integrity.apply_severity(found, ctx.protocol.integrity)
 
 
 def _findings_without_probes(ctx: _Context, timing: dict[str, Any]) -> list[Finding]:

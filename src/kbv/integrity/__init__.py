@@ -1,7 +1,8 @@
-"""Reward-hack detection: registered static and dynamic integrity checks.
+"""Reward-hack detection: registered static, correctness and dynamic integrity checks.
 
 ``static_scan`` runs every static check over a candidate's source text in the trusted process; it
-parses, never imports, and needs no torch. Checks are small registered objects (see
+parses, never imports, and needs no torch. ``correctness_findings`` runs the checks derived from the
+correctness draws' results (``kbv.integrity.correctness``). Checks are small registered objects (see
 ``list_checks``); a protocol's ``[integrity.severity]`` table overrides their severities through
 ``apply_severity``. ``docs/integrity-checks.md`` describes each check.
 """
@@ -16,6 +17,7 @@ from kbv.integrity._registry import (
     list_checks,
     register_check,
 )
+from kbv.integrity.correctness import correctness_findings  # registers the correctness checks
 from kbv.integrity.static import StaticContext, exec_payloads
 from kbv.records import Finding
 
@@ -23,6 +25,7 @@ __all__ = [
     "Check",
     "StaticContext",
     "apply_severity",
+    "correctness_findings",
     "get_check",
     "list_checks",
     "register_check",

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from typing import Any
 
+from kbv.integrity._registry import KINDS
 from kbv.integrity.catalog import SCHEMA, CheckEntry, catalog
 
 _WIDTH = 100
@@ -22,14 +23,15 @@ def register(subparsers: Any) -> None:
         "checks",
         help="list every integrity check with its kind, default severity, doc and fixtures",
         description=(
-            "List every registered integrity check (static: source scans in the parent; dynamic: "
-            "observations of the running candidate) with its default severity (a protocol's "
+            "List every registered integrity check (static: source scans in the parent; correctness: "
+            "read from the correctness draws' results in the parent; dynamic: observations of the "
+            "running candidate) with its default severity (a protocol's "
             "[integrity.severity] table overrides it), what it catches, and the fixtures that hold it "
             "to account: those it must reject, those it must report, and the honest ones every check "
             "must accept (each fixture's KBV_FIXTURE declaration)."
         ),
     )
-    p.add_argument("--kind", choices=("static", "dynamic"), default=None, help="only checks of this kind")
+    p.add_argument("--kind", choices=KINDS, default=None, help="only checks of this kind")
     p.add_argument("--json", action="store_true", help="one JSON document (schema kbv.checks/1)")
     p.set_defaults(handler=cmd_checks)
 
@@ -43,7 +45,7 @@ def cmd_checks(args: argparse.Namespace) -> int:
     for entry in entries:
         sys.stdout.write(_describe(entry) + "\n\n")
     sys.stdout.write(f"{len(entries)} checks.\n")
-    for kind in ("static", "dynamic"):
+    for kind in KINDS:
         accepts = next((e.accepts for e in entries if e.kind == kind), None)
         if accepts is not None:
             sys.stdout.write(f"Every {kind} check must accept these honest fixtures (no fail finding):\n")

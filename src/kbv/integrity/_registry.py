@@ -1,7 +1,8 @@
 """The integrity-check registry: every reward-hack check is a small named object.
 
 A check has a stable snake_case ``name`` (it is written into records), a ``kind`` (``static``
-checks read source text in the trusted parent; ``dynamic`` checks observe a running candidate), a
+checks read source text in the trusted parent; ``correctness`` checks read the correctness draws'
+results there; ``dynamic`` checks observe a running candidate), a
 default severity, a one-paragraph ``doc`` and a function. A dynamic check also carries its place in
 the run (``order``: ``timing_disagreement`` corrects the speedup before ``plausibility`` reads it),
 whether it ``needs_probe`` (those that need none are made under every protocol, from what the
@@ -20,7 +21,9 @@ from typing import Any, Protocol
 
 from kbv.records import Finding
 
-KINDS = ("static", "dynamic")
+#: In the order they run in an evaluation: ``static`` reads the source before anything runs,
+#: ``correctness`` reads the correctness draws' results, ``dynamic`` observes the running candidate.
+KINDS = ("static", "correctness", "dynamic")
 SEVERITIES = ("fail", "warn", "info")
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 

@@ -1,5 +1,5 @@
-"""What ``kbv checks`` lists: every registered integrity check, static and dynamic, with the
-fixtures that hold it to account.
+"""What ``kbv checks`` lists: every registered integrity check, static, correctness and dynamic,
+with the fixtures that hold it to account.
 
 The registry knows a check's name, kind, default severity and doc. It does not know fixtures: a
 fixture declares them itself. Every candidate fixture that a test evaluates end to end carries
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbv.integrity._registry import Check, list_checks
+from kbv.integrity._registry import KINDS, Check, list_checks
 
 SCHEMA = "kbv.checks/1"
 #: Where fixtures are declared, relative to the checkout's root.
@@ -79,10 +79,11 @@ def checkout_root() -> Path:
 
 
 def all_checks() -> list[Check]:
-    """Every registered check, the dynamic ones included (importing them registers them)."""
+    """Every registered check, the dynamic ones included (importing them registers them), by kind
+    in the order kinds run (:data:`KINDS`), then by name."""
     import kbv.integrity.dynamic  # noqa: F401  (registers the dynamic checks; needs torch)
 
-    return sorted(list_checks(), key=lambda c: (c.kind != "static", c.name))
+    return sorted(list_checks(), key=lambda c: (KINDS.index(c.kind), c.name))
 
 
 def read_declaration(path: Path) -> dict[str, Any] | None:
@@ -122,7 +123,7 @@ def _fixture(path: str, spec: dict[str, Any]) -> Fixture:
 
 
 def catalog(root: Path | None = None) -> list[CheckEntry]:
-    """Every registered check (static first, then dynamic, each by name) with its fixtures."""
+    """Every registered check (static, correctness, then dynamic, each by name) with its fixtures."""
     fixtures = declared_fixtures(root or checkout_root())
     return [
         CheckEntry(
