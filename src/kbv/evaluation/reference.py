@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from kbv import correctness, inputs, wire
+from kbv.error_stats import flat_chunks
 from kbv.evaluation.context import HarnessError, _Context, _structure
 from kbv.evaluation.requests import _run
 from kbv.problems import Problem
@@ -149,8 +150,11 @@ def _stand_in(described: Any) -> torch.Tensor | None:
 
 
 def _all_finite(outputs: list[Any]) -> bool:
+    """Every floating output finite, checked in chunks: ``isfinite`` of a whole float64 truth makes
+    a temporary as large as the truth, which an 80 GB GPU beside the workers has no room for."""
     return all(
-        not (isinstance(o, torch.Tensor) and o.is_floating_point()) or bool(torch.isfinite(o).all())
+        not (isinstance(o, torch.Tensor) and o.is_floating_point())
+        or all(bool(torch.isfinite(chunk).all()) for (chunk,) in flat_chunks(o))
         for o in outputs
     )
 

@@ -1,0 +1,93 @@
+"""What the parent holds on the GPU at KernelBench sizes: an evaluation that holds its GPU alone
+hands back each correctness draw's blocks before the next draw, and the parent's whole-output
+checks run in chunks, so no temporary is as large as a float64 truth (an 80 GB H100 ran out of
+memory in the parent and beside it: results/2026-12-06-h100-service-bf16-memory/)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kbv import error_stats
+from kbv.evaluation import draws
+from kbv.evaluation.context import _Found, _GpuState
+from kbv.evaluation.reference import _all_finite
+from kbv.integrity.dynamic.outputs import _nan_where_finite
+from kbv.protocol import VERIFIED
+
+
+class _Output:
+    """Stands for a draw's device tensors: the test sees whether the parent still holds it."""
+
+
+def _draw_loop(monkeypatch: pytest.MonkeyPatch, held: str) -> tuple[list[bool], int]:
+    """Run one distribution's draws with stub workers; for every release of cached blocks, whether
+    the draw's expected outputs were already dropped by then, and the number of draws."""
+    alive: list[weakref.ref[_Output]] = []
+    released: list[bool] = []
+
+    def usable_reference(ctx: Any, reference: Any, variant: str, seed: int) -> tuple[dict, str]:
+        output = _Output()
+        alive.append(weakref.ref(output))
+        return {"reference": {"outputs": [output]}}, variant
+
+    def release(device: str) -> None:
+        gc.collect()
+        released.append(alive[-1]() is None)
+
+    monkeypatch.setattr(draws._reference, "_usable_reference", usable_reference)
+    monkeypatch.setattr(draws, "_run", lambda *a, **k: {"outputs": [_Output()]})
+    monkeypatch.setattr(draws, "_judge_draw", lambda ctx, got, expected: {"passed": True})
+    monkeypatch.setattr(draws, "_output_numels", lambda expected: [1])
+    monkeypatch.setattr(draws, "release_cached_blocks", release)
+    ctx = SimpleNamespace(
+        protocol=VERIFIED,
+        seeds=SimpleNamespace(draw=lambda distribution, k: 1000 + k),
+        device="cpu",
+        gpu=_GpuState(held=held),
+        found=_Found(),
+    )
+    result = draws._check_distribution(ctx, None, None, "original")  # type: ignore[arg-type]
+    assert result.passed
+    return released, VERIFIED.correctness.draws_per_distribution
+
+
+def test_a_gpu_held_alone_gets_each_draws_blocks_back_once_the_parent_let_go(monkeypatch):
+    released, draws_made = _draw_loop(monkeypatch, "alone for the whole evaluation: 6.4 GB of inputs")
+    assert len(released) == draws_made
+    assert all(released), "the draw's outputs were still held when the blocks were released"
+
+
+def test_a_shared_gpu_keeps_the_allocators_blocks_between_draws(monkeypatch):
+    released, _ = _draw_loop(monkeypatch, "shared with other evaluations outside the timing phase")
+    assert released == []
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(error_stats, "CHUNK_ELEMENTS", 7)
+
+
+def test_nan_where_the_truth_is_finite_is_counted_across_chunks(small_chunks):
+    truth = torch.linspace(-1, 1, 50, dtype=torch.float64).reshape(5, 10)
+    truth[0, 0] = math.nan  # NaN in both: not a finding
+    got = truth.to(torch.float32).clone()
+    got[0, 0] = math.nan
+    assert _nan_where_finite([got], [truth]) == 0  # accept
+    got[4, 9] = got[2, 3] = got[1, 0] = math.nan  # in three different chunks of 7
+    assert _nan_where_finite([got], [truth]) == 3  # reject
+
+
+def test_a_non_finite_output_is_found_in_any_chunk(small_chunks):
+    finite = torch.arange(50, dtype=torch.float64).reshape(5, 10)
+    assert _all_finite([finite])  # accept
+    for position in (0, 23, 49):
+        bad = finite.clone()
+        bad.view(-1)[position] = math.inf
+        assert not _all_finite([bad]), position  # reject, whichever chunk holds it
