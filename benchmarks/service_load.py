@@ -342,6 +342,9 @@ def main() -> None:
         key = (load_problem(problem).source_sha256, load_candidate(candidate).source_sha256)
         if result.get("outcome") != expected.get(key):
             line = f"{_shown(candidate)}: service {result.get('outcome')}, kbv run {expected.get(key)}"
+            error = (result.get("record") or {}).get("error") or result.get("error")
+            if error:  # why the service's evaluation ended as it did: the log stays on the machine
+                line += f" ({str(error)[:300]})"
             mismatches.append(line)
             if (result.get("outcome") == "passed") != (expected.get(key) == "passed"):
                 pass_mismatches.append(line)
@@ -390,6 +393,8 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     if pass_mismatches or load.errors or len(load.results) != len(jobs):
+        if args.out:  # beside the report, so it comes back from a device call with it
+            shutil.copy(work / "serve.log", Path(args.out).with_suffix(".serve.log"))
         raise SystemExit(f"verdicts or requests went wrong; the server's log is in {work}")
     shutil.rmtree(work, ignore_errors=True)
 
