@@ -219,7 +219,7 @@ run_step() {  # $1: name, $2: seconds
 
 default_limit() {
     case "$1" in
-        env) echo 30 ;; tests) echo 330 ;; containment) echo 150 ;; handover) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
+        env) echo 30 ;; tests) echo 480 ;; containment) echo 150 ;; handover) echo 150 ;; structure) echo 150 ;; fused) echo 120 ;;
         relu) echo 90 ;; trace) echo 240 ;; inputs) echo 150 ;; acceptance) echo 300 ;; problems_audit) echo 360 ;; cost1|cost2|cost3) echo 180 ;; ref-plain|ref-tf32|ref-bf16) echo 540 ;; service) echo 540 ;;
         stability) echo 540 ;; stability_suite) echo 240 ;; compare) echo 540 ;; fidelity) echo 540 ;; demo) echo 480 ;;
         audit) echo 540 ;; audit_report) echo 120 ;;
