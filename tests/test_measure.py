@@ -13,6 +13,7 @@ from conftest import FOUNDATION, RELU
 
 from kbv import baseline_cache, correctness, sketch, wire
 from kbv import performance as measure
+from kbv import statistics as kbv_statistics
 from kbv.api import evaluate_paths
 from kbv.protocol import CorrectnessSettings, TimingSettings
 from kbv.worker import WorkerFailed
@@ -67,7 +68,8 @@ def test_timing_keeps_raw_samples_rounds_and_the_parent_bracket(fresh_cache: Pat
     # interleaved with the baselines, A B A B A B, then more pairs while a median is imprecise
     precision = record.timing["median_precision"]
     assert 3 <= len(candidate["rounds"]) == precision["rounds"] <= 9
-    assert precision["met"] == (precision["worst"] <= 0.02) and (precision["met"] or precision["rounds"] == 9)
+    assert precision["met"] == (precision["worst"] <= 0.02)
+    assert precision["met"] or precision["rounds"] == 9 or precision["futile"]
     for r in candidate["rounds"]:
         assert r["device_ms"] and r["wall_ms"] and r["parent_bracket_s"] > sum(r["wall_ms"]) / 1000
         assert len(r["device_ms"]) <= 10
@@ -472,6 +474,33 @@ def test_rounds_go_on_until_every_timed_series_is_precise_or_max_rounds() -> Non
     assert not measure._another_round(TimingSettings(rounds=3), {"candidate": _series(noisy, noisy, noisy)})
     reached = measure._precision_reached(s, noisy_baseline)
     assert reached["rounds"] == 3 and not reached["met"] and reached["worst"] > 0.02
+
+
+def _spread(width: float) -> list[float]:
+    return [1 - width + 2 * width * i / 9 for i in range(10)]
+
+
+def test_rounds_stop_once_the_precision_target_is_out_of_reach() -> None:
+    """``stop_when_futile``: after ``rounds``, a worst half-width h projects r * (h / p)**2 rounds to
+    reach the target p; more than ``max_rounds`` and no round is added. Within reach, or without the
+    setting, the rounds go on as before, and the record says why they stopped."""
+    futile = TimingSettings(repeats=10, rounds=3, max_rounds=9, median_precision=0.02, stop_when_futile=True)
+    patient = replace(futile, stop_when_futile=False)
+    near, far = _spread(0.08), _spread(0.2)
+    near_h = kbv_statistics.median_precision(near * 3)
+    far_h = kbv_statistics.median_precision(far * 3)
+    assert near_h > 0.02 and 3 * (near_h / 0.02) ** 2 <= 9 < 3 * (far_h / 0.02) ** 2
+    within = {"candidate": _series(near, near, near)}
+    out_of_reach = {"candidate": _series(near, near, near), "eager_fp32": _series(far, far, far)}
+    assert measure._another_round(futile, within)  # the target is still within reach
+    assert not measure._another_round(futile, out_of_reach)  # the worst series cannot reach it
+    assert measure._another_round(patient, out_of_reach)  # without the setting: up to max_rounds
+    assert measure._another_round(futile, {"candidate": _series(far, far)})  # never before ``rounds``
+    reached = measure._precision_reached(futile, out_of_reach)
+    assert reached["futile"] and not reached["met"] and reached["rounds"] == 3
+    assert reached["projected_rounds"] > 9
+    assert not measure._precision_reached(futile, {"candidate": _series(*[far] * 9)})["futile"]
+    assert "futile" not in measure._precision_reached(patient, out_of_reach)
 
 
 def test_a_cached_baseline_pairs_with_a_candidate_timed_for_more_rounds() -> None:

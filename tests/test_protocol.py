@@ -89,13 +89,14 @@ def test_verified_times_unseen_inputs_and_standard_stays_kernelbenchs() -> None:
     """Only ``verified`` moves: version 4 gives every timed call an input set of its own, version 5
     judges three secretly picked calls a round; ``standard`` times its one set again and again, as
     KernelBench does, with the hash it had."""
-    assert VERIFIED.version == 5 and VERIFIED.timing.unseen_inputs
+    assert VERIFIED.version == 6 and VERIFIED.timing.unseen_inputs
     assert VERIFIED.timing.judged_calls == 3
     assert STANDARD.version == 1 and not STANDARD.timing.unseen_inputs
     assert STANDARD.timing.judged_calls == 0
     assert STANDARD.sha256() == STANDARD_SHA256
     assert "unseen_inputs" not in STANDARD.to_dict()["timing"]
     assert "judged_calls" not in STANDARD.to_dict()["timing"]
+    assert "stop_when_futile" not in STANDARD.to_dict()["timing"] and VERIFIED.timing.stop_when_futile
     assert VERIFIED.to_dict()["timing"]["unseen_inputs"] is True
     assert VERIFIED.to_dict()["timing"]["judged_calls"] == 3
     # a stored record's settings read back to the same protocol, with or without the setting

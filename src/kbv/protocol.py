@@ -91,6 +91,11 @@ class TimingSettings:
     # they need, stable ones stop early (docs/timing.md, "Rounds until precise").
     max_rounds: int = 0
     median_precision: float = 0.0
+    # With median_precision: stop adding rounds once the target is out of reach within max_rounds.
+    # A median's interval narrows about as 1/sqrt(samples), so after r rounds at a worst half-width
+    # h the target p needs about r * (h / p)**2 rounds; more than max_rounds and the rounds left
+    # would buy timing that still misses it (docs/timing.md, "Rounds until precise").
+    stop_when_futile: bool = False
     # With two or more baselines timed: one whose first-round median is at least this many times
     # another's stops after that round (it cannot be the best baseline; its figure comes from the
     # round it had). 0 times every baseline in every round.
@@ -239,7 +244,11 @@ def check_precision(precision: str) -> str:
 
 #: Settings added after protocols were first hashed: written (and hashed) only when set, so a
 #: protocol that leaves them off keeps the hash its records and stores already carry.
-_WRITTEN_WHEN_SET = (("timing", "unseen_inputs"), ("timing", "judged_calls"))
+_WRITTEN_WHEN_SET = (
+    ("timing", "unseen_inputs"),
+    ("timing", "judged_calls"),
+    ("timing", "stop_when_futile"),
+)
 
 
 STANDARD = Protocol(
@@ -261,9 +270,13 @@ STANDARD = Protocol(
 # Version 5: three timed calls a round judged against the float64 truth, picked in secret after the
 # candidate's batch (``judged_calls``; docs/timing.md, "Judging a secret sample of the timed
 # calls"). Version 4 judged every timed call: one float64 forward per call in the reference.
+# Version 6: no further rounds once the precision target cannot be reached within max_rounds
+# (``stop_when_futile``; docs/timing.md, "Rounds until precise"). Version 5 timed all 9 rounds of
+# every problem of the CPU sample, whose medians never came within 2% on two shared cores
+# (benchmarks/results/2026-12-06-cpu-verified-cost-cut/).
 VERIFIED = Protocol(
     name="verified",
-    version=5,
+    version=6,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,
@@ -281,6 +294,7 @@ VERIFIED = Protocol(
         rounds=3,
         max_rounds=9,
         median_precision=0.02,
+        stop_when_futile=True,
         rewarm_seconds=0.0,
         dominated_factor=1.5,
         unseen_inputs=True,
