@@ -478,58 +478,101 @@ def test_the_stream_marker_is_the_earliest_spin_kernel_and_leaves_the_kernel_lis
 
 
 class _ObservingWorker:
-    """Answers probe_observe requests in order, logging when each is sent and read."""
+    """Answers probe_observe and probe_observe_late requests in order, logging when each is sent and
+    read (a deferred observation hands its first outputs, the late request the later ones)."""
 
     def __init__(self, name: str, log: list) -> None:
-        self.name, self.log = name, log
+        self.name, self.log, self.sent = name, log, []
 
     def new_path(self, prefix: str) -> str:
         return f"/scratch/{self.name}/{prefix}"
 
     def send_request(self, request: wire.Request) -> int:
         self.log.append((self.name, "send", request.op))
-        return 1
+        self.sent.append(request)
+        return len(self.sent)
 
     def receive_reply(self, request_id: int | None = None) -> dict:
+        request = self.sent[(request_id or len(self.sent)) - 1]
         self.log.append((self.name, "reply"))
-        return {"outputs": {"outputs": ["first", "late"], "sizes": [1, 1]}}
+        if isinstance(request, wire.ProbeObserveLate):
+            return {"outputs": {"outputs": ["late"], "sizes": [1]}, "after_delay": {"python_threads": 1}}
+        assert isinstance(request, wire.ProbeObserve)
+        if request.deferred:
+            return {"outputs": {"outputs": ["first"], "sizes": [1]}, "activity": {"before": {}}}
+        return {"outputs": {"outputs": ["first", "late"], "sizes": [1, 1]}, "activity": {"before": {}}}
+
+    def request(self, request: wire.Request) -> dict:
+        self.send_request(request)
+        return self.receive_reply()
 
     def receive_outputs(self, outputs: list) -> list:
         return [torch.zeros(3) for _ in outputs]
+
+
+def _observing_session(device: str, side_by_side: bool, log: list) -> SimpleNamespace:
+    seeds = iter(range(100, 200))
+    return SimpleNamespace(
+        subject=_ObservingWorker("candidate", log),
+        reference=_ObservingWorker("reference", log),
+        device=device,
+        side_by_side=side_by_side,
+        probe_distribution="signed",
+        draw_spec=lambda k: {"distribution": "signed", "seed": k},
+        fresh_seed=lambda purpose: next(seeds),
+        reference_outputs=lambda spec: log.append(("expected", spec)) or {},
+    )
 
 
 @pytest.mark.parametrize("device, ahead", [("cuda", True), ("cpu", False)])
 def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_out_its_delay(
     device: str, ahead: bool
 ) -> None:
-    """On a GPU the reference's answers to the cache probe's draws are computed between the two
-    observations' replies, and the cache probe then asks about the same draws; on the CPU the
-    reference's outputs pass through a file, so nothing of it runs beside the candidate."""
+    """The candidate's observation is deferred: its call returns, and the look after the delay waits
+    for its next request (``probe_observe_late``), sent only after the reference has answered the
+    cache probe's draws, so the delay passes while the reference works. On a GPU those answers may
+    even start while the candidate's call runs (CUDA IPC); on the CPU the reference's outputs pass
+    through a file, so they wait until the candidate's call has returned."""
     log: list = []
-    seeds = iter(range(100, 200))
-    session = SimpleNamespace(
-        subject=_ObservingWorker("candidate", log),
-        reference=_ObservingWorker("reference", log),
-        device=device,
-        side_by_side=True,
-        probe_distribution="signed",
-        draw_spec=lambda k: {"distribution": "signed", "seed": k},
-        fresh_seed=lambda purpose: next(seeds),
-        reference_outputs=lambda spec: log.append(("expected", spec)) or {},
-    )
+    session = _observing_session(device, True, log)
     ctx = dynamic.DynamicContext(session)
-    ctx.observe()
-    expected = [entry[1] for entry in log if entry[0] == "expected"]
+    observed = ctx.observe()
+    first_candidate_reply = log.index(("candidate", "reply"))
+    late = log.index(("candidate", "send", "probe_observe_late"))
+    expected = [i for i, entry in enumerate(log) if entry[0] == "expected"]
+    assert [log[i][1] for i in expected] == ctx.cache_specs()  # every draw, A, B, B again, the mix
+    assert all(i < late for i in expected)  # the late look waits for the reference's answers
     assert log[:3] == [
         ("candidate", "send", "probe_observe"),
         ("reference", "send", "probe_observe"),
         ("reference", "reply"),
     ]
-    assert log[-1] == ("candidate", "reply")
-    assert expected == (ctx.cache_specs() if ahead else [])
+    if ahead:  # on a GPU they start before the candidate's call has returned
+        assert all(i < first_candidate_reply for i in expected)
+    else:  # on the CPU never while the candidate's call may still run
+        assert all(i > first_candidate_reply for i in expected)
+    assert session.subject.sent[0].deferred and not session.reference.sent[0].deferred
+    assert log[-1] == ("candidate", "reply") and late == len(log) - 2
+    assert observed["candidate"]["activity"]["after_delay"] == {"python_threads": 1}
+    assert observed["late_diff"] == 0.0
     assert [s["seed"] for s in ctx.cache_specs()] == [100, 101, 101, 100] and ctx.cache_specs()[3][
         "mix_seed"
     ] == 101
+
+
+def test_a_gpu_held_alone_for_two_forwards_that_do_not_fit_observes_one_worker_after_the_other() -> None:
+    """Not side by side: the candidate's observation, delay and look included, ends before the
+    reference's starts, and nothing of the reference runs while the candidate holds its outputs."""
+    log: list = []
+    session = _observing_session("cuda", False, log)
+    dynamic.DynamicContext(session).observe()
+    assert log == [
+        ("candidate", "send", "probe_observe"),
+        ("candidate", "reply"),
+        ("reference", "send", "probe_observe"),
+        ("reference", "reply"),
+    ]
+    assert not session.subject.sent[0].deferred
 
 
 def _digest_word_by_word(words: torch.Tensor) -> int:

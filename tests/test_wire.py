@@ -29,6 +29,7 @@ SAMPLES: dict[str, wire.Request] = {
     "truth_sketches": wire.TruthSketches(distribution="original", seeds=[1], sketch={"k": 8}),
     "identities": wire.Identities(),
     "probe_observe": wire.ProbeObserve(inputs={"distribution": "original", "seed": 1}),
+    "probe_observe_late": wire.ProbeObserveLate(out_path="/tmp/l"),
     "probe_cache": wire.ProbeCache(distribution="original", seed_a=1, seed_b=2, out_path="/tmp/c"),
     "probe_poison": wire.ProbePoison(inputs={"seed": 1}, out_path="/tmp/p", output_nbytes=[16]),
     "probe_flops": wire.ProbeFlops(inputs={"seed": 1}),

@@ -194,6 +194,14 @@ class ProbeObserve(_Probe):
     delay_s: float = 0.2
     hand_outputs: bool = True
     out_path: str | None = None
+    # The look after delay_s waits for the next request (``probe_observe_late`` hands it over).
+    deferred: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeObserveLate(Request):
+    op: ClassVar[str] = "probe_observe_late"
+    out_path: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +251,7 @@ KINDS: dict[str, type[Request]] = {
         TruthSketches,
         Identities,
         ProbeObserve,
+        ProbeObserveLate,
         ProbeCache,
         ProbePoison,
         ProbeFlops,

@@ -46,6 +46,10 @@ class _State:
         # The timing phase's input sets, (key, sets), kept from one ``time`` request to the next of
         # the same phase (rounds, baselines); dropped by any other request.
         self.timing_inputs: tuple[Any, list[Any]] | None = None
+        # Work a request left for the start of the next one, before that one runs anything (a
+        # deferred observation's late look, kbv.child.probes), and what that look saw.
+        self.before_next: Any = None
+        self.late_look: dict[str, Any] | None = None
 
 
 class NoModelNew(ImportError):

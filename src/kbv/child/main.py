@@ -80,6 +80,9 @@ def main(fd: int) -> None:
         if not isinstance(request, (wire.Time, wire.TruthSketches)):  # the timing phase's keep its sets
             state.timing_inputs = None
         try:
+            if state.before_next is not None:
+                pending, state.before_next = state.before_next, None
+                pending()
             reply = _HANDLERS[request.op](state, request)
             reply["ok"] = True
         except BaseException as exc:  # the candidate failed: report it, the parent decides

@@ -31,6 +31,7 @@ _settrace_threads = threading.setprofile
 _listdir = os.listdir
 _getpid = os.getpid
 _sleep = time.sleep
+_monotonic = time.monotonic
 _make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
@@ -316,7 +317,9 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> dict[str, Any]:
     """One forward on a fresh draw, watched: checksums, aliasing, threads, processes, flags.
 
     Outputs are handed over as two lists: ``[immediately, after delay_s]`` (unless ``hand_outputs`` is
-    false: the reference's observation needs none).
+    false: the reference's observation needs none). ``deferred``: only the first list comes back now;
+    the look after ``delay_s`` (counted from the same moment) is taken when the next request arrives,
+    before it runs anything, and ``probe_observe_late`` hands it over (:func:`_look_late`).
     """
     spec = request.inputs
     args = _probe_inputs(state, spec, request.precision)
@@ -337,28 +340,46 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> dict[str, Any]:
         first = [_snapshot(state, o) for o in outputs]
     sums_after = [_checksum(a) for a in args]
     aliasing = _aliasing(outputs, args)
-    _sleep(float(request.delay_s))
-    _sync(state)
-    later = _activity()
-    late = [_snapshot(state, o) for o in outputs]
+    since = _monotonic()
+
+    def look() -> None:
+        _sleep(max(0.0, float(request.delay_s) - (_monotonic() - since)))
+        _sync(state)
+        later = _activity()
+        state.late_look = {"after_delay": later, "late": [_snapshot(state, o) for o in outputs]}
+
+    activity = {"before_first_call": before_first, "before": before, "after": right_after}
+    if request.deferred:
+        # No request runs before the look (kbv.child.main runs it first): the candidate's next call
+        # could otherwise overwrite these very outputs (an honest reuse of its output buffer).
+        state.before_next, groups = look, [first]
+    else:
+        look()
+        activity["after_delay"] = state.late_look["after_delay"]
+        groups = [first, state.late_look.pop("late")]
+        state.late_look = None
     return {
-        "outputs": _hand(state, request.out_path, [first, late]) if request.hand_outputs else None,
+        "outputs": _hand(state, request.out_path, groups) if request.hand_outputs else None,
         "types": [_type_name(o) for o in outputs],
         "input_checksums_before": sums_before,
         "input_checksums_after": sums_after,
         "aliasing": aliasing,
-        "activity": {
-            "before_first_call": before_first,
-            "before": before,
-            "after": right_after,
-            "after_delay": later,
-        },
+        "activity": activity,
         "threads_started": starts.started,
         "threads_alive_at_return": alive_at_return,
         "flags": {"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
         "identities_changed": _verify_identities(state.identities) if state.identities else [],
         "harness_changed": harness_changes(),
     }
+
+
+def probe_observe_late(state: Any, request: wire.ProbeObserveLate) -> dict[str, Any]:
+    """The look a deferred ``probe_observe`` left for this request (taken before it, at least
+    ``delay_s`` after the observed call returned): the outputs then and the activity counts."""
+    look, state.late_look = state.late_look, None
+    if look is None:
+        raise RuntimeError("probe_observe_late: no deferred observation is waiting")
+    return {"outputs": _hand(state, request.out_path, [look["late"]]), "after_delay": look["after_delay"]}
 
 
 def probe_cache(state: Any, request: wire.ProbeCache) -> dict[str, Any]:
@@ -592,6 +613,7 @@ def _frozen(handlers: dict[str, Any]) -> dict[str, Any]:
 HANDLERS = _frozen(
     {
         "probe_observe": probe_observe,
+        "probe_observe_late": probe_observe_late,
         "probe_cache": probe_cache,
         "probe_poison": probe_poison,
         "probe_flops": probe_flops,

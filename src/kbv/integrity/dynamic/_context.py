@@ -123,6 +123,13 @@ class DynamicContext:
             position += n
         return groups
 
+    def handed_one(self, worker: Any, reply: dict[str, Any]) -> list[Any]:
+        """The one output list a probe handed over (:meth:`handed`)."""
+        groups = self.handed(worker, reply)
+        if len(groups) != 1:
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+        return groups[0]
+
     def concurrently(self, requests: dict[str, tuple[Any, wire.Request]]) -> None:
         """Run independent probes in both workers at once (``{cache key: (worker, request)}``);
         each result is kept under its key as :meth:`once` would, a failure is raised when read."""
@@ -183,40 +190,64 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.draw(0)
             sub, ref = self.session.subject, self.session.reference
+            side_by_side = bool(getattr(self.session, "side_by_side", False))
             to_candidate = wire.ProbeObserve(
-                inputs=spec, delay_s=OBSERVE_DELAY_S, out_path=sub.new_path("probe-observe")
+                inputs=spec,
+                delay_s=OBSERVE_DELAY_S,
+                out_path=sub.new_path("probe-observe"),
+                deferred=side_by_side,
             )
             to_reference = wire.ProbeObserve(
                 inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe")
             )
-            if getattr(self.session, "side_by_side", False):
-                # Where the GPU has room for both forwards: each observation counts its own process's
-                # threads and children, and the reference's runs while the candidate's waits out its
-                # delay; on a GPU, so do the reference's answers to the cache probe's draws (they
-                # reach the parent by CUDA IPC; on the CPU through a file, which a candidate running
-                # beside it could read: kbv.evaluation.draws_overlap). The candidate's reply is read
-                # even when the reference failed: a reply left unread would answer the next request.
-                sent = sub.send_request(to_candidate), ref.send_request(to_reference)
-                try:
-                    refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
-                    if self.on_cuda:
-                        self._expected_quietly(self.cache_specs())
-                finally:
-                    cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
-            else:
+            if not side_by_side:
+                # A GPU held alone whose two forwards would not fit beside each other: the
+                # candidate's observation (with its delay) ends before the reference's starts.
                 cand = self.request(sub, to_candidate)
+                first, late = self.handed(sub, cand)
                 refr = self.request(ref, to_reference)
-            first, late = self.handed(sub, cand)
-            # Only the difference is kept: the outputs themselves would hold device memory all phase.
-            return {
-                "spec": spec,
-                "candidate": cand,
-                "reference": refr,
-                "late_diff": _max_diff(first, late),
-                "first_tensors": [isinstance(t, torch.Tensor) for t in first],
-            }
+                return self._observed(spec, cand, refr, first, late)
+            # Each observation counts its own process's threads and children, and the reference's
+            # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
+            # probe's draws (they reach the parent by CUDA IPC; on the CPU through a file, which a
+            # candidate's call running beside it could read: kbv.evaluation.draws_overlap). The
+            # candidate's reply is read even when the reference failed: a reply left unread would
+            # answer the next request.
+            sent = sub.send_request(to_candidate), ref.send_request(to_reference)
+            try:
+                refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
+                if self.on_cuda:
+                    self._expected_quietly(self.cache_specs())
+            finally:
+                cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
+            first = self.handed_one(sub, cand)
+            # The candidate's call has returned; its look after OBSERVE_DELAY_S waits for its next
+            # request (kbv.child.probes), so the delay passes while the reference answers the cache
+            # probe's draws, on the CPU too: no call of the candidate runs now, only what a call left
+            # behind, which is what the look is for (a thread still alive at the return fails
+            # background_work), and which ran beside the reference's work before as well.
+            if not self.on_cuda:
+                self._expected_quietly(self.cache_specs())
+            late_reply = self.request(sub, wire.ProbeObserveLate(out_path=sub.new_path("probe-observe-late")))
+            late = self.handed_one(sub, late_reply)
+            cand["activity"] = {**cand["activity"], "after_delay": late_reply.get("after_delay")}
+            return self._observed(spec, cand, refr, first, late)
 
         return self.once("observe", compute)
+
+    @staticmethod
+    def _observed(
+        spec: dict[str, Any], cand: dict[str, Any], refr: dict[str, Any], first: list[Any], late: list[Any]
+    ) -> dict[str, Any]:
+        """The observations as the checks read them. Only the difference of the outputs is kept:
+        the outputs themselves would hold device memory all phase."""
+        return {
+            "spec": spec,
+            "candidate": cand,
+            "reference": refr,
+            "late_diff": _max_diff(first, late),
+            "first_tensors": [isinstance(t, torch.Tensor) for t in first],
+        }
 
     def cache_specs(self) -> list[dict[str, Any]]:
         """The cache probe's four calls' inputs: two draws the candidate has never seen (a cache must
