@@ -375,3 +375,26 @@ def test_a_sum_of_squares_that_overflows_falls_back_to_the_masked_path() -> None
     assert error_stats._finite_chunk_stats(a, t) is None  # (1e200)^2 overflows
     stats = correctness.error_stats(a, t)
     assert stats["mismatch"] == 0 and stats["max_abs"] == 1.0 and stats["peak"] == 1e200
+
+
+def test_a_small_cpu_comparison_runs_on_one_thread_and_the_setting_comes_back(monkeypatch) -> None:
+    """The parent's comparison of CPU outputs up to ONE_THREAD_ELEMENTS runs on one intra-op thread
+    (a parallel region on a loaded CPU waits for a core); larger ones keep the pool, and the pool's
+    size is restored afterwards, also when the comparison raises."""
+    seen: list[int] = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    with correctness.one_thread_on_the_cpu([torch.zeros(8), "not a tensor"]):
+        pass
+    assert seen == [1, 2]
+    seen.clear()
+    with pytest.raises(RuntimeError), correctness.one_thread_on_the_cpu([torch.zeros(8)]):
+        raise RuntimeError("a comparison that fails")
+    assert seen == [1, 2]
+    seen.clear()
+    monkeypatch.setattr(correctness, "ONE_THREAD_ELEMENTS", 4)
+    with correctness.one_thread_on_the_cpu([torch.zeros(8)]):
+        pass
+    with correctness.one_thread_on_the_cpu([]):
+        pass
+    assert seen == []  # too large for one thread, or nothing to compare

@@ -217,6 +217,11 @@ def _confirm_failure(
 
 
 def _judge_draw(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    with correctness.one_thread_on_the_cpu(got["outputs"]):
+        return _judged(ctx, got, expected)
+
+
+def _judged(ctx: _Context, got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
     settings = ctx.protocol.correctness
     reference = expected["reference"]["outputs"]
     problem = _structure_problem(got, reference)
