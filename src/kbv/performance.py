@@ -219,7 +219,7 @@ def _precision_reached(settings: TimingSettings, rounds: dict[str, list[dict[str
     the target was out of reach, and ``projected_rounds`` what reaching it would have taken."""
     worst = _worst_precision(settings, rounds)
     done = len(rounds["candidate"])
-    reached = {
+    reached: dict[str, Any] = {
         "rounds": done,
         "min_rounds": max(1, settings.rounds),
         "max_rounds": max(settings.rounds, settings.max_rounds),
