@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import RELU, ROOT
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.integrity import dynamic
 from kbv.protocol import LimitSettings, ProtocolError, protocol_from_dict
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, _contain
@@ -50,7 +50,7 @@ def _load(worker: Worker, path: Path) -> None:
     )
 
 
-def _run(worker: Worker) -> dict:
+def _run(worker: Worker) -> wire_replies.Reply:
     return worker.request(
         wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
     )
@@ -130,11 +130,11 @@ def test_left_behind_fails_an_escape_and_warns_a_helper_in_the_session() -> None
 
 
 def test_unused_kernel_decisions() -> None:
-    def calls(built=(), triton=(), **ran) -> dict:
-        return {
-            "built": {"extensions": list(built), "triton_kernels": list(triton)},
-            "ran": {"functions": ["ModelNew.forward"], **ran},
-        }
+    def calls(built=(), triton=(), **ran) -> wire_replies.ProbeCallsReply:
+        return wire_replies.ProbeCallsReply(
+            built={"extensions": list(built), "triton_kernels": list(triton)},
+            ran={"functions": ["ModelNew.forward"], **ran},
+        )
 
     missing = {
         "type": "NameError",
@@ -264,7 +264,7 @@ def test_an_orphan_without_the_marker_stays_in_the_tree(cgroup_mode: str) -> Non
 def test_an_honest_candidate_leaves_nothing_and_stays_within_its_limits() -> None:
     with _worker("honest", limits=LimitSettings(host_memory_gb=1.0, processes=4, open_files=200)) as worker:
         _load(worker, FOUNDATION / "relu_plain.py")
-        assert _run(worker)["ok"]
+        assert isinstance(_run(worker), wire_replies.RunReply)
         assert worker.exceeded is None and worker.finish() == []
         assert 0 < worker.host_peak_bytes < 1 << 30
 
@@ -422,7 +422,8 @@ def test_a_candidate_worker_has_no_network_where_a_namespace_is_allowed() -> Non
         )
         with Worker(spec) as worker:
             _load(worker, CONTAIN / "reach_parent_port.py")
-            assert _run(worker)["ok"]  # raises WorkerFailed (runtime_error) had it connected
+            # raises WorkerFailed (runtime_error) had it connected
+            assert isinstance(_run(worker), wire_replies.RunReply)
             assert worker.isolation["network"].startswith("private")
         trusted = Worker(
             WorkerSpec(build_key="test-contain-net", device="cpu", role="reference", budget_s=60)

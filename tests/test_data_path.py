@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.api import evaluate_paths
 from kbv.worker import Spares, Worker, WorkerSpec
 
@@ -46,6 +46,22 @@ def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, wire.
     return seen
 
 
+@pytest.fixture()
+def replies_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, wire_replies.Reply]]:
+    """Every reply as the parent parsed it: its worker's role, its request's op and the typed reply
+    (kbv.wire_replies)."""
+    seen: list[tuple[str, str, wire_replies.Reply]] = []
+    original = Worker._parsed
+
+    def spy(self: Worker, op: str, message: dict) -> wire_replies.Reply:
+        reply = original(self, op, message)
+        seen.append((self.spec.role, op, reply))
+        return reply
+
+    monkeypatch.setattr(Worker, "_parsed", spy)
+    return seen
+
+
 def _keys(value) -> set[str]:
     if isinstance(value, dict):
         return set(value) | {k for v in value.values() for k in _keys(v)}
@@ -64,9 +80,15 @@ def _strings(value) -> list[str]:
     return []
 
 
-def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests_seen) -> None:
+def test_no_handle_reference_output_or_truth_reaches_a_candidate_worker(requests_seen, replies_seen) -> None:
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
     assert record.outcome == "passed"
+    # Every reply was read as its own request's kind; the reference's truth requests hand over the
+    # truth alone: of the realistic baseline only shapes and dtypes leave its worker.
+    assert replies_seen and all(type(reply) is wire_replies.KINDS[op] for _, op, reply in replies_seen)
+    truths = [reply for role, _, reply in replies_seen if isinstance(reply, wire_replies.ExpectedReply)]
+    shapes = [described for reply in truths for described in reply.baseline_outputs]
+    assert shapes and all(len(d) == 2 and isinstance(d[0], list) and d[1] == "float32" for d in shapes)
     to_candidate = [
         (op, request.to_json(), scratch)
         for role, op, request, scratch in requests_seen
@@ -164,7 +186,7 @@ def test_a_spare_is_launched_ahead_and_handed_to_the_evaluation_that_asks_for_it
         spares.expect([[spec]])
         spares.launch_expected()
         worker = spares.take(spec)
-        assert worker.alive() and worker.wait_ready().get("pid") == worker.pid
+        assert worker.alive() and worker.wait_ready().pid == worker.pid
         fresh = spares.take(spec)  # nothing left: a new, unlaunched worker
         assert fresh.pid is None
         worker.close()
@@ -185,7 +207,7 @@ def test_spares_still_booting_are_stopped_for_a_timed_phase_and_boot_after_it() 
             booting = _launched(spares, "test-quiet")
             assert _state(booting.pid) == "T" and _state(ready.pid) != "T"
         worker = spares.take(spec)
-        assert _state(worker.pid) != "T" and worker.wait_ready().get("pid") == worker.pid
+        assert _state(worker.pid) != "T" and worker.wait_ready().pid == worker.pid
         worker.close()
 
 

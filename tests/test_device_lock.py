@@ -10,12 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from kbv import wire_replies
 from kbv.device_lock import DeviceLock
 
 
 @pytest.fixture(autouse=True)
 def _private_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def _hello(total_memory_bytes: int) -> wire_replies.Hello:
+    """A reference worker's greeting on a GPU of ``total_memory_bytes``."""
+    device = {"type": "cuda", "total_memory_bytes": total_memory_bytes}
+    return wire_replies.Hello(
+        pid=1, python="3", torch="2", cuda_available=True, intra_op_threads=1, device=device
+    )
 
 
 def _start(target) -> threading.Thread:
@@ -124,7 +133,7 @@ def test_an_evaluation_holds_the_gpu_alone_when_its_copies_would_fill_a_quarter_
         ctx = SimpleNamespace(
             device=device, structure=InputStructure(invariants=[], numels=numels), gpu=evaluation._GpuState()
         )
-        return evaluation._gpu_hold(ctx, {"device": {"total_memory_bytes": 140 * 10**9}})  # type: ignore[arg-type]
+        return evaluation._gpu_hold(ctx, _hello(140 * 10**9))
 
     assert hold("cuda", [4096 * 393216]).startswith("alone")  # KernelBench's 1.6e9-element ReLU
     assert hold("cuda:1", [4096 * 4096, 4096 * 4096]).startswith("shared")  # a 4096 x 4096 matmul
@@ -140,7 +149,7 @@ def test_both_observations_run_at_once_unless_the_gpu_held_alone_has_no_room_for
     from kbv import evaluation
     from kbv.problems.structure import InputStructure
 
-    hello = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
+    hello = _hello(143771 * (1 << 20))
 
     def side_by_side(inputs: list[int], outputs: list[int] | None) -> bool:
         ctx = SimpleNamespace(
@@ -148,7 +157,7 @@ def test_both_observations_run_at_once_unless_the_gpu_held_alone_has_no_room_for
             structure=InputStructure(invariants=[], numels=inputs),
             gpu=evaluation._GpuState(output_numels=outputs),
         )
-        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)
         return evaluation._side_by_side(ctx)  # type: ignore[arg-type]
 
     loss = [32768 * 32768] * 2
@@ -177,7 +186,7 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
         def hold_alone(self) -> None:
             self.alone += 1
 
-    hello = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
+    hello = _hello(143771 * (1 << 20))
     conv_input, conv_output = 16 * 3 * 1024 * 1024, 16 * 128 * 1022 * 1022
 
     def after_first_draw(output_numel: int) -> tuple[str, int, float]:
@@ -186,11 +195,11 @@ def test_an_evaluation_whose_outputs_are_large_holds_the_gpu_alone_from_its_firs
             structure=InputStructure(invariants=[], numels=[conv_input]),
             gpu=evaluation._GpuState(budget=MemoryBudget()),
         )
-        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)  # type: ignore[arg-type]
+        ctx.gpu.held = evaluation._gpu_hold(ctx, hello)
         assert ctx.gpu.held.startswith("shared")
         spec = WorkerSpec(build_key="x", limits=LimitSettings())
         lock, subject = Lock(), SimpleNamespace(spec=spec)
-        hook = evaluation._hold_alone_for_outputs(ctx, lock, subject, hello)  # type: ignore[arg-type]
+        hook = evaluation._hold_alone_for_outputs(ctx, lock, subject, hello)
         hook({"reference": {"outputs": [torch.empty(output_numel, device="meta")]}})
         assert subject.spec is spec and spec.limits == LimitSettings()  # the budget widens, not the spec
         return ctx.gpu.held, lock.alone, ctx.gpu.budget.limits_of(spec).device_memory_gb
@@ -215,7 +224,7 @@ def test_a_candidate_alone_on_its_gpu_may_use_most_of_it_but_not_more() -> None:
     def widened(limits: LimitSettings | None, total: int) -> tuple[str, object]:
         spec = WorkerSpec(build_key="x", device="cuda", limits=limits)
         subject, budget = SimpleNamespace(spec=spec), MemoryBudget()
-        said = evaluation._widen_device_limit(budget, subject, {"device": {"total_memory_bytes": total}})  # type: ignore[arg-type]
+        said = evaluation._widen_device_limit(budget, subject, _hello(total))
         assert subject.spec is spec and spec.limits is limits  # the worker's spec stays as launched
         return said, budget.limits_of(spec)
 

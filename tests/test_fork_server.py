@@ -36,7 +36,7 @@ def test_a_worker_is_forked_carries_its_marker_and_holds_only_its_own_channel() 
         hello = worker.start()
         assert worker.started_as == "forked from kbv's fork server"
         assert worker.isolation["start"] == worker.started_as
-        assert hello["pid"] == worker.pid
+        assert hello.pid == worker.pid
         # The sweep finds it (and what it forks without exec) by the marker in its exec'd environment.
         assert worker.pid in _contain.marked(worker.marker, _contain.process_table())
         # Its channel is its only socket: the fork server's is closed before anything else runs.

@@ -211,17 +211,17 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
         reply = worker.request(
             wire.Run(distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))
         )
-        assert reply["outputs"]["transport"] == transport
+        assert reply.outputs["transport"] == transport
         if transport == "cuda_vmm":
-            inflated = {**reply["outputs"], "size": reply["outputs"]["size"] * 4}
+            inflated = {**reply.outputs, "size": reply.outputs["size"] * 4}
             inflated["items"] = [{**inflated["items"][0], "shape": [4, 1024 * 4 * 4]}]
             with pytest.raises(WorkerFailed, match="could not be opened"):
                 worker.receive_outputs(inflated)
-        (y,) = worker.receive_outputs(reply["outputs"])
+        (y,) = worker.receive_outputs(reply.outputs)
         again = worker.receive_outputs(
             worker.request(
                 wire.Run(distribution="signed", seed=3, precision="fp32", out_path=worker.new_path("o"))
-            )["outputs"]
+            ).outputs
         )[0]
     assert y.is_cuda and y.shape == (4, 1024) and bool((y >= 0).all())
     assert torch.equal(y, again)  # still readable after the worker is gone: the parent owns the copy
@@ -339,7 +339,7 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
         reply = worker.request(
             wire.Run(distribution="signed", seed=3, precision=precision, out_path=worker.new_path("o"))
         )
-        return worker.receive_outputs(reply["outputs"])[0]
+        return worker.receive_outputs(reply.outputs)[0]
 
     spec = {"device": "cuda", "budget_s": 300}
     with (
@@ -360,16 +360,16 @@ def test_redrawn_parameters_reach_a_candidate_worker_through_an_inbox_of_its_own
         reply = reference.request(
             wire.Redraw(distribution="signed", seed=5, out_path=reference.new_path("p"), hand_over=True)
         )
-        named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
+        named = dict(zip(reply.names, reference.receive_outputs(reply.outputs), strict=True))
         items, needed = _handoff.inbox_layout(named)
-        small = subject.request(wire.Inbox(nbytes=needed // 2))["inbox"]
+        small = subject.request(wire.Inbox(nbytes=needed // 2)).inbox
         if transport == "cuda_ipc":  # a VMM inbox is rounded up to the driver's granularity
             with pytest.raises(WorkerFailed, match="cannot hold"):
                 subject.fill_inbox(small, named, items)
-        opened = subject.request(wire.Inbox(nbytes=needed))["inbox"]
+        opened = subject.request(wire.Inbox(nbytes=needed)).inbox
         assert opened["transport"] == transport
         subject.fill_inbox(opened, named, items)
-        assert subject.request(wire.Build(init_seed=1, state_inbox=items))["parameters"] == "state_dict"
+        assert subject.request(wire.Build(init_seed=1, state_inbox=items)).parameters == "state_dict"
         loaded = run(subject, "native")
         expected = run(reference, "native")
     assert torch.equal(loaded, expected)
@@ -441,16 +441,16 @@ def test_a_candidate_ipc_descriptor_claiming_more_than_its_allocation_is_refused
         reply = worker.request(
             wire.Run(distribution="signed", seed=3, precision="native", out_path=worker.new_path("o"))
         )
-        (item,) = reply["outputs"]["items"]
+        (item,) = reply.outputs["items"]
         claimed = (256 << 20) // 4
         storage = {**item["storage"], "size": (item["offset"] + claimed) * 4}
         inflated = {
-            **reply["outputs"],
+            **reply.outputs,
             "items": [{**item, "shape": [claimed], "stride": [1], "storage": storage}],
         }
         with pytest.raises(WorkerFailed, match="past its allocation"):
             worker.receive_outputs(inflated)
-        (y,) = worker.receive_outputs(reply["outputs"])
+        (y,) = worker.receive_outputs(reply.outputs)
     assert y.shape == (4, 1024) and bool((y >= 0).all())
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.child import probes as _probes
 from kbv.integrity import dynamic
 from kbv.integrity._registry import list_checks
@@ -32,13 +33,15 @@ def _observation(**candidate) -> dict:
         "input_checksums_after": [{"sum": 1.0, "sha": "a"}],
         "activity": {"before": act, "after": act, "after_delay": act},
         "threads_started": 0,
+        "threads_alive_at_return": 0,
         "flags": {"start": flags, "before_call": flags, "after_call": flags},
         "identities_changed": [],
         "harness_changed": [],
+        "outputs": None,
     }
     return {
-        "candidate": {**honest, **candidate},
-        "reference": honest,
+        "candidate": wire_replies.ProbeObserveReply(**{**honest, **candidate}),
+        "reference": wire_replies.ProbeObserveReply(**honest),
         "late_diff": 0.0,
         "first_tensors": [True],
     }
@@ -78,16 +81,15 @@ def test_observation_hacks_fail() -> None:
     )
     mutated = _observation(input_checksums_after=[{"sum": 0.0, "sha": "b"}])
     assert dynamic.check_input_mutation(_with_observation(mutated))[0].severity == "fail"
-    threads = _observation(threads_started=1)
+    threads = _observation(threads_started=1, threads_alive_at_return=1)
     assert dynamic.check_background_work(_with_observation(threads))[0].severity == "fail"
     late = _observation()
     late["late_diff"] = dynamic._max_diff([torch.ones(3)], [torch.zeros(3)])
     assert "changed after" in dynamic.check_background_work(_with_observation(late))[0].detail
     flags = _observation()
-    flags["candidate"]["flags"] = {
-        **flags["candidate"]["flags"],
-        "after_call": {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True},
-    }
+    after_call = {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True}
+    changed = {**flags["candidate"].flags, "after_call": after_call}
+    flags["candidate"] = replace(flags["candidate"], flags=changed)
     severities = sorted(f.severity for f in dynamic.check_global_flags(_with_observation(flags)))
     assert severities == ["fail", "warn"]
 
@@ -106,22 +108,16 @@ def test_a_process_an_earlier_call_left_running_fails() -> None:
     obs = _observation()
     idle = {"python_threads": 1, "os_threads": 4, "processes": 0}
     busy = {"python_threads": 1, "os_threads": 4, "processes": 1}
-    obs["candidate"]["activity"] = {
-        "before_first_call": idle,
-        "before": busy,
-        "after": busy,
-        "after_delay": busy,
-    }
+    activity = {"before_first_call": idle, "before": busy, "after": busy, "after_delay": busy}
+    obs["candidate"] = replace(obs["candidate"], activity=activity)
     found = dynamic.check_background_work(_with_observation(obs))
     assert [f.severity for f in found] == ["fail"] and "0 before the first call" in found[0].detail
 
 
 def test_os_thread_growth_alone_warns() -> None:
     obs = _observation()
-    obs["candidate"]["activity"] = {
-        **obs["candidate"]["activity"],
-        "after_delay": {"python_threads": 1, "os_threads": 9, "processes": 0},
-    }
+    grown = {"python_threads": 1, "os_threads": 9, "processes": 0}
+    obs["candidate"] = replace(obs["candidate"], activity={**obs["candidate"].activity, "after_delay": grown})
     assert [f.severity for f in dynamic.check_background_work(_with_observation(obs))] == ["warn"]
 
 
@@ -443,15 +439,19 @@ def test_a_probe_that_runs_out_of_memory_is_the_candidates_runtime_error_not_a_h
 def test_side_stream_kernels_names_the_kernels_off_the_callers_stream() -> None:
     """Reject: a kernel the profiler saw on another stream than the marker's. Accept: every kernel
     on the marker's stream, and no verdict at all when the marker's stream is unknown."""
-    side = {
-        "current_stream": 7,
-        "kernel_streams": [["ampere_sgemm_128x64_nn", 7], ["slow_relu(float const*, float*, long)", 13]],
-    }
+
+    def kernels(current: int | None, streams: list) -> wire_replies.ProbeKernelsReply:
+        names = [name for name, _ in streams]
+        return wire_replies.ProbeKernelsReply(
+            available=True, kernels=names, custom_code=[], current_stream=current, kernel_streams=streams
+        )
+
+    side = kernels(7, [["ampere_sgemm_128x64_nn", 7], ["slow_relu(float const*, float*, long)", 13]])
     (finding,) = dynamic.side_stream_kernel_findings(side)
     assert finding.check == "side_stream_kernels"
     assert "stream 13" in finding.detail and "slow_relu" in finding.detail and "(7)" in finding.detail
-    assert dynamic.side_stream_kernel_findings({"current_stream": 7, "kernel_streams": [["k", 7]]}) == []
-    assert dynamic.side_stream_kernel_findings({"current_stream": None, "kernel_streams": [["k", 13]]}) == []
+    assert dynamic.side_stream_kernel_findings(kernels(7, [["k", 7]])) == []
+    assert dynamic.side_stream_kernel_findings(kernels(None, [["k", 13]])) == []
     assert {c.name: c.default_severity for c in list_checks("dynamic")}["side_stream_kernels"] == "warn"
 
 
@@ -492,17 +492,19 @@ class _ObservingWorker:
         self.sent.append(request)
         return len(self.sent)
 
-    def receive_reply(self, request_id: int | None = None) -> dict:
+    def receive_reply(self, request_id: int | None = None) -> wire_replies.Reply:
         request = self.sent[(request_id or len(self.sent)) - 1]
         self.log.append((self.name, "reply"))
         if isinstance(request, wire.ProbeObserveLate):
-            return {"outputs": {"outputs": ["late"], "sizes": [1]}, "after_delay": {"python_threads": 1}}
+            late = {"outputs": ["late"], "sizes": [1]}
+            return wire_replies.ProbeObserveLateReply(outputs=late, after_delay={"python_threads": 1})
         assert isinstance(request, wire.ProbeObserve)
         if request.deferred:
-            return {"outputs": {"outputs": ["first"], "sizes": [1]}, "activity": {"before": {}}}
-        return {"outputs": {"outputs": ["first", "late"], "sizes": [1, 1]}, "activity": {"before": {}}}
+            return replace(_observation()["candidate"], outputs={"outputs": ["first"], "sizes": [1]})
+        handed = {"outputs": ["first", "late"], "sizes": [1, 1]}
+        return replace(_observation()["candidate"], outputs=handed)
 
-    def request(self, request: wire.Request) -> dict:
+    def request(self, request: wire.Request) -> wire_replies.Reply:
         self.send_request(request)
         return self.receive_reply()
 

@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "kbv.channel",
             "kbv.wire",
+            "kbv.wire_replies",
             "kbv.handoff",
             "kbv._vmm",
             "kbv.processes",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import FOUNDATION, RELU
 
-from kbv import baseline_cache, correctness, sketch, wire
+from kbv import baseline_cache, correctness, sketch, wire, wire_replies
 from kbv import performance as measure
 from kbv import statistics as kbv_statistics
 from kbv.api import evaluate_paths
@@ -144,21 +144,20 @@ class _FakeWorker:
 
     def request(self, request: wire.Request):
         self.requests.append(request)
-        reply: dict = {
-            "measurement": {
-                "recipe": "r",
-                "device_ms": self.device_ms,
-                "wall_ms": list(self.device_ms),
-                "warmup_calls": 3,
-            }
+        measurement = {
+            "recipe": "r",
+            "device_ms": self.device_ms,
+            "wall_ms": list(self.device_ms),
+            "warmup_calls": 3,
         }
+        sketches = None
         if isinstance(request, wire.Time) and request.sketch is not None and self.outputs is not None:
-            reply["sketches"] = [
+            sketches = [
                 sketch.sketch_outputs([self.outputs(i)], request.sketch, torch.device("cpu"))
                 for i in range(len(self.device_ms))
                 if self.outputs(i) is not None
             ]
-        return reply
+        return wire_replies.TimeReply(measurement=measurement, sketches=sketches)
 
 
 def _mctx(**extra) -> measure.MeasureContext:

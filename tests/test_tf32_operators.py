@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import RELU, SUITE
 
-from kbv import performance, wire
+from kbv import performance, wire, wire_replies
 from kbv.child import tf32_ops
 from kbv.worker import Worker, WorkerSpec
 
@@ -94,7 +94,7 @@ def test_eager_tf32_is_skipped_on_the_gpu_only_when_no_sensitive_operator_ran() 
     assert performance.measured_baselines(("eager_tf32",), "cuda:0", none_ran) == (["eager_tf32"], {})
 
 
-def _run_recording(role: str, problem, sizes: dict) -> dict:
+def _run_recording(role: str, problem, sizes: dict) -> wire_replies.RunReply:
     spec = WorkerSpec(build_key=f"test-tf32-ops-{role}", device="cpu", role=role, budget_s=60)
     with Worker(spec) as worker:
         worker.start()
@@ -117,21 +117,21 @@ def _run_recording(role: str, problem, sizes: dict) -> dict:
                 record_operators=True,
             )
         )
-        worker.receive_outputs(reply["outputs"])
+        worker.receive_outputs(reply.outputs)
         return reply
 
 
 def test_a_reference_worker_reports_its_operators_when_asked() -> None:
-    relu = _run_recording("reference", RELU, {"batch_size": 2, "dim": 8})["tf32_operators"]
+    relu = _run_recording("reference", RELU, {"batch_size": 2, "dim": 8}).tf32_operators
     assert relu["sensitive"] == [] and relu["operators"] >= 1
-    matmul = _run_recording("reference", MATMUL, {"N": 16})["tf32_operators"]
+    matmul = _run_recording("reference", MATMUL, {"N": 16}).tf32_operators
     assert matmul["sensitive"] == ["aten::mm"]
 
 
 def test_a_candidate_worker_is_never_asked_and_does_not_answer() -> None:
     # Only the trusted reference's account decides which baselines are timed.
     reply = _run_recording("candidate", RELU, {"batch_size": 2, "dim": 8})
-    assert "tf32_operators" not in reply and reply["types"] == ["torch.Tensor"]
+    assert reply.tf32_operators is None and reply.types == ["torch.Tensor"]
 
 
 MODE_SHY = """
@@ -159,7 +159,7 @@ def test_a_forward_that_refuses_the_recorder_still_runs_and_gives_no_account(tmp
     problem = tmp_path / "mode_shy.py"
     problem.write_text(MODE_SHY)
     reply = _run_recording("reference", problem, {})
-    assert reply["types"] == ["torch.Tensor"] and "tf32_operators" not in reply
+    assert reply.types == ["torch.Tensor"] and reply.tf32_operators is None
 
 
 class _FakeReference:
@@ -173,18 +173,16 @@ class _FakeReference:
     def new_path(self, what: str) -> str:
         return f"/nonexistent/{what}"
 
-    def request(self, request: wire.Expected) -> dict:
+    def request(self, request: wire.Expected) -> wire_replies.ExpectedReply:
         self.asked.append((request.op, request.precision, request.record_operators))
-        reply = {
-            "types": ["torch.Tensor"],
-            "truth_types": ["torch.Tensor"],
-            "baseline_outputs": [[[4], "float32"]],
-            "baseline_error": {"outputs": [], "elementwise": 0.0, "norm": 0.0, "finite_match": True},
-            "outputs": "truth",
-        }
-        if request.record_operators and self.account is not None:
-            reply["tf32_operators"] = self.account
-        return reply
+        return wire_replies.ExpectedReply(
+            types=["torch.Tensor"],
+            truth_types=["torch.Tensor"],
+            baseline_outputs=[[[4], "float32"]],
+            baseline_error={"outputs": [], "elementwise": 0.0, "norm": 0.0, "finite_match": True},
+            outputs={"truth": True},
+            tf32_operators=self.account if request.record_operators else None,
+        )
 
     def receive_outputs(self, described: str) -> list:
         return [torch.ones(4, dtype=torch.float64)]

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import RELU
 
-from kbv import channel, wire
+from kbv import channel, wire, wire_replies
 from kbv.worker import Worker, WorkerSpec
 
 #: One request of each kind, as the parent builds it.
@@ -160,8 +160,8 @@ def test_a_worker_refuses_a_malformed_request_and_echoes_the_id_of_a_good_one() 
         channel.send(worker._sock, {"op": "no_such_op", "id": 99})
         refusal = channel.receive(worker._sock, deadline=None, alive=worker.alive)
         assert refusal["id"] == 99 and "unknown request op" in refusal["error"]["message"]
-        reply = worker.request(wire.Build(init_seed=2))  # the worker still answers well-formed requests
-        assert reply["ok"] and reply["id"] == worker._last_id
+        # the worker still answers well-formed requests, with their ids (Worker.receive_reply checks them)
+        assert isinstance(worker.request(wire.Build(init_seed=2)), wire_replies.BuildReply)
 
 
 def test_a_reply_read_for_another_request_is_a_harness_error() -> None:
@@ -178,8 +178,9 @@ def test_a_deferred_reply_is_read_by_its_request_id() -> None:
     with _reference() as worker:
         build = worker.send_request(wire.Build(init_seed=3))
         identities = worker.send_request(wire.Identities())
-        assert worker.receive_reply(identities)["id"] == identities  # the build's reply read first, kept
-        assert worker.receive_reply(build)["id"] == build
+        # the build's reply read first, kept; each parsed into its own request's reply kind
+        assert isinstance(worker.receive_reply(identities), wire_replies.IdentitiesReply)
+        assert isinstance(worker.receive_reply(build), wire_replies.BuildReply)
         with pytest.raises(wire.WireError, match="no request sent"):
             worker.receive_reply(build)  # read once
 

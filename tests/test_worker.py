@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import RELU
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
 from kbv.worker._env import scrubbed_env
 
@@ -26,7 +26,7 @@ def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
     return Worker(WorkerSpec(build_key=f"test-{name}", device="cpu", role="candidate", budget_s=budget_s))
 
 
-def _load(worker: Worker, name: str) -> dict:
+def _load(worker: Worker, name: str) -> wire_replies.Reply:
     worker.start()
     return worker.request(
         wire.Load(
@@ -106,12 +106,12 @@ def test_a_worker_without_a_passwd_entry_still_has_a_user_name(tmp_path: Path) -
 def test_worker_runs_a_model_and_returns_outputs_through_files() -> None:
     with _candidate_worker("plain") as worker:
         reply = _load(worker, "relu_plain.py")
-        assert reply["ok"] and reply["parameters"] == {}
+        assert reply == wire_replies.LoadReply(parameters={}, worker_seconds=reply.worker_seconds)
         out = worker.new_path("out")
-        reply = worker.request(wire.Run(distribution="original", seed=3, precision="native", out_path=out))
-        assert reply["types"] == ["torch.Tensor"]
-        assert reply["outputs"] == {"transport": "file", "path": out, "count": 1}
-        (y,) = worker.receive_outputs(reply["outputs"])
+        run = worker.request(wire.Run(distribution="original", seed=3, precision="native", out_path=out))
+        assert isinstance(run, wire_replies.RunReply) and run.types == ["torch.Tensor"]
+        assert run.outputs == {"transport": "file", "path": out, "count": 1}
+        (y,) = worker.receive_outputs(run.outputs)
         assert y.shape == (2, 8) and bool((y >= 0).all())
         assert not Path(out).exists()  # read once, then deleted
 
@@ -124,7 +124,7 @@ def test_secrets_in_parent_environment_never_reach_the_candidate(monkeypatch: py
         reply = worker.request(
             wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
         )
-        assert reply["ok"]
+        assert isinstance(reply, wire_replies.RunReply)
 
 
 def test_timeout_kills_the_whole_process_group() -> None:
@@ -191,7 +191,7 @@ def test_errors_are_reported_with_their_kind() -> None:
         assert "invalid configuration argument" in info.value.message
         assert "ValueError" in info.value.details["traceback"]
         # The worker survives a Python exception and answers the next request.
-        assert worker.request(wire.Build(init_seed=2))["ok"]
+        assert isinstance(worker.request(wire.Build(init_seed=2)), wire_replies.BuildReply)
 
 
 def test_missing_modelnew_is_a_compile_error() -> None:
@@ -225,19 +225,20 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
 
     with _reference_worker("expected", RELU, {"batch_size": 4, "dim": 64}) as worker:
         fields = {"distribution": "signed", "seed": 5, "mix_seed": None}
-        reply = worker.request(wire.Expected(precision="fp32", out_path=worker.new_path("e"), **fields))
-        (truth,) = worker.receive_outputs(reply["outputs"])
-        separate = {
-            precision: worker.receive_outputs(
-                worker.request(wire.Run(precision=precision, out_path=worker.new_path("r"), **fields))[
-                    "outputs"
-                ]
+        reply = wire_replies.ExpectedReply.of(
+            worker.request(wire.Expected(precision="fp32", out_path=worker.new_path("e"), **fields))
+        )
+        (truth,) = worker.receive_outputs(reply.outputs)
+        runs = {
+            precision: wire_replies.RunReply.of(
+                worker.request(wire.Run(precision=precision, out_path=worker.new_path("r"), **fields))
             )
             for precision in ("fp32", "fp64")
         }
+        separate = {precision: worker.receive_outputs(run.outputs) for precision, run in runs.items()}
     assert truth.dtype == torch.float64 and torch.equal(truth, separate["fp64"][0])
-    assert reply["baseline_outputs"] == [[[4, 64], "float32"]] and reply["types"] == ["torch.Tensor"]
-    assert reply["baseline_error"] == baseline_error(separate["fp32"], separate["fp64"])
+    assert reply.baseline_outputs == [[[4, 64], "float32"]] and reply.types == ["torch.Tensor"]
+    assert reply.baseline_error == baseline_error(separate["fp32"], separate["fp64"])
 
 
 def test_a_forward_that_fails_in_float64_says_so(tmp_path: Path) -> None:
@@ -267,13 +268,15 @@ def test_a_run_says_where_its_time_went_only_when_asked() -> None:
     with _candidate_worker("steps") as worker:
         _load(worker, "relu_plain.py")
         fields = {"distribution": "original", "seed": 3, "precision": "native"}
-        plain = worker.request(wire.Run(out_path=worker.new_path("o"), **fields))
-        worker.receive_outputs(plain["outputs"])
-        asked = worker.request(wire.Run(out_path=worker.new_path("o"), steps=True, **fields))
-        worker.receive_outputs(asked["outputs"])
-    assert "steps_s" not in plain
-    assert set(asked["steps_s"]) == {"inputs", "forward", "copy", "hand_over", "release"}
-    assert all(s >= 0 for s in asked["steps_s"].values())
+        plain = wire_replies.RunReply.of(worker.request(wire.Run(out_path=worker.new_path("o"), **fields)))
+        worker.receive_outputs(plain.outputs)
+        asked = wire_replies.RunReply.of(
+            worker.request(wire.Run(out_path=worker.new_path("o"), steps=True, **fields))
+        )
+        worker.receive_outputs(asked.outputs)
+    assert plain.steps_s is None and asked.steps_s is not None
+    assert set(asked.steps_s) == {"inputs", "forward", "copy", "hand_over", "release"}
+    assert all(s >= 0 for s in asked.steps_s.values())
 
 
 def test_malicious_output_file_cannot_run_code_in_the_parent(tmp_path: Path) -> None:

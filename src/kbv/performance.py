@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from kbv import baseline_cache, telemetry, wire
+from kbv import baseline_cache, telemetry, wire, wire_replies
 from kbv import statistics as kbv_timing
 from kbv.measure_context import MeasureContext
 from kbv.measure_context import UnseenJudge as UnseenJudge  # what the evaluation builds a context with
@@ -451,16 +451,12 @@ def _timed_batch(
     )
     scheduled = worker.scheduler_ns()
     started = time.monotonic()
-    reply = worker.request(request)
+    reply = wire_replies.TimeReply.of(worker.request(request))
     bracket_s = time.monotonic() - started
     scheduled_after = worker.scheduler_ns()
     after = telemetry.gpu_state(ctx.device)
-    raw = reply.get("measurement")
-    problem = (
-        kbv_timing.invalid_samples(raw, ctx.settings)
-        if isinstance(raw, dict)
-        else "no measurement in the reply"
-    )
+    raw = reply.measurement
+    problem = kbv_timing.invalid_samples(raw, ctx.settings)
     if problem is not None:
         message = (
             f"the worker reported timing samples no clock produces ({problem}); its timing cannot be used"
@@ -468,7 +464,6 @@ def _timed_batch(
         if worker.spec.role != "candidate":
             raise RuntimeError(f"kbv's {precision} baseline: {message}")
         raise WorkerFailed("runtime_error", message)
-    assert isinstance(raw, dict)
     measurement = dict(raw)
     measurement["parent_bracket_s"] = bracket_s
     measurement["warmup_budget_s"] = budget
@@ -477,7 +472,7 @@ def _timed_batch(
     throttled = sorted({*((before or {}).get("throttled") or []), *((after or {}).get("throttled") or [])})
     measurement["throttled"] = throttled
     if sketch is not None:
-        measurement["sketches"] = reply.get("sketches")
+        measurement["sketches"] = reply.sketches
     return measurement
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.devices import release_device_memory
 from kbv.error_stats import error_stats, flat_chunks
 from kbv.inputs import BASE_DISTRIBUTIONS, derive_seed, new_seed
@@ -174,10 +174,10 @@ def _audit_in(
 
 
 def _run(worker: Worker, distribution: str, seed: int, precision: str = "fp32") -> list[Any]:
-    reply = worker.request(
-        wire.Run(distribution=distribution, seed=seed, precision=precision, out_path=worker.new_path("audit"))
-    )
-    return list(worker.receive_outputs(reply.get("outputs")))
+    out_path = worker.new_path("audit")
+    run = wire.Run(distribution=distribution, seed=seed, precision=precision, out_path=out_path)
+    reply = wire_replies.RunReply.of(worker.request(run))
+    return list(worker.receive_outputs(reply.outputs))
 
 
 def _probe(worker: Worker, result: AuditResult, master: int) -> None:

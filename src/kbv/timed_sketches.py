@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kbv import correctness, wire
+from kbv import correctness, wire, wire_replies
 from kbv import sketch as kbv_sketch
 from kbv.seeds import derive_seed
 from kbv.worker import Worker
@@ -241,22 +241,22 @@ class _UnseenPlan(_SketchPlan):
             on_cuda = self.ctx.device.startswith("cuda") and self.ctx.precision == "fp32"
             baseline = "tf32" if on_cuda else "fp32"
         sketch = {"seed": self.round_seeds[r], "omega": list(self.omegas) if self.omegas else None}
-        reply = self.reference.request(
-            wire.TruthSketches(distribution="original", seeds=seeds, sketch=sketch, baseline=baseline)
+        reply = wire_replies.TruthSketchesReply.of(
+            self.reference.request(
+                wire.TruthSketches(distribution="original", seeds=seeds, sketch=sketch, baseline=baseline)
+            )
         )
         if first:
-            error = reply.get("baseline_error")
-            if not isinstance(error, dict) or "structure_error" in error:
+            error = reply.baseline_error
+            if error is None or "structure_error" in error or reply.baseline_outputs is None:
                 raise RuntimeError(f"the reference worker's baseline error on an unseen timing draw: {error}")
             self.baseline_err = error
-            self.like = [correctness.described_like(d) for d in reply["baseline_outputs"]]
-            self.omegas = [float(w) for w in reply["omega"]]
+            self.like = [correctness.described_like(d) for d in reply.baseline_outputs]
+            self.omegas = [float(w) for w in reply.omega or []]
         assert self.like is not None
-        sets = reply.get("sets")
-        if not isinstance(sets, list) or len(sets) != len(seeds):
-            raise RuntimeError(
-                f"the reference worker sketched {len(sets or [])} of {len(seeds)} unseen draws"
-            )
+        sets = reply.sets
+        if len(sets) != len(seeds):
+            raise RuntimeError(f"the reference worker sketched {len(sets)} of {len(seeds)} unseen draws")
         lengths = correctness.reduction_lengths(judge.input_numels, self.like)
         judged = [
             correctness.unseen_reference(summary, self.like, self.baseline_err, judge.settings, lengths)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kbv import inputs as kbv_inputs
-from kbv import wire
+from kbv import wire, wire_replies
 
 # Bound before the candidate is imported.
 _setprofile = sys.setprofile
@@ -178,7 +178,7 @@ class CallRecorder:
         return self._local
 
 
-def probe_calls(state: Any, request: wire.ProbeCalls) -> dict[str, Any]:
+def probe_calls(state: Any, request: wire.ProbeCalls) -> wire_replies.ProbeCallsReply:
     """One forward on a fresh draw with the call recorder on: what ran, what was built, what was caught."""
     spec = request.inputs
     args = _make_inputs(
@@ -196,10 +196,10 @@ def probe_calls(state: Any, request: wire.ProbeCalls) -> dict[str, Any]:
         state.model(*args)
     if state.device.type == "cuda":
         torch.cuda.synchronize()
-    return {
-        "built": {"extensions": sorted(extensions), "triton_kernels": triton_kernels()},
-        "ran": recorder.summary(),
-    }
+    return wire_replies.ProbeCallsReply(
+        built={"extensions": sorted(extensions), "triton_kernels": triton_kernels()},
+        ran=recorder.summary(),
+    )
 
 
 HANDLERS = {"probe_calls": probe_calls}

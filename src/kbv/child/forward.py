@@ -151,17 +151,6 @@ def _type_names(outputs: list[Any]) -> list[str]:
     return [f"{type(o).__module__}.{type(o).__qualname__}" for o in outputs]
 
 
-def _finished(reply: dict[str, Any], steps: _Steps, operators: dict[str, Any] | None) -> dict[str, Any]:
-    """A forward's reply once its outputs are handed over: with the trusted reference's account of
-    its operators when it was asked for, and the request's steps when a profiling run asked."""
-    steps.mark("hand_over")
-    if operators is not None:
-        reply["tf32_operators"] = operators
-    if steps.on:
-        reply["steps_s"] = steps.seconds
-    return reply
-
-
 def _device_bytes(state: _State) -> float:
     if state.device.type != "cuda":
         return float("inf")  # host memory is the candidate's limit's business, not this choice's
@@ -183,6 +172,10 @@ class _Steps:
         self.on, self._cuda = on, cuda
         self.seconds: dict[str, float] = {}
         self._last = time.perf_counter()
+
+    def taken(self) -> dict[str, float] | None:
+        """The seconds per step, where a profiling run asked for them (a reply's ``steps_s``)."""
+        return self.seconds if self.on else None
 
     def mark(self, name: str) -> None:
         if not self.on:

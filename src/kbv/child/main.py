@@ -31,14 +31,13 @@ from kbv import channel as _channel
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
-from kbv import telemetry, wire
+from kbv import telemetry, wire, wire_replies
 from kbv.child import construct as _construct_state
 from kbv.child import timing as kbv_timing
 from kbv.child.forward import (
     NoModelNew,
     _as_outputs,
     _classify,
-    _finished,
     _forward_recording,
     _make_inputs,
     _message,
@@ -62,7 +61,8 @@ def main(fd: int) -> None:
 
         # what booting imported (the profiler may import Triton) is not the candidate's
         _probes.note_boot_modules()
-    _channel.send(sock, {"op": "hello", "pid": os.getpid(), **facts})
+    hello = wire_replies.Hello(pid=os.getpid(), **facts)
+    _channel.send(sock, {"op": hello.op, **hello.to_json()})
     while True:
         message = _channel.receive(sock)
         try:
@@ -73,7 +73,7 @@ def main(fd: int) -> None:
             continue
         request = envelope.request
         if isinstance(request, wire.Exit):
-            _channel.send(sock, {"ok": True, "id": envelope.id})
+            _channel.send(sock, {"ok": True, "id": envelope.id, **wire_replies.ExitReply().to_json()})
             break
         started = time.perf_counter()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
@@ -83,17 +83,15 @@ def main(fd: int) -> None:
             if state.before_next is not None:
                 pending, state.before_next = state.before_next, None
                 pending()
-            reply = _HANDLERS[request.op](state, request)
-            reply["ok"] = True
+            reply: dict[str, Any] = {"ok": True, **_HANDLERS[request.op](state, request).to_json()}
         except BaseException as exc:  # the candidate failed: report it, the parent decides
             reply = {"ok": False, "error": _describe_error(exc, op=request.op)}
         reply["id"] = envelope.id  # the parent checks it: a reply read for another request is refused
         reply["worker_seconds"] = time.perf_counter() - started
         _release_cached_memory(request.memory)
         if request.steps:  # a profiling run asked where the request's time went
-            reply.setdefault("steps_s", {})["release"] = (
-                time.perf_counter() - started - reply["worker_seconds"]
-            )
+            steps = reply["steps_s"] = reply.get("steps_s") or {}
+            steps["release"] = time.perf_counter() - started - reply["worker_seconds"]
         sent = state.handed + state.inbox if isinstance(request, wire.Inbox) else state.handed
         _channel.send(sock, reply, fds=_handoff.fds_to_send(sent))
         if not reply["ok"] and reply["error"]["kind"] == "cuda_error":
@@ -159,7 +157,7 @@ def _environment_facts() -> dict[str, Any]:
     return facts
 
 
-def _load(state: _State, request: wire.Load) -> dict[str, Any]:
+def _load(state: _State, request: wire.Load) -> wire_replies.LoadReply:
     state.device = torch.device(request.device)
     state.role = request.role
     state.domain = request.domain
@@ -177,7 +175,7 @@ def _load(state: _State, request: wire.Load) -> dict[str, Any]:
     else:
         state.model_cls = state.problem.Model
     _build(state, wire.Build(init_seed=request.init_seed))
-    return {"parameters": _parameter_shapes(state.model)}
+    return wire_replies.LoadReply(parameters=_parameter_shapes(state.model))
 
 
 def _import_candidate(path: Path) -> Any:
@@ -193,7 +191,7 @@ def _import_candidate(path: Path) -> Any:
     return module.ModelNew
 
 
-def _build(state: _State, request: wire.Build) -> dict[str, Any]:
+def _build(state: _State, request: wire.Build) -> wire_replies.BuildReply:
     """Construct the model under a seed, with the parameters the parent sends (a file, or the
     inbox on a GPU) given to it while ``__init__`` runs (``kbv.child.construct``)."""
     state.init_seed = request.init_seed
@@ -210,7 +208,7 @@ def _build(state: _State, request: wire.Build) -> dict[str, Any]:
             _handoff.release(state.inbox)
     else:
         parameters = _construct(state, None)
-    return {"parameters": parameters}
+    return wire_replies.BuildReply(parameters=parameters)
 
 
 def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
@@ -248,11 +246,12 @@ def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
     return "state_dict_after_init"
 
 
-def _inbox(state: _State, request: wire.Inbox) -> dict[str, Any]:
+def _inbox(state: _State, request: wire.Inbox) -> wire_replies.InboxReply:
     """An empty allocation of ``nbytes`` for the parent to write a model's parameters into (CUDA
     only); the next ``build`` with ``state_inbox`` reads it. The parent never shares its memory."""
     _handoff.release(state.inbox)
-    return {"inbox": _handoff.open_inbox(request.nbytes, state.device, state.handoff, state.inbox)}
+    inbox = _handoff.open_inbox(request.nbytes, state.device, state.handoff, state.inbox)
+    return wire_replies.InboxReply(inbox=inbox)
 
 
 def _parameter_shapes(model: Any) -> dict[str, list[int]]:
@@ -262,7 +261,7 @@ def _parameter_shapes(model: Any) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in model.state_dict().items()}
 
 
-def _redraw(state: _State, request: wire.Redraw) -> dict[str, Any]:
+def _redraw(state: _State, request: wire.Redraw) -> wire_replies.RedrawReply:
     """Reference workers only: new parameter values for a distribution, saved for the candidate, or
     (``hand_over``, on a GPU) handed to the parent on the device with their names."""
     if state.role != "reference":
@@ -274,18 +273,16 @@ def _redraw(state: _State, request: wire.Redraw) -> dict[str, Any]:
     if request.hand_over:
         named = state.model.state_dict()
         values = [_handoff.plain_copy(v, state.device, copy=False) for v in named.values()]
-        return {
-            "names": list(named),
-            "outputs": _handoff.hand_over(
-                values, state.device, request.out_path, state.handed, state.handoff
-            ),
-        }
+        return wire_replies.RedrawReply(
+            names=list(named),
+            outputs=_handoff.hand_over(values, state.device, request.out_path, state.handed, state.handoff),
+        )
     full = {k: v.detach().cpu() for k, v in state.model.state_dict().items()}
     torch.save(full, request.out_path)
-    return {"n_tensors": len(full)}
+    return wire_replies.RedrawReply(n_tensors=len(full))
 
 
-def _run(state: _State, request: wire.Run) -> dict[str, Any]:
+def _run(state: _State, request: wire.Run) -> wire_replies.RunReply:
     precision = request.precision
     _set_precision_flags(precision)
     steps = _Steps(request.steps, state.device.type == "cuda")
@@ -308,12 +305,11 @@ def _run(state: _State, request: wire.Run) -> dict[str, Any]:
     copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
     del args, outputs
     steps.mark("copy")
-    reply = {
-        "types": types,
-        "memory": memory,
-        "outputs": _handoff.hand_over(copies, state.device, request.out_path, state.handed, state.handoff),
-    }
-    return _finished(reply, steps, operators)
+    handed = _handoff.hand_over(copies, state.device, request.out_path, state.handed, state.handoff)
+    steps.mark("hand_over")
+    return wire_replies.RunReply(
+        types=types, memory=memory, outputs=handed, tf32_operators=operators, steps_s=steps.taken()
+    )
 
 
 def _memory_before(state: _State) -> dict[str, Any]:
@@ -345,7 +341,7 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_HANDLERS: dict[str, Callable[[_State, Any], dict[str, Any]]] = {
+_HANDLERS: dict[str, Callable[[_State, Any], wire_replies.Reply]] = {
     "load": _load,
     "build": _build,
     "redraw": _redraw,

@@ -22,7 +22,7 @@ import torch
 
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.child import timing as kbv_timing
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
@@ -313,7 +313,7 @@ class _ThreadStarts:
 # Probes
 
 
-def probe_observe(state: Any, request: wire.ProbeObserve) -> dict[str, Any]:
+def probe_observe(state: Any, request: wire.ProbeObserve) -> wire_replies.ProbeObserveReply:
     """One forward on a fresh draw, watched: checksums, aliasing, threads, processes, flags.
 
     Outputs are handed over as two lists: ``[immediately, after delay_s]`` (unless ``hand_outputs`` is
@@ -358,31 +358,33 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> dict[str, Any]:
         activity["after_delay"] = state.late_look["after_delay"]
         groups = [first, state.late_look.pop("late")]
         state.late_look = None
-    return {
-        "outputs": _hand(state, request.out_path, groups) if request.hand_outputs else None,
-        "types": [_type_name(o) for o in outputs],
-        "input_checksums_before": sums_before,
-        "input_checksums_after": sums_after,
-        "aliasing": aliasing,
-        "activity": activity,
-        "threads_started": starts.started,
-        "threads_alive_at_return": alive_at_return,
-        "flags": {"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
-        "identities_changed": _verify_identities(state.identities) if state.identities else [],
-        "harness_changed": harness_changes(),
-    }
+    return wire_replies.ProbeObserveReply(
+        outputs=_hand(state, request.out_path, groups) if request.hand_outputs else None,
+        types=[_type_name(o) for o in outputs],
+        input_checksums_before=sums_before,
+        input_checksums_after=sums_after,
+        aliasing=aliasing,
+        activity=activity,
+        threads_started=starts.started,
+        threads_alive_at_return=alive_at_return,
+        flags={"start": FLAGS_AT_START, "before_call": flags_before_call, "after_call": numeric_flags()},
+        identities_changed=_verify_identities(state.identities) if state.identities else [],
+        harness_changed=harness_changes(),
+    )
 
 
-def probe_observe_late(state: Any, request: wire.ProbeObserveLate) -> dict[str, Any]:
+def probe_observe_late(state: Any, request: wire.ProbeObserveLate) -> wire_replies.ProbeObserveLateReply:
     """The look a deferred ``probe_observe`` left for this request (taken before it, at least
     ``delay_s`` after the observed call returned): the outputs then and the activity counts."""
     look, state.late_look = state.late_look, None
     if look is None:
         raise RuntimeError("probe_observe_late: no deferred observation is waiting")
-    return {"outputs": _hand(state, request.out_path, [look["late"]]), "after_delay": look["after_delay"]}
+    return wire_replies.ProbeObserveLateReply(
+        outputs=_hand(state, request.out_path, [look["late"]]), after_delay=look["after_delay"]
+    )
 
 
-def probe_cache(state: Any, request: wire.ProbeCache) -> dict[str, Any]:
+def probe_cache(state: Any, request: wire.ProbeCache) -> wire_replies.ProbeCacheReply:
     """Four calls that a cache keyed on pointers, ids, shapes or value samples answers wrongly.
 
     1. draw A on fresh buffers; 2. draw B's values copied into A's buffers (same pointers and
@@ -403,7 +405,7 @@ def probe_cache(state: Any, request: wire.ProbeCache) -> dict[str, Any]:
     results.append([_snapshot(state, o) for o in _forward(state, new_values)])
     mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
     results.append([_snapshot(state, o) for o in _forward(state, mixed)])
-    return {"calls": len(results), "outputs": _hand(state, request.out_path, results)}
+    return wire_replies.ProbeCacheReply(calls=len(results), outputs=_hand(state, request.out_path, results))
 
 
 def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
@@ -427,7 +429,7 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
     del blocks
 
 
-def probe_poison(state: Any, request: wire.ProbePoison) -> dict[str, Any]:
+def probe_poison(state: Any, request: wire.ProbePoison) -> wire_replies.ProbePoisonReply:
     """The same draw twice, each on fresh input buffers after freed memory was poisoned with NaN.
 
     The outputs are handed over as ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
@@ -440,10 +442,10 @@ def probe_poison(state: Any, request: wire.ProbePoison) -> dict[str, Any]:
         _sync(state)
         runs.append([_snapshot(state, o) for o in _forward(state, args)])
         del args
-    return {"runs": len(runs), "outputs": _hand(state, request.out_path, runs)}
+    return wire_replies.ProbePoisonReply(runs=len(runs), outputs=_hand(state, request.out_path, runs))
 
 
-def probe_flops(state: Any, request: wire.ProbeFlops) -> dict[str, Any]:
+def probe_flops(state: Any, request: wire.ProbeFlops) -> wire_replies.ProbeFlopsReply:
     """Reference side: FLOPs of one fp32 forward (FlopCounterMode) and the bytes of inputs and outputs."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -456,11 +458,9 @@ def probe_flops(state: Any, request: wire.ProbeFlops) -> dict[str, Any]:
     def nbytes(values: list[Any]) -> int:
         return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
-    return {
-        "flops": int(counter.get_total_flops()),
-        "input_bytes": nbytes(args),
-        "output_bytes": nbytes(outputs),
-    }
+    return wire_replies.ProbeFlopsReply(
+        flops=int(counter.get_total_flops()), input_bytes=nbytes(args), output_bytes=nbytes(outputs)
+    )
 
 
 _LIBRARY_MARKERS = (
@@ -492,12 +492,12 @@ STREAM_MARK_CYCLES = 1000
 STREAM_MARK_KERNEL = "spin_kernel"
 
 
-def probe_kernels(state: Any, request: wire.ProbeKernels) -> dict[str, Any]:
+def probe_kernels(state: Any, request: wire.ProbeKernels) -> wire_replies.ProbeKernelsReply:
     """CUDA only: names of the device kernels one forward launched (torch.profiler), the profiler's
     stream id of each and of the stream the forward was called on, and custom code loaded."""
     custom = _custom_code()
     if state.device.type != "cuda":
-        return {"available": False, "kernels": [], "custom_code": custom}
+        return wire_replies.ProbeKernelsReply(available=False, kernels=[], custom_code=custom)
     from torch.profiler import ProfilerActivity, profile
 
     args = _probe_inputs(state, request.inputs)
@@ -516,14 +516,14 @@ def probe_kernels(state: Any, request: wire.ProbeKernels) -> dict[str, Any]:
         if entry not in streams:
             streams.append(entry)
     library = [n for n in names if any(m in n for m in _LIBRARY_MARKERS)]
-    return {
-        "available": True,
-        "kernels": names[:200],
-        "library_kernels": library[:200],
-        "custom_code": custom,
-        "current_stream": current_stream,
-        "kernel_streams": streams[:200],
-    }
+    return wire_replies.ProbeKernelsReply(
+        available=True,
+        kernels=names[:200],
+        library_kernels=library[:200],
+        custom_code=custom,
+        current_stream=current_stream,
+        kernel_streams=streams[:200],
+    )
 
 
 def _mark_stream() -> bool:

@@ -10,7 +10,7 @@ import torch
 
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.child import timing as kbv_timing
 from kbv.child.forward import (
     _as_outputs,
@@ -24,7 +24,7 @@ from kbv.child.forward import (
 from kbv.protocol import timing_settings_from_dict
 
 
-def _time(state: _State, request: wire.Time) -> dict[str, Any]:
+def _time(state: _State, request: wire.Time) -> wire_replies.TimeReply:
     """One timed batch. With ``sketch`` (a seed and a map frequency per output, the same in every
     worker's request of a round) every timed call's outputs are sketched (``kbv.sketch``) right after
     the call returned and was synchronised and timed, outside the timed region: the same work for
@@ -85,9 +85,6 @@ def _time(state: _State, request: wire.Time) -> dict[str, Any]:
             unseen=unseen if unseen_seeds else None,
         )
     unseen_out[0] = None
-    reply: dict[str, Any] = {"measurement": measurement.to_dict()}
-    if spec is not None:
-        reply["sketches"] = sketches
     if steps.on:
         steps.mark("measure")
         timed_s = sum(measurement.wall_ms) / 1e3
@@ -96,8 +93,11 @@ def _time(state: _State, request: wire.Time) -> dict[str, Any]:
         steps.seconds["timed_calls"] = timed_s
         steps.seconds["sketches"] = sketch_s[0]
         steps.seconds["warmup_flush_sync"] = steps.seconds.pop("measure") - timed_s - sketch_s[0]
-        reply["steps_s"] = steps.seconds
-    return reply
+    return wire_replies.TimeReply(
+        measurement=measurement.to_dict(),
+        sketches=sketches if spec is not None else None,
+        steps_s=steps.taken(),
+    )
 
 
 #: Bytes of timing input sets a worker keeps between the timing phase's requests, as a share of the
@@ -131,5 +131,5 @@ def _timing_inputs(state: _State, distribution: str, seeds: list[int], precision
     return sets
 
 
-def _identities(state: _State, request: wire.Identities) -> dict[str, Any]:
-    return {"changed": kbv_timing.verify_identities(state.identities)}
+def _identities(state: _State, request: wire.Identities) -> wire_replies.IdentitiesReply:
+    return wire_replies.IdentitiesReply(changed=kbv_timing.verify_identities(state.identities))

@@ -10,12 +10,11 @@ import torch
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import sketch as _sketch
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.child.forward import (
     _as_outputs,
     _classify,
     _device_bytes,
-    _finished,
     _forward_recording,
     _make_inputs,
     _message,
@@ -34,7 +33,7 @@ from kbv.child.forward import (
 SHARED_DRAW_SHARE = 1 / 16
 
 
-def _expected(state: _State, request: wire.Expected) -> dict[str, Any]:
+def _expected(state: _State, request: wire.Expected) -> wire_replies.ExpectedReply:
     """What judging one draw needs, from the trusted reference alone: the float64 truth and the
     realistic baseline (``precision``: TF32 on a GPU, fp32 on the CPU) on the same inputs, the
     baseline's error against the truth computed here (``kbv.error_stats.baseline_error``), and only
@@ -85,19 +84,20 @@ def _expected(state: _State, request: wire.Expected) -> dict[str, Any]:
     except ValueError as exc:  # the problem's fault: the parent says so
         error = {"structure_error": str(exc)}
     steps.mark("baseline_error")
-    reply = {
-        "types": _type_names(baseline),
-        "truth_types": _type_names(truth),
-        "baseline_outputs": [_shape_and_dtype(o) for o in kept_baseline],
-        "baseline_error": error,
-        "outputs": _handoff.hand_over(
-            kept_truth, state.device, request.out_path, state.handed, state.handoff
-        ),
-    }
-    return _finished(reply, steps, operators)
+    handed = _handoff.hand_over(kept_truth, state.device, request.out_path, state.handed, state.handoff)
+    steps.mark("hand_over")
+    return wire_replies.ExpectedReply(
+        types=_type_names(baseline),
+        truth_types=_type_names(truth),
+        baseline_outputs=[_shape_and_dtype(o) for o in kept_baseline],
+        baseline_error=error,
+        outputs=handed,
+        tf32_operators=operators,
+        steps_s=steps.taken(),
+    )
 
 
-def _truth_sketches(state: _State, request: wire.TruthSketches) -> dict[str, Any]:
+def _truth_sketches(state: _State, request: wire.TruthSketches) -> wire_replies.TruthSketchesReply:
     """The trusted reference's side of judging timed calls on unseen inputs (``timing.unseen_inputs``):
     for each of ``seeds`` (one per timed call of a round) the float64 truth of its draw, reduced
     here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
@@ -141,5 +141,4 @@ def _truth_sketches(state: _State, request: wire.TruthSketches) -> dict[str, Any
         del narrow
         sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
         del truth
-    reply["sets"] = sets
-    return reply
+    return wire_replies.TruthSketchesReply(sets=sets, **reply)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from kbv import wire_replies
 from kbv.device_lock import DeviceLock
 from kbv.evaluation.context import _Context, _structure
 from kbv.worker import MemoryBudget, Worker
@@ -23,13 +24,13 @@ GPU_ALONE_COPIES = 12
 GPU_ALONE_SHARE = 0.25
 
 
-def _gpu_hold(ctx: _Context, hello: dict[str, Any], output_numels: list[int] | None = None) -> str:
+def _gpu_hold(ctx: _Context, hello: wire_replies.Hello, output_numels: list[int] | None = None) -> str:
     """How this evaluation holds its GPU, for the record's ``isolation.gpu`` ("" on the CPU): from
     its inputs before the first draw, and again with its outputs once the first draw knows them
     (``output_numels``; a convolution's output can be 100x its input)."""
     if not ctx.device.startswith("cuda"):
         return ""
-    total = ctx.gpu.device_total_bytes = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    total = ctx.gpu.device_total_bytes = int((hello.device or {}).get("total_memory_bytes") or 0)
     inputs, outputs = _io_bytes(ctx, output_numels)
     if total and GPU_ALONE_COPIES * (inputs + outputs) > GPU_ALONE_SHARE * total:
         since = "the whole evaluation" if output_numels is None else "the first correctness draw on"
@@ -75,7 +76,7 @@ def _output_numels(expected: dict[str, Any]) -> list[int]:
     return [int(o.numel()) for o in outputs if isinstance(o, torch.Tensor)]
 
 
-def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]) -> None:
+def _hold_alone(ctx: _Context, gpu: DeviceLock, subject: Worker, hello: wire_replies.Hello) -> None:
     gpu.hold_alone()  # until the lock closes, after the workers and the parent's copies
     ctx.gpu.held += _widen_device_limit(ctx.gpu.budget, subject, hello)
     _room_for_candidate(ctx, subject)
@@ -101,7 +102,7 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
 
 
 def _hold_alone_for_outputs(
-    ctx: _Context, gpu: DeviceLock, subject: Worker, hello: dict[str, Any]
+    ctx: _Context, gpu: DeviceLock, subject: Worker, hello: wire_replies.Hello
 ) -> Callable[[dict[str, Any]], None]:
     """What the first correctness draw calls with its expected outputs: hold the GPU alone from
     then on if the outputs make the evaluation large (the inputs alone did not)."""
@@ -115,11 +116,11 @@ def _hold_alone_for_outputs(
     return with_outputs
 
 
-def _widen_device_limit(budget: MemoryBudget, subject: Worker, hello: dict[str, Any]) -> str:
+def _widen_device_limit(budget: MemoryBudget, subject: Worker, hello: wire_replies.Hello) -> str:
     """Raise the candidate's device-memory limit in the evaluation's budget (its worker's spec stays
     as launched) for an evaluation that holds its GPU alone; what was done, for the record's
     ``isolation.gpu`` ("" when nothing changed)."""
-    total = int((hello.get("device") or {}).get("total_memory_bytes") or 0)
+    total = int((hello.device or {}).get("total_memory_bytes") or 0)
     widened = budget.widen_device_limit(subject.spec, total)
     if widened is None:
         return ""

@@ -111,6 +111,9 @@ class _ReferenceCache:
     """The models' parameters right now and the reference's outputs computed for them."""
 
     parameters_mode: str = "matched_seed"
+    # The reference model's state, name -> shape (its ``load`` reply): a candidate's that matches
+    # it can be given the reference's parameters.
+    reference_parameters: dict[str, Any] = field(default_factory=dict)
     # Which build or redraw the models hold, so reference outputs are reused only for the
     # parameters they were computed with.
     state_key: tuple[Any, ...] = ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kbv import correctness, wire
+from kbv import correctness, wire, wire_replies
 from kbv.devices import release_cached_blocks
 from kbv.evaluation import reference as _reference
 from kbv.evaluation.budget import _output_numels, _room_for_candidate
@@ -47,9 +47,9 @@ def _check_distributions(
     return results
 
 
-def _note_build(ctx: _Context, reply: Any) -> None:
+def _note_build(ctx: _Context, reply: wire_replies.Reply) -> None:
     """Where the candidate's model had its parameters loaded after ``__init__``, the record says so."""
-    if isinstance(reply, dict) and reply.get("parameters") == "state_dict_after_init":
+    if wire_replies.BuildReply.of(reply).parameters == "state_dict_after_init":
         distribution = ctx.cache.state_key[1] if len(ctx.cache.state_key) > 1 else "?"
         if distribution not in ctx.found.loaded_after_init:
             ctx.found.loaded_after_init.append(str(distribution))
@@ -89,13 +89,14 @@ def _redrawn_state(
         return replace(build, state_path=subject.give(out_path))  # a copy its own uid may read
     from kbv import handoff
 
-    reply = reference.request(
-        wire.Redraw(distribution=distribution, seed=seed, out_path=out_path, hand_over=True)
-    )
-    named = dict(zip(reply["names"], reference.receive_outputs(reply["outputs"]), strict=True))
+    redraw = wire.Redraw(distribution=distribution, seed=seed, out_path=out_path, hand_over=True)
+    reply = wire_replies.RedrawReply.of(reference.request(redraw))
+    if reply.names is None or reply.outputs is None:
+        raise wire.WireError("the reference's redraw reply hands no parameters over")
+    named = dict(zip(reply.names, reference.receive_outputs(reply.outputs), strict=True))
     items, needed = handoff.inbox_layout(named)
-    opened = subject.request(wire.Inbox(nbytes=needed))
-    subject.fill_inbox(opened.get("inbox"), named, items)
+    opened = wire_replies.InboxReply.of(subject.request(wire.Inbox(nbytes=needed)))
+    subject.fill_inbox(opened.inbox, named, items)
     return replace(build, state_inbox=items)
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbv import inputs, performance
+from kbv import inputs, performance, wire_replies
 from kbv.candidates import Candidate
 from kbv.device_lock import DeviceLock
 from kbv.devices import check_device, release_cached_blocks, release_device_memory
@@ -367,7 +367,7 @@ def _probe_base(ctx: _Context) -> str:
     return "signed" if "signed" in ctx.found.variants else distributions[0]
 
 
-def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
+def _start_reference(ctx: _Context, reference: Worker) -> wire_replies.Hello:
     """Boot the reference worker and load the problem (import, ``get_init_inputs``, ``Model(...)``).
     A failure here raises ``WorkerFailed`` with role ``reference``: ``evaluate`` records it as the
     problem's (``problem_error``). A worker that does not even boot is kbv's failure."""
@@ -378,7 +378,7 @@ def _start_reference(ctx: _Context, reference: Worker) -> dict[str, Any]:
             f"the reference worker did not start ({exc.kind}): {exc.message}\n{exc.logs_tail()}"
         ) from exc
     reply = _phase(ctx, "reference_load", lambda: reference.request(_load(ctx, "reference")))
-    hello["parameters"] = reply["parameters"]
+    ctx.cache.reference_parameters = wire_replies.LoadReply.of(reply).parameters
     return hello
 
 
@@ -401,18 +401,18 @@ def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
     subject.wait_ready()
     with build_lock(ctx.candidate.source_sha256):  # importing the candidate may build its extensions
         started = time.monotonic()
-        reply = subject.request(_load(ctx, "candidate"))
+        reply = wire_replies.LoadReply.of(subject.request(_load(ctx, "candidate")))
         bracket_s = time.monotonic() - started
-    ctx.found.phases["compile"] = _compile_seconds(reply.get("worker_seconds"), bracket_s)
-    ref_params = reference.hello.get("parameters") or {}
-    same = bool(ref_params) and reply["parameters"] == ref_params
+    ctx.found.phases["compile"] = _compile_seconds(reply.worker_seconds, bracket_s)
+    ref_params = ctx.cache.reference_parameters
+    same = bool(ref_params) and reply.parameters == ref_params
     ctx.cache.parameters_mode = (
         "state_dict" if same and ctx.protocol.correctness.redraw_parameters else "matched_seed"
     )
 
 
 def _measure(
-    ctx: _Context, hello: dict[str, Any], reference: Worker, subject: Worker
+    ctx: _Context, hello: wire_replies.Hello, reference: Worker, subject: Worker
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
     mctx = performance.MeasureContext(
@@ -424,7 +424,7 @@ def _measure(
         ],
         init_seed=ctx.seeds.init("original"),
         device_info=_device_info(ctx, hello),
-        torch_version=str(hello.get("torch", "")),
+        torch_version=hello.torch,
         load=_load(ctx, "reference"),
         sketch_seed=inputs.derive_seed(ctx.seeds.master, "timed-sketch"),
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import torch
 
-from kbv import performance
+from kbv import performance, wire_replies
 from kbv._version import __version__
 from kbv.devices import cpu_name
 from kbv.evaluation.context import _Context, _structure
@@ -45,26 +45,27 @@ def _empty_timing() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     )
 
 
-def _versions(hello: dict[str, Any]) -> dict[str, Any]:
+def _versions(hello: wire_replies.Hello | None) -> dict[str, Any]:
     versions = {
         "kbv": __version__,
-        "torch": hello.get("torch", torch.__version__),
+        "torch": hello.torch if hello is not None else torch.__version__,
         "python": platform.python_version(),
     }
-    if "triton" in hello:
-        versions["triton"] = hello["triton"]
+    if hello is not None and hello.triton is not None:
+        versions["triton"] = hello.triton
     return versions
 
 
-def _device_info(ctx: _Context, hello: dict[str, Any]) -> dict[str, Any]:
-    if ctx.device.startswith("cuda") and hello.get("device"):
-        return {**hello["device"], "index": visible_devices(ctx.device)}
-    return {"type": "cpu", "name": cpu_name(), "threads": hello.get("intra_op_threads")}
+def _device_info(ctx: _Context, hello: wire_replies.Hello | None) -> dict[str, Any]:
+    if ctx.device.startswith("cuda") and hello is not None and hello.device:
+        return {**hello.device, "index": visible_devices(ctx.device)}
+    threads = hello.intra_op_threads if hello is not None else None
+    return {"type": "cpu", "name": cpu_name(), "threads": threads}
 
 
 def _record(
     ctx: _Context,
-    hello: dict[str, Any],
+    hello: wire_replies.Hello | None,
     outcome: Outcome | str,
     correct: bool,
     results: list[DistributionResult],
@@ -106,7 +107,7 @@ def _record(
     )
 
 
-def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
+def _failure_record(ctx: _Context, hello: wire_replies.Hello | None, failure: WorkerFailed) -> Record:
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
     if any(f.check == "signalled_process" and f.severity == Severity.FAIL for f in ctx.found.findings):
         # kbv's own process was stopped while this candidate ran: that, not the failure it caused,
@@ -125,7 +126,7 @@ def _failure_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed)
     return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)
 
 
-def _problem_error_record(ctx: _Context, hello: dict[str, Any], failure: WorkerFailed) -> Record:
+def _problem_error_record(ctx: _Context, hello: wire_replies.Hello | None, failure: WorkerFailed) -> Record:
     """The record of a problem that could not produce its own reference output: ``problem_error``,
     the problem's fault (reports list it apart; metrics leave it out), never the candidate's."""
     error = {
@@ -139,7 +140,7 @@ def _problem_error_record(ctx: _Context, hello: dict[str, Any], failure: WorkerF
     timing, speedup, memory = _empty_timing()
     return _record(
         ctx,
-        hello or {},
+        hello,
         Outcome.PROBLEM_ERROR.value,
         False,
         [],

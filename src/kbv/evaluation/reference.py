@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kbv import correctness, inputs, wire
+from kbv import correctness, inputs, wire, wire_replies
 from kbv.error_stats import flat_chunks
 from kbv.evaluation.context import HarnessError, _Context, _structure
 from kbv.evaluation.requests import _run
@@ -89,18 +89,20 @@ def _reference_outputs(
         on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
         # Asked once: a forward that refuses the recorder runs twice each time it is asked.
         record = on_cuda and not ctx.cache.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
-        reply = reference.request(
-            wire.Expected(
-                distribution=distribution,
-                seed=seed,
-                mix_seed=mix_seed,
-                precision="tf32" if on_cuda else "fp32",
-                out_path=reference.new_path("out"),
-                record_operators=record,
+        reply = wire_replies.ExpectedReply.of(
+            reference.request(
+                wire.Expected(
+                    distribution=distribution,
+                    seed=seed,
+                    mix_seed=mix_seed,
+                    precision="tf32" if on_cuda else "fp32",
+                    out_path=reference.new_path("out"),
+                    record_operators=record,
+                )
             )
         )
         if record:
-            ctx.cache.tf32_operators_asked, ctx.cache.tf32_operators = True, reply.get("tf32_operators")
+            ctx.cache.tf32_operators_asked, ctx.cache.tf32_operators = True, reply.tf32_operators
         expected = _error_model_expected(reference, reply)
     ctx.cache.expected.put(key, expected)
     return expected
@@ -115,27 +117,25 @@ def _dispatcher_sees_all(problem: Problem) -> bool:
     return not any(marker in problem.source for marker in _OUTSIDE_DISPATCHER)
 
 
-def _error_model_expected(reference: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+def _error_model_expected(reference: Worker, reply: wire_replies.ExpectedReply) -> dict[str, Any]:
     """What judging a draw under the error model needs, from the reference's ``expected`` reply: the
     float64 truth, the baseline's own error against it (computed in the reference worker, which held
     both; judging reads it once, not per output judged) and the baseline's shapes and dtypes (its
     values never leave the worker: stand-ins on the meta device hold shape and dtype), so a cached
     draw costs the truth's memory only."""
-    error = reply.get("baseline_error")
-    if not isinstance(error, dict):
-        raise HarnessError("the reference worker sent no baseline error")
+    error = reply.baseline_error
     if "structure_error" in error:  # the reference disagrees with itself across precisions
         raise HarnessError(
             f"the reference's fp32 and float64 outputs differ in structure ({error['structure_error']})"
         )
     truth = {
-        "outputs": reference.receive_outputs(reply.get("outputs")),
-        "types": reply["truth_types"],
+        "outputs": reference.receive_outputs(reply.outputs),
+        "types": reply.truth_types,
         "memory": None,
     }
     stand_ins = {
-        "outputs": [_stand_in(described) for described in reply["baseline_outputs"]],
-        "types": reply["types"],
+        "outputs": [_stand_in(described) for described in reply.baseline_outputs],
+        "types": reply.types,
         "memory": None,
     }
     return {"reference": stand_ins, "baseline": stand_ins, "truth": truth, "baseline_err": error}

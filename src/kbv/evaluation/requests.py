@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.evaluation.context import _Context, _structure
 from kbv.worker import Worker, worker_device
 
@@ -65,13 +65,14 @@ def _forward(
     )
 
 
-def _received(worker: Worker, reply: dict[str, Any]) -> dict[str, Any]:
+def _received(worker: Worker, reply: wire_replies.Reply) -> dict[str, Any]:
     """A ``run`` reply as the parent's own outputs, types and memory figures."""
+    run = wire_replies.RunReply.of(reply)
     received = {
-        "outputs": worker.receive_outputs(reply.get("outputs")),
-        "types": reply["types"],
-        "memory": reply.get("memory"),
+        "outputs": worker.receive_outputs(run.outputs),
+        "types": run.types,
+        "memory": run.memory,
     }
-    if "tf32_operators" in reply:
-        received["tf32_operators"] = reply["tf32_operators"]
+    if run.tf32_operators is not None:
+        received["tf32_operators"] = run.tf32_operators
     return received

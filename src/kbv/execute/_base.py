@@ -113,13 +113,14 @@ def is_harness_error(exc: BaseException) -> bool:
 
 
 def probe_hello(device: str, visible: str | None = None) -> dict[str, Any]:
-    """The hello of a probe worker on ``device`` (torch version, device name and capability)."""
+    """The hello of a probe worker on ``device`` (torch version, device name and capability), as
+    the worker sent it (a plain dict: it travels to other processes and hosts)."""
     from kbv.worker import Worker, WorkerSpec
 
     with Worker(
         WorkerSpec(build_key="probe", device=device, role="probe", visible_devices=visible, budget_s=120)
     ) as worker:
-        return worker.start()
+        return worker.start().to_json()
 
 
 def environment(device: str, hello: dict[str, Any]) -> dict[str, Any]:

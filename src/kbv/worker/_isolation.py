@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kbv import wire_replies
 from kbv.worker import _contain
 from kbv.worker._memory import MemoryBudget
 from kbv.worker._spec import WorkerSpec, confinement_off
@@ -17,7 +18,7 @@ class IsolationReport:
 
     spec: WorkerSpec
     budget: MemoryBudget
-    hello: dict[str, Any]
+    hello: wire_replies.Hello | None
     started_as: str
     uid: int | None
     device_peak_bytes: int | None
@@ -59,7 +60,7 @@ class IsolationReport:
                 f"{no_netns or 'setpriv(1) is missing to drop the uid after it'}"
             )
         if self.spec.role == "candidate":
-            confinement = self.hello.get("confinement") if self.hello else None
+            confinement = self.hello.confinement if self.hello is not None else None
             if confinement is not None:
                 facts["confinement"] = {k: confinement.get(k) for k in ("landlock", "seccomp")}
                 not_done.extend(str(item) for item in confinement.get("not_enforced") or [])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kbv import channel as _channel
-from kbv import telemetry, wire
+from kbv import telemetry, wire, wire_replies
 from kbv.worker import _contain, _forkserver, _privileges, _scratch
 from kbv.worker._env import arch_list_for, scrubbed_env
 from kbv.worker._isolation import IsolationReport
@@ -47,7 +47,8 @@ class Worker(LimitWatch, IsolationReport):
         (self.scratch / _scratch.OWNER_FILE).write_text(str(os.getpid()))
         self.home = self.scratch / "home"
         self.home.mkdir()
-        self.hello: dict[str, Any] = {}
+        #: The worker's greeting, once read (:meth:`wait_ready`).
+        self.hello: wire_replies.Hello | None = None
         #: What decides the memory rule sent with every request: the evaluation's, once it binds it.
         self.budget = MemoryBudget()
         self._proc: subprocess.Popen[bytes] | _forkserver.ForkedProcess | None = None
@@ -61,8 +62,10 @@ class Worker(LimitWatch, IsolationReport):
         #: (a pipelined request's reply comes before a later one's).
         self._last_id = 0
         self._awaited: deque[int] = deque()
+        #: The op of each request whose reply is still to be read: it names the reply's kind.
+        self._ops: dict[int, str] = {}
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
-        self._unread: dict[int, dict[str, Any]] = {}
+        self._unread: dict[int, wire_replies.Reply] = {}
         self.remaining_s = spec.budget_s
         self._tag = uuid.uuid4().hex[:12]
         self._cgroup: _contain.Cgroup | None = None
@@ -97,7 +100,7 @@ class Worker(LimitWatch, IsolationReport):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> wire_replies.Hello:
         """Launch the process and wait for its greeting."""
         self.launch()
         return self.wait_ready()
@@ -161,12 +164,14 @@ class Worker(LimitWatch, IsolationReport):
         self._sock = parent_end
         self._contain_started()
 
-    def wait_ready(self) -> dict[str, Any]:
-        if not self.hello:
-            self.hello = self._receive()
+    def wait_ready(self) -> wire_replies.Hello:
+        """The worker's greeting, read once. It is sent before any problem or candidate code runs
+        in the worker, so a malformed one is kbv's error (:class:`kbv.wire.WireError`)."""
+        if self.hello is None:
+            self.hello = wire_replies.parse_hello(self._receive())
         return self.hello
 
-    def request(self, request: wire.Request) -> dict[str, Any]:
+    def request(self, request: wire.Request) -> wire_replies.Reply:
         """Send one request (its kind's :mod:`kbv.wire` dataclass) and wait for its reply within the
         worker's remaining budget."""
         return self.receive_reply(self.send_request(request))
@@ -196,29 +201,46 @@ class Worker(LimitWatch, IsolationReport):
         self._last_id += 1
         envelope = wire.Envelope(self._last_id, request)
         self._awaited.append(envelope.id)
+        self._ops[envelope.id] = request.op
         return envelope
 
-    def receive_reply(self, request_id: int | None = None) -> dict[str, Any]:
-        """The reply to the request ``request_id`` (default: the oldest whose reply is unread). The
-        replies of requests sent before it are read first, in order, and kept for their own
-        :meth:`receive_reply`; a failed one raises when read."""
+    def receive_reply(self, request_id: int | None = None) -> wire_replies.Reply:
+        """The reply to the request ``request_id`` (default: the oldest whose reply is unread), as
+        its kind's :mod:`kbv.wire_replies` dataclass. The replies of requests sent before it are
+        read first, in order, and kept for their own :meth:`receive_reply`; a failed one raises when
+        read."""
         if request_id is not None and request_id in self._unread:
             return self._unread.pop(request_id)
         if not self._awaited or (request_id is not None and request_id not in self._awaited):
             raise wire.WireError(f"a reply was awaited for no request sent ({request_id})")
         while True:
             awaited = self._awaited.popleft()
-            reply = self._receive()
-            wire.check_reply(reply, awaited)
+            op = self._ops.pop(awaited, "")
+            message = self._receive()
+            wire.check_reply(message, awaited)
+            reply = self._parsed(op, message)
             self._raise_if_failed(reply)
             if request_id is None or awaited == request_id:
                 return reply
             self._unread[awaited] = reply
 
-    def _raise_if_failed(self, reply: dict[str, Any]) -> None:
-        if reply.get("ok"):
+    def _parsed(self, op: str, message: dict[str, Any]) -> wire_replies.Reply:
+        """``message`` as the reply to an ``op`` request. A candidate worker runs the candidate's
+        code, which can write what it likes to the channel: its malformed reply is its failure
+        (``runtime_error``). A trusted worker's is kbv's own error (:class:`kbv.wire.WireError`)."""
+        try:
+            return wire_replies.parse(op, message)
+        except wire.WireError as exc:
+            if self.spec.role != "candidate":
+                raise
+            raise WorkerFailed(
+                "runtime_error", f"the worker's reply is malformed: {exc}", self.logs(), role=self.spec.role
+            ) from exc
+
+    def _raise_if_failed(self, reply: wire_replies.Reply) -> None:
+        if not isinstance(reply, wire_replies.Failed):
             return
-        error = reply.get("error") or {}
+        error = reply.error
         kind = str(error.get("kind", "runtime_error"))
         if kind == "cuda_error":
             self.kill()

@@ -126,7 +126,7 @@ class Spares:
         with contextlib.ExitStack() as stack:
             for workers in self._launched.values():
                 for worker in workers:
-                    if not worker.hello:
+                    if worker.hello is None:
                         stack.enter_context(worker.paused())
             yield
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.integrity._registry import get_check
 from kbv.records import Finding
 from kbv.worker import WorkerFailed
@@ -87,12 +87,12 @@ class DynamicContext:
             raise value
         return value
 
-    def request(self, worker: Any, request: wire.Request) -> dict[str, Any]:
+    def request(self, worker: Any, request: wire.Request) -> wire_replies.Reply:
         return self._answer(worker, lambda: worker.request(request))
 
-    def _answer(self, worker: Any, receive: Any) -> dict[str, Any]:
+    def _answer(self, worker: Any, receive: Any) -> wire_replies.Reply:
         try:
-            return dict(receive())
+            return receive()  # type: ignore[no-any-return]
         except WorkerFailed as exc:
             if worker is self.session.reference:
                 raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
@@ -102,15 +102,17 @@ class DynamicContext:
                 f"{exc.kind}: {exc.message.strip().splitlines()[-1] if exc.message.strip() else ''}"
             ) from exc
 
-    def handed(self, worker: Any, reply: dict[str, Any]) -> list[list[Any]]:
+    def handed(self, worker: Any, reply: wire_replies.Reply) -> list[list[Any]]:
         """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
+        # a probe_observe, probe_cache or probe_poison reply: {sizes, outputs}
+        described = getattr(reply, "outputs", None) or {}
         try:
-            flat = worker.receive_outputs((reply.get("outputs") or {}).get("outputs"))
+            flat = worker.receive_outputs(described.get("outputs"))
         except WorkerFailed as exc:
             if _out_of_memory(exc):
                 raise
             raise _ProbeFailed(exc.message) from exc
-        sizes = (reply.get("outputs") or {}).get("sizes")
+        sizes = described.get("sizes")
         if (
             not isinstance(sizes, list)
             or not all(isinstance(n, int) and n >= 0 for n in sizes)
@@ -123,7 +125,7 @@ class DynamicContext:
             position += n
         return groups
 
-    def handed_one(self, worker: Any, reply: dict[str, Any]) -> list[Any]:
+    def handed_one(self, worker: Any, reply: wire_replies.Reply) -> list[Any]:
         """The one output list a probe handed over (:meth:`handed`)."""
         groups = self.handed(worker, reply)
         if len(groups) != 1:
@@ -228,16 +230,23 @@ class DynamicContext:
             # background_work), and which ran beside the reference's work before as well.
             if not self.on_cuda:
                 self._expected_quietly(self.cache_specs())
-            late_reply = self.request(sub, wire.ProbeObserveLate(out_path=sub.new_path("probe-observe-late")))
+            late_reply = wire_replies.ProbeObserveLateReply.of(
+                self.request(sub, wire.ProbeObserveLate(out_path=sub.new_path("probe-observe-late")))
+            )
             late = self.handed_one(sub, late_reply)
-            cand["activity"] = {**cand["activity"], "after_delay": late_reply.get("after_delay")}
+            observed = wire_replies.ProbeObserveReply.of(cand)
+            cand = replace(observed, activity={**observed.activity, "after_delay": late_reply.after_delay})
             return self._observed(spec, cand, refr, first, late)
 
         return self.once("observe", compute)
 
     @staticmethod
     def _observed(
-        spec: dict[str, Any], cand: dict[str, Any], refr: dict[str, Any], first: list[Any], late: list[Any]
+        spec: dict[str, Any],
+        cand: wire_replies.Reply,
+        refr: wire_replies.Reply,
+        first: list[Any],
+        late: list[Any],
     ) -> dict[str, Any]:
         """The observations as the checks read them. Only the difference of the outputs is kept:
         the outputs themselves would hold device memory all phase."""

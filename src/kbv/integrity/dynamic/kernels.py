@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbv import wire
+from kbv import wire, wire_replies
 from kbv.integrity._registry import register_check
 from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt
 from kbv.records import Finding
@@ -27,9 +27,9 @@ PEAKS: dict[str, tuple[float, float]] = {
 DEFAULT_GPU_PEAK = (2500e12, 10e12)
 
 
-def _kernels(ctx: DynamicContext) -> dict[str, Any]:
-    return ctx.once(
-        "kernels", lambda: ctx.request(ctx.session.subject, wire.ProbeKernels(inputs=ctx.draw(0)))
+def _kernels(ctx: DynamicContext) -> wire_replies.ProbeKernelsReply:
+    return wire_replies.ProbeKernelsReply.of(
+        ctx.once("kernels", lambda: ctx.request(ctx.session.subject, wire.ProbeKernels(inputs=ctx.draw(0))))
     )
 
 
@@ -45,10 +45,10 @@ def check_kernels_launched(ctx: DynamicContext) -> list[Finding]:
     if not ctx.on_cuda:
         return []
     info = _kernels(ctx)
-    if not info.get("available"):
+    if not info.available:
         return []
-    names = info["kernels"]
-    library = set(info.get("library_kernels", []))
+    names = info.kernels
+    library = set(info.library_kernels or [])
     custom = [n for n in names if n not in library]
     return [
         _finding(
@@ -78,16 +78,16 @@ def check_side_stream_kernels(ctx: DynamicContext) -> list[Finding]:
     if not ctx.on_cuda:
         return []
     info = _kernels(ctx)
-    return side_stream_kernel_findings(info) if info.get("available") else []
+    return side_stream_kernel_findings(info) if info.available else []
 
 
-def side_stream_kernel_findings(info: dict[str, Any]) -> list[Finding]:
+def side_stream_kernel_findings(info: wire_replies.ProbeKernelsReply) -> list[Finding]:
     """``side_stream_kernels`` findings from ``probe_kernels``'s reply: none when the marker's
     stream is unknown (no verdict from a probe that could not tell)."""
-    current = info.get("current_stream")
+    current = info.current_stream
     if current is None:
         return []
-    other = [(name, stream) for name, stream in info.get("kernel_streams") or [] if stream != current]
+    other = [(name, stream) for name, stream in info.kernel_streams or [] if stream != current]
     if not other:
         return []
     streams = sorted({str(stream) for _, stream in other})
@@ -121,23 +121,23 @@ def check_ghost_kernel(ctx: DynamicContext) -> list[Finding]:
     if found or not ctx.on_cuda:
         return found
     info = _kernels(ctx)
-    if not info.get("available") or not info.get("custom_code"):
+    if not info.available or not info.custom_code:
         return []
-    names, library = info["kernels"], set(info.get("library_kernels", []))
+    names, library = info.kernels, set(info.library_kernels or [])
     if names and all(n in library for n in names):
         return [
             _finding(
                 "ghost_kernel",
-                f"custom code loaded ({', '.join(info['custom_code'][:3])}) but only library "
+                f"custom code loaded ({', '.join(info.custom_code[:3])}) but only library "
                 f"kernels ran: {', '.join(n[:60] for n in names[:4])}",
             )
         ]
     return []
 
 
-def unused_kernel_findings(calls: dict[str, Any]) -> list[Finding]:
+def unused_kernel_findings(calls: wire_replies.ProbeCallsReply) -> list[Finding]:
     """``ghost_kernel`` findings from one recorded forward (``probe_calls``'s reply)."""
-    built, ran = calls.get("built") or {}, calls.get("ran") or {}
+    built, ran = calls.built, calls.ran
     own = [*ran.get("extension_calls", []), *ran.get("custom_ops", []), *ran.get("triton_launches", [])]
     if own:
         return []
@@ -184,7 +184,8 @@ def _names_missing(caught: dict[str, Any]) -> bool:
 
 
 def _peaks(ctx: DynamicContext) -> tuple[float, float, str]:
-    name = str((ctx.session.reference.hello.get("device") or {}).get("name", ""))
+    hello = ctx.session.reference.hello
+    name = str(((hello.device if hello is not None else None) or {}).get("name", ""))
     for key, peak in PEAKS.items():
         if key in name:
             return (*peak, name)
@@ -222,15 +223,15 @@ def check_plausibility(ctx: DynamicContext) -> list[Finding]:
         return findings  # CPU peaks vary too much for a floor; FlopCounterMode alone costs seconds
     facts = ctx.once("flops", lambda: ctx.request(session.reference, wire.ProbeFlops(inputs=ctx.draw(0))))
     flops_peak, bw_peak, where = _peaks(ctx)
-    nbytes = facts["input_bytes"] + facts["output_bytes"]
-    floor_ms = max(facts["flops"] / flops_peak, nbytes / bw_peak) * 1e3
+    nbytes = facts.input_bytes + facts.output_bytes
+    floor_ms = max(facts.flops / flops_peak, nbytes / bw_peak) * 1e3
     if cand_ms < floor_ms:
         findings.insert(
             0,
             _finding(
                 "plausibility",
                 f"median {_fmt(cand_ms)} ms is below the physical floor {_fmt(floor_ms)} ms on "
-                f"{where}: {facts['flops']:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at "
+                f"{where}: {facts.flops:.3g} FLOP at {flops_peak:.3g} FLOP/s, {nbytes} bytes at "
                 f"{bw_peak:.3g} B/s",
             ),
         )

@@ -27,7 +27,7 @@ def check_output_type(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
     return [
         _finding("output_type", f"output {i} is {t}, a tensor that is not a plain torch.Tensor")
-        for i, t in tensor_like_outputs(obs["candidate"]["types"], obs["first_tensors"])
+        for i, t in tensor_like_outputs(obs["candidate"].types, obs["first_tensors"])
     ]
 
 
@@ -61,8 +61,8 @@ def _python_scalar(type_name: str) -> bool:
 )
 def check_output_aliases_input(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
-    honest = {tuple(p) for p in obs["reference"]["aliasing"]}
-    extra = [p for p in obs["candidate"]["aliasing"] if tuple(p) not in honest]
+    honest = {tuple(p) for p in obs["reference"].aliasing}
+    extra = [p for p in obs["candidate"].aliasing if tuple(p) not in honest]
     return [
         _finding(
             "output_aliases_input", f"output {o} shares storage with input {i} (the reference's does not)"
@@ -84,8 +84,8 @@ def check_input_mutation(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
     cand, ref = obs["candidate"], obs["reference"]
     findings = []
-    for j, (before, after) in enumerate(zip(cand["input_checksums_before"], cand["input_checksums_after"])):
-        ref_changed = ref["input_checksums_before"][j] != ref["input_checksums_after"][j]
+    for j, (before, after) in enumerate(zip(cand.input_checksums_before, cand.input_checksums_after)):
+        ref_changed = ref.input_checksums_before[j] != ref.input_checksums_after[j]
         if before != after and not ref_changed:
             findings.append(
                 _finding(
@@ -114,20 +114,20 @@ def check_input_mutation(ctx: DynamicContext) -> list[Finding]:
 def check_background_work(ctx: DynamicContext) -> list[Finding]:
     obs = ctx.observe()
     cand, ref = obs["candidate"], obs["reference"]
-    act = cand["activity"]
+    act = cand.activity
     before, after, later = act["before"], act["after"], act["after_delay"]
     findings = []
     grew_py = max(after["python_threads"], later["python_threads"]) - before["python_threads"]
     # Threads the call started and waited for (a joined pool) are its own work; one still alive
-    # when it returned outlives it. (Older workers sent only the count started.)
-    outlived = cand.get("threads_alive_at_return", cand.get("threads_started", 0))
+    # when it returned outlives it.
+    outlived = cand.threads_alive_at_return
     if grew_py > 0 or outlived > 0:
         findings.append(
             _finding(
                 "background_work",
                 f"Python threads: {before['python_threads']} before the call, "
                 f"{after['python_threads']} right after, {later['python_threads']} after "
-                f"{OBSERVE_DELAY_S}s; {cand.get('threads_started', 0)} started during the call, "
+                f"{OBSERVE_DELAY_S}s; {cand.threads_started} started during the call, "
                 f"{outlived} of them still running when it returned",
             )
         )
@@ -153,7 +153,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
                 f"{_fmt(diff)} after {OBSERVE_DELAY_S}s",
             )
         )
-    ref_act = ref["activity"]
+    ref_act = ref.activity
     ref_growth = (
         max(ref_act["after"]["os_threads"], ref_act["after_delay"]["os_threads"])
         - ref_act["before"]["os_threads"]
@@ -193,7 +193,7 @@ _NUMERIC_FLAGS = (
     call. Switching TF32 on in an fp32 problem buys speed with precision the task did not allow.""",
 )
 def check_global_flags(ctx: DynamicContext) -> list[Finding]:
-    flags = ctx.observe()["candidate"]["flags"]
+    flags = ctx.observe()["candidate"].flags
     start, now = flags["start"], flags["after_call"]
     findings = []
     for name in sorted(set(start) | set(now)):
@@ -220,7 +220,7 @@ def check_global_flags(ctx: DynamicContext) -> list[Finding]:
     importing the candidate.""",
 )
 def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
-    changed = ctx.observe()["candidate"]["identities_changed"]
+    changed = ctx.observe()["candidate"].identities_changed
     return (
         [_finding("timer_tampering", f"replaced after import: {', '.join(changed[:12])}")] if changed else []
     )
@@ -237,7 +237,7 @@ def check_timer_tampering(ctx: DynamicContext) -> list[Finding]:
     whatever the patch does.""",
 )
 def check_harness_patched(ctx: DynamicContext) -> list[Finding]:
-    changed = ctx.observe()["candidate"].get("harness_changed") or []
+    changed = ctx.observe()["candidate"].harness_changed
     return (
         [
             _finding(
