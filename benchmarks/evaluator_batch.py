@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import kbv
-from kbv import _shared_reference, wire
+from kbv import _shared_reference, wire, wire_replies
 from kbv.problems import bundled_suite_dir
 from kbv.worker import Worker
 
@@ -89,7 +89,7 @@ class ReferenceRequests:
                 sent[id(worker)] = (request.op, time.monotonic())
             return send(worker, request)
 
-        def receive_reply(worker: Worker, request_id: int | None = None) -> dict[str, Any]:
+        def receive_reply(worker: Worker, request_id: int | None = None) -> wire_replies.Reply:
             try:
                 return receive(worker, request_id)
             finally:

@@ -58,7 +58,7 @@ def _sync() -> None:
 
 def install(trace: Trace) -> None:
     """Wrap the parent's side of the worker channel and the judging functions."""
-    from kbv import correctness, wire
+    from kbv import correctness, wire, wire_replies
     from kbv.worker import Worker
 
     send, receive = Worker.send_request, Worker.receive_reply
@@ -73,17 +73,18 @@ def install(trace: Trace) -> None:
         pending[request_id] = (request.op, getattr(request, "precision", None), sent_at)
         return request_id
 
-    def receive_reply(self: Worker, request_id: int | None = None) -> dict[str, Any]:
+    def receive_reply(self: Worker, request_id: int | None = None) -> wire_replies.Reply:
+        awaited = request_id if request_id is not None else self._awaited[0]  # the oldest, by default
         reply = receive(self, request_id)
-        op, precision, sent = self.__dict__["_trace_pending"].pop(reply["id"])
+        op, precision, sent = self.__dict__["_trace_pending"].pop(awaited)
         trace.add(
             what="request",
             role=self.spec.role,
             op=op,
             precision=precision,
             wall_s=time.monotonic() - sent,
-            worker_s=reply.get("worker_seconds"),
-            steps_s=reply.get("steps_s"),
+            worker_s=reply.worker_seconds,
+            steps_s=reply.steps_s,
         )
         return reply
 
