@@ -512,7 +512,7 @@ def test_a_cpu_worker_runs_one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     with Worker(WorkerSpec(build_key="threads", device="cpu", role="probe", budget_s=60)) as worker:
-        assert worker.start()["intra_op_threads"] == 1
+        assert worker.start().intra_op_threads == 1
         state = lambda: Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
         with worker.paused():  # stopped while another worker is timed
             assert state() == "T"

@@ -147,7 +147,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         elif ctx.gpu.held:
             ctx.gpu.on_first_outputs = _hold_alone_for_outputs(ctx, gpu, subject, ref_hello)
         try:
-            _phase(ctx, "load", lambda: _load_candidate(ctx, subject, reference))
+            _phase(ctx, "load", lambda: _load_candidate(ctx, subject))
             results = _phase(ctx, "correctness", lambda: _check_correctness(ctx, reference, subject))
             ctx.found.findings.extend(_correctness_findings(ctx, results))
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
@@ -392,7 +392,7 @@ def _problem_failed(failure: WorkerFailed) -> bool:
     return "out of memory" not in failure.message.lower()
 
 
-def _load_candidate(ctx: _Context, subject: Worker, reference: Worker) -> None:
+def _load_candidate(ctx: _Context, subject: Worker) -> None:
     from kbv.worker.builds import build_lock, known_build_failure
 
     message = known_build_failure(ctx.candidate.source_sha256)
