@@ -105,7 +105,7 @@ def test_a_field_left_at_its_default_is_left_off_the_wire() -> None:
         ("time", {"ok": 1}, "'ok' must be a bool"),
         ("time", {"ok": DROP}, "'ok' must be a bool"),
         ("exit", {"ok": False}, r"lacks its field\(s\) \['error'\]"),
-        ("exit", {"ok": False, "error": "boom"}, "'error' must be dict, not str"),
+        ("exit", {"ok": False, "error": "boom"}, "Failed reply's 'error' must be dict, not str"),
         ("run", {"ok": False, "error": {"kind": "runtime_error"}}, "failed 'run' reply has no field"),
     ],
 )

@@ -38,7 +38,7 @@ class _Message:
     op: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        what = f"{self.op!r} reply's"
+        what = f"{self.op!r} reply's" if self.op else f"{type(self).__name__} reply's"
         for name, (allowed, items) in _types(type(self)).items():
             value = getattr(self, name)
             wire._check_value(what, name, value, allowed)
