@@ -512,8 +512,15 @@ def test_the_device_limit_polled_is_the_one_the_budget_holds(monkeypatch: pytest
             "unit": "bytes",
         }
         budget = worker.budget = MemoryBudget()
-        h200 = {"device": {"total_memory_bytes": 143771 * (1 << 20)}}
-        assert "raised from 64 GiB to 105.3 GiB" in evaluation._widen_device_limit(budget, worker, h200)  # type: ignore[arg-type]
+        h200 = wire_replies.Hello(
+            pid=1,
+            python="3",
+            torch="2",
+            cuda_available=True,
+            intra_op_threads=1,
+            device={"total_memory_bytes": 143771 * (1 << 20)},
+        )
+        assert "raised from 64 GiB to 105.3 GiB" in evaluation._widen_device_limit(budget, worker, h200)
         assert worker._watch() and worker.exceeded is None  # over the old limit, under the widened one
         assert worker.isolation["limits"]["device_memory_gb"] == 105.3  # the record names the limit in force
         used["bytes"] = 110 * gib
