@@ -555,7 +555,7 @@ def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_
         assert all(i > first_candidate_reply for i in expected)
     assert session.subject.sent[0].deferred and not session.reference.sent[0].deferred
     assert log[-1] == ("candidate", "reply") and late == len(log) - 2
-    assert observed["candidate"]["activity"]["after_delay"] == {"python_threads": 1}
+    assert observed["candidate"].activity["after_delay"] == {"python_threads": 1}
     assert observed["late_diff"] == 0.0
     assert [s["seed"] for s in ctx.cache_specs()] == [100, 101, 101, 100] and ctx.cache_specs()[3][
         "mix_seed"
