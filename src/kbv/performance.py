@@ -26,7 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from kbv import baseline_cache, telemetry, wire, wire_replies
-from kbv import statistics as kbv_timing
+from kbv import statistics as kbv_statistics
 from kbv.measure_context import MeasureContext
 from kbv.measure_context import UnseenJudge as UnseenJudge  # what the evaluation builds a context with
 from kbv.protocol import TimingSettings
@@ -106,7 +106,7 @@ def measure_pair(
         baseline_seconds += sum(r["parent_bracket_s"] for r in recheck["rounds"])
     timing = {
         "baseline_seconds": baseline_seconds,
-        "recipe": kbv_timing.recipe_name(settings),
+        "recipe": kbv_statistics.recipe_name(settings),
         "candidate": _entry(rounds["candidate"], settings, source="measured"),
         "baselines": baselines,
     }
@@ -206,7 +206,7 @@ def _dominated(settings: TimingSettings, first: dict[str, list[dict[str, Any]]])
 
 def _worst_precision(settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]]) -> float:
     return max(
-        kbv_timing.median_precision(
+        kbv_statistics.median_precision(
             [x for batch in series for x in batch["device_ms"]], resamples=settings.bootstrap_resamples
         )
         for series in rounds.values()
@@ -246,7 +246,7 @@ class _Warmups:
         key = (id(worker), precision)
         first = key not in self.seen
         self.seen.add(key)
-        return kbv_timing.warmup_budget_s(self.settings, first)
+        return kbv_statistics.warmup_budget_s(self.settings, first)
 
 
 def measured_baselines(
@@ -388,7 +388,7 @@ def _bracket_recheck(
     and be honest only then); its rounds, whose outputs were checked, are what is judged."""
     if not ctx.recheck_brackets:
         return None
-    verdict = kbv_timing.bracket_verdict(candidate_rounds, trusted_batches(baselines), ctx.settings)
+    verdict = kbv_statistics.bracket_verdict(candidate_rounds, trusted_batches(baselines), ctx.settings)
     if not verdict["disagrees"]:
         return None
     with _others_paused(reference, subject):
@@ -456,7 +456,7 @@ def _timed_batch(
     scheduled_after = worker.scheduler_ns()
     after = telemetry.gpu_state(ctx.device)
     raw = reply.measurement
-    problem = kbv_timing.invalid_samples(raw, ctx.settings)
+    problem = kbv_statistics.invalid_samples(raw, ctx.settings)
     if problem is not None:
         message = (
             f"the worker reported timing samples no clock produces ({problem}); its timing cannot be used"
@@ -493,7 +493,7 @@ def _settings_dict(settings: TimingSettings) -> dict[str, Any]:
 def _entry(rounds: list[dict[str, Any]], settings: TimingSettings, source: str) -> dict[str, Any]:
     device = [s for r in rounds for s in r["device_ms"]]
     wall = [s for r in rounds for s in r["wall_ms"]]
-    summary = kbv_timing.summarize(device, resamples=settings.bootstrap_resamples)
+    summary = kbv_statistics.summarize(device, resamples=settings.bootstrap_resamples)
     throttled = sum(1 for r in rounds if r.get("throttled"))
     if throttled:  # NVML named a throttle reason during a round: its samples are not at full clocks
         summary["warnings"] = [*summary.get("warnings", []), "throttled"]
@@ -504,7 +504,7 @@ def _entry(rounds: list[dict[str, Any]], settings: TimingSettings, source: str) 
         "source": source,
         "rounds": rounds,
         "summary": summary,
-        "wall_summary": kbv_timing.summarize(wall, resamples=settings.bootstrap_resamples),
+        "wall_summary": kbv_statistics.summarize(wall, resamples=settings.bootstrap_resamples),
         "throttled_rounds": throttled,
     }
 
@@ -519,9 +519,8 @@ def speedups(timing: dict[str, Any], settings: TimingSettings) -> tuple[dict[str
     for name, entry in timing["baselines"].items():
         base_rounds = [r["device_ms"] for r in entry["rounds"]]
         # a cached baseline's rounds were timed at another moment, perhaps as many as the candidate's
-        ratio = (
-            kbv_timing.paired_speedup if len(base_rounds) == len(cand_rounds) else kbv_timing.unpaired_speedup
-        )
+        paired_rounds = len(base_rounds) == len(cand_rounds)
+        ratio = kbv_statistics.paired_speedup if paired_rounds else kbv_statistics.unpaired_speedup
         paired = ratio(base_rounds, cand_rounds, resamples=settings.bootstrap_resamples)
         result[name] = paired.get("speedup")
         intervals[name] = {k: paired.get(k) for k in ("ci95_low", "ci95_high", "per_round")}

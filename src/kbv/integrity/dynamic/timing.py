@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbv import statistics as kbv_timing
+from kbv import statistics as kbv_statistics
 from kbv.integrity._registry import register_check
 from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt
 from kbv.performance import trusted_batches
@@ -90,12 +90,12 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     cand_rounds = _rounds(timing.get("candidate"))
     settings = session.protocol.timing
     trusted = trusted_batches(timing.get("baselines") or {})
-    verdict = kbv_timing.bracket_verdict(cand_rounds, trusted, settings)
+    verdict = kbv_statistics.bracket_verdict(cand_rounds, trusted, settings)
     if not verdict["disagrees"]:
         return []
     recheck = _rounds(timing.get("bracket_recheck"))
     if recheck:  # trusted batches timed right after the rounds: what this moment costs an honest batch
-        first, verdict = verdict, kbv_timing.bracket_verdict(cand_rounds, trusted + recheck, settings)
+        first, verdict = verdict, kbv_statistics.bracket_verdict(cand_rounds, trusted + recheck, settings)
         if not verdict["disagrees"]:
             return [_explained_by_load(first, verdict)]
     worst = min(verdict["rounds"], key=lambda r: r["gap_ms"])
@@ -184,7 +184,7 @@ def check_side_stream(ctx: DynamicContext) -> list[Finding]:
         for r in _rounds(entry):
             m = _measurement(r)
             if m.device_ms:
-                check = kbv_timing.wall_vs_device_disagreement(m, 0.0)
+                check = kbv_statistics.wall_vs_device_disagreement(m, 0.0)
                 excess.append(max(0.0, check["excess_ms"]))
     overhead = sorted(excess)[len(excess) // 2] if excess else 0.0
     findings = []
@@ -192,7 +192,7 @@ def check_side_stream(ctx: DynamicContext) -> list[Finding]:
         m = _measurement(r)
         if not m.device_ms:
             continue
-        check = kbv_timing.wall_vs_device_disagreement(m, overhead)
+        check = kbv_statistics.wall_vs_device_disagreement(m, overhead)
         if check["disagrees"]:
             findings.append(
                 _finding(
@@ -206,6 +206,6 @@ def check_side_stream(ctx: DynamicContext) -> list[Finding]:
     return findings
 
 
-def _measurement(raw: dict[str, Any]) -> kbv_timing.Measurement:
-    known = {f for f in kbv_timing.Measurement.__dataclass_fields__}
-    return kbv_timing.Measurement.from_dict({k: v for k, v in raw.items() if k in known})
+def _measurement(raw: dict[str, Any]) -> kbv_statistics.Measurement:
+    known = {f for f in kbv_statistics.Measurement.__dataclass_fields__}
+    return kbv_statistics.Measurement.from_dict({k: v for k, v in raw.items() if k in known})
