@@ -502,6 +502,37 @@ def test_rounds_stop_once_the_precision_target_is_out_of_reach() -> None:
     assert "futile" not in measure._precision_reached(patient, out_of_reach)
 
 
+def _bracketed(bracket_ms: float) -> dict:
+    """A batch of ten 1 ms calls, no warm-up, that the parent bracketed at ``bracket_ms``."""
+    return {
+        "device_ms": [1.0] * 10,
+        "wall_ms": [1.0] * 10,
+        "warmup_calls": 0,
+        "warmup_budget_s": 0.0,
+        "parent_bracket_s": bracket_ms / 1e3,
+    }
+
+
+def test_a_round_that_disagreed_with_the_bracket_keeps_the_futility_stop_off() -> None:
+    """``timing_disagreement`` fails only when every round disagrees, so a round that disagreed asks
+    for the rounds a futile precision would have skipped: more chances for an honest candidate's
+    noise to agree, and more trusted batches for its allowance."""
+    futile = TimingSettings(repeats=10, rounds=3, max_rounds=9, median_precision=0.02, stop_when_futile=True)
+    trusted = [_bracketed(11.0)] * 3
+    agreeing = {"candidate": [_bracketed(11.0)] * 3, "eager_fp32": trusted}
+    one_off = {"candidate": [_bracketed(11.0), _bracketed(40.0), _bracketed(11.0)], "eager_fp32": trusted}
+    assert measure._bracket_clean(futile, agreeing, {})  # accept: every round within the allowance
+    assert not measure._bracket_clean(futile, one_off, {})  # reject: one round's gap is 29 ms over
+    # a cached baseline's fresh check batch is a trusted batch too
+    checked = {"eager_fp32": {"accepted": True, "batch": _bracketed(11.0)}}
+    assert not measure._bracket_clean(futile, {"candidate": [_bracketed(40.0)] * 3}, checked)
+    far = _spread(0.2)
+    out_of_reach = {"candidate": _series(far, far, far)}
+    assert not measure._another_round(futile, out_of_reach, bracket_clean=True)
+    assert measure._another_round(futile, out_of_reach, bracket_clean=False)
+    assert not measure._another_round(futile, {"candidate": _series(*[far] * 9)}, bracket_clean=False)
+
+
 def test_a_cached_baseline_pairs_with_a_candidate_timed_for_more_rounds() -> None:
     s = TimingSettings(repeats=3, rounds=3, max_rounds=9, median_precision=0.02, bootstrap_resamples=200)
     cached = {"source": "cache", "rounds": _series([2.0, 2.0, 2.0], [2.0, 2.1, 2.0], [2.0, 1.9, 2.0])}

@@ -271,9 +271,10 @@ STANDARD = Protocol(
 # candidate's batch (``judged_calls``; docs/timing.md, "Judging a secret sample of the timed
 # calls"). Version 4 judged every timed call: one float64 forward per call in the reference.
 # Version 6: no further rounds once the precision target cannot be reached within max_rounds
-# (``stop_when_futile``; docs/timing.md, "Rounds until precise"). Version 5 timed all 9 rounds of
-# every problem of the CPU sample, whose medians never came within 2% on two shared cores
-# (benchmarks/results/2026-12-06-cpu-verified-cost-cut/).
+# (``stop_when_futile``; docs/timing.md, "Rounds until precise"), unless a candidate round has
+# disagreed with the parent's bracket (then more rounds give its noise chances to agree). Version 5
+# timed all 9 rounds of every problem of the CPU sample, whose medians never came within 2% on two
+# shared cores (benchmarks/results/2026-12-06-cpu-verified-cost-cut/).
 VERIFIED = Protocol(
     name="verified",
     version=6,
