@@ -7,16 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FOUNDATION, RELU
 
 from kbv import wire, wire_replies
-from kbv.api import evaluate_paths
 from kbv.child import probes as _probes
 from kbv.integrity import dynamic
 from kbv.integrity._registry import list_checks
-from kbv.integrity.dynamic._context import _ProbeFailed
 from kbv.protocol import VERIFIED
-from kbv.worker import Worker, WorkerFailed
 
 
 def _ctx(**session_fields) -> dynamic.DynamicContext:
@@ -654,88 +650,3 @@ def test_containment_findings_are_made_by_the_registered_checks() -> None:
     ]
     assert "pid 7 (own session)" in found[0].detail and "reference (pid 9)" in found[2].detail
     assert dynamic.containment_findings([], [], []) == []
-
-
-def test_an_observation_taken_ahead_leaves_its_look_for_observe_late() -> None:
-    """``observe_ahead``: both observed calls and the reference's answers to the cache probe's draws,
-    no look; ``observe_late`` asks for the look, and the checks then read that observation without
-    a request more."""
-    log: list = []
-    session = _observing_session("cpu", True, log)
-    session.phases = {}
-    ctx = dynamic.DynamicContext(session)
-    ctx.observe_ahead()
-    assert ("candidate", "send", "probe_observe_late") not in log
-    assert [entry[1] for entry in log if entry[0] == "expected"] == ctx.cache_specs()
-    asked = len(log)
-    ctx.observe_late()
-    assert log[asked:] == [("candidate", "send", "probe_observe_late"), ("candidate", "reply")]
-    observed = ctx.observe()
-    assert len(log) == asked + 2  # read, not asked again
-    assert observed["candidate"].activity["after_delay"] == {"python_threads": 1}
-    assert set(session.phases) == {"observe"} and session.phases["observe"] >= 0.0
-
-
-def test_an_observation_taken_ahead_and_not_looked_at_is_looked_at_when_a_check_reads_it() -> None:
-    log: list = []
-    session = _observing_session("cpu", True, log)
-    ctx = dynamic.DynamicContext(session)
-    ctx.observe_ahead()
-    ctx.observe()
-    assert log[-2:] == [("candidate", "send", "probe_observe_late"), ("candidate", "reply")]
-    assert sum(1 for entry in log if entry == ("candidate", "send", "probe_observe")) == 1
-
-
-class _FailingObserver(_ObservingWorker):
-    def receive_reply(self, request_id: int | None = None) -> dict:
-        raise WorkerFailed("runtime_error", "RuntimeError: no observing me")
-
-
-def test_a_candidate_failing_an_observation_taken_ahead_fails_the_checks_that_read_it() -> None:
-    """The failure is kept and raised to the check that reads the observation (a fail finding),
-    as a probe that fails when the check asks for it; no look is asked for."""
-    log: list = []
-    session = _observing_session("cpu", True, log)
-    session.subject = _FailingObserver("candidate", log)
-    ctx = dynamic.DynamicContext(session)
-    ctx.observe_ahead()
-    ctx.observe_late()
-    assert ("candidate", "send", "probe_observe_late") not in log
-    with pytest.raises(_ProbeFailed, match="no observing me"):
-        ctx.observe()
-
-
-def test_on_the_cpu_the_look_is_taken_at_the_candidates_first_timing_request(monkeypatch) -> None:
-    """``verified`` on the CPU: the observed call runs after the correctness draws; the reference's
-    answers to the cache probe's draws, its build for timing and the phase's first truth follow while
-    the candidate idles; the look is the candidate's next request, before its build and any timed
-    batch. A candidate that failed correctness (no timing phase) is observed in the integrity phase."""
-    sent: list = []
-    send = Worker.send_request
-
-    def logged(self: Worker, request: wire.Request) -> int:
-        sent.append((self.spec.role, request.op))
-        return send(self, request)
-
-    monkeypatch.setattr(Worker, "send_request", logged)
-    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
-    assert record.outcome == "passed"
-    candidate = [op for role, op in sent if role == "candidate"]
-    late = candidate.index("probe_observe_late")
-    assert candidate[late - 1] == "probe_observe" and candidate[late + 1 : late + 3] == ["build", "time"]
-    assert candidate.index("time") > late and candidate.count("probe_observe") == 1
-    observed, looked = (
-        sent.index(("candidate", "probe_observe")),
-        sent.index(("candidate", "probe_observe_late")),
-    )
-    between = [op for role, op in sent[observed + 1 : looked] if role == "reference"]
-    assert between[:1] == ["probe_observe"] and between[-2:] == ["build", "truth_sketches"]
-    assert "expected" in between  # the cache probe's draws
-    assert record.phases_s["probe:observe"] > 0.2  # the window is not shortened
-    sent.clear()
-    wrong = evaluate_paths(RELU, FOUNDATION / "relu_wrong.py", protocol="verified", device="cpu")
-    assert wrong.outcome == "incorrect"
-    candidate = [op for role, op in sent if role == "candidate"]
-    if "probe_observe" in candidate:  # no timing: the look comes at the next integrity request
-        late = candidate.index("probe_observe_late")
-        assert candidate[late - 1] == "probe_observe" and "time" not in candidate

@@ -38,13 +38,12 @@ class MeasureContext:
         load: wire.Load,
         sketch_seed: int | None = None,
         timed_reference: Callable[[int], dict[str, Any]] | None = None,
-        build: Callable[..., None] | None = None,
+        build: Callable[[], None] | None = None,
         recheck_brackets: bool = False,
         tf32_operators: dict[str, Any] | None = None,
         precision: str = "fp32",
         unseen_seeds: Callable[[int], list[int]] | None = None,
         unseen_judge: UnseenJudge | None = None,
-        before_candidate: Callable[[], None] | None = None,
     ) -> None:
         """``sketch_seed`` (derived from the evaluation's master seed) draws each round's sketch basis;
         ``timed_reference(seed)`` is what judging a timed call on the timing input set of ``seed``
@@ -61,11 +60,7 @@ class MeasureContext:
         none of them drawn before: every batch of the round times its calls on those draws, and the
         warm-up alone rotates over ``seeds``. ``unseen_judge`` lets the trusted reference reduce each
         such draw's truth to its sketch in its own process (one ``truth_sketches`` request a round,
-        under the error model); without it each draw's reference comes from ``timed_reference``.
-
-        ``before_candidate`` runs after the reference's share of the set-up (its build, the timed
-        outputs' plan with the first round's truth) and before the candidate's build, its first
-        request of the phase; ``build`` is then called with ``between`` (kbv.performance)."""
+        under the error model); without it each draw's reference comes from ``timed_reference``."""
         self.problem = problem
         self.device = device
         self.settings = settings
@@ -82,7 +77,6 @@ class MeasureContext:
         self.precision = precision
         self.unseen_seeds = unseen_seeds
         self.unseen_judge = unseen_judge
-        self.before_candidate = before_candidate
         if settings.unseen_inputs and unseen_seeds is None:
             raise ValueError(
                 "timing.unseen_inputs needs MeasureContext.unseen_seeds (one seed per timed call)"

@@ -49,10 +49,11 @@ def measure_pair(
     settings = ctx.settings
     if ctx.build is None:
         raise ValueError("measure_pair needs MeasureContext.build (both models with the timing parameters)")
-    plan = _set_up(ctx, reference)
+    ctx.build()
     names, skipped = measured_baselines(
         tuple(settings.baselines), ctx.device, ctx.tf32_operators, ctx.precision
     )
+    plan = _plan_for(ctx, reference)
     warmups = _Warmups(settings)
     cached = {name: baseline_cache.read(ctx, name) for name in names}
     cache_checks = _check_cached(ctx, reference, cached, subject, plan, warmups)
@@ -120,27 +121,6 @@ def measure_pair(
     if recheck is not None:
         timing["bracket_recheck"] = recheck
     return timing, _speedups_judged(timing, settings, plan)
-
-
-def _set_up(ctx: MeasureContext, reference: Worker) -> _SketchPlan | None:
-    """Both models built with the timing parameters, and the timed outputs' plan. With
-    ``before_candidate`` the reference's share comes first (its build, the plan with the first
-    round's truth: the reference's work, none of it timed), then that, then the candidate's build."""
-    assert ctx.build is not None
-    hook = ctx.before_candidate
-    if hook is None:
-        ctx.build()
-        return _plan_for(ctx, reference)
-    plans: list[_SketchPlan | None] = []
-
-    def reference_share() -> None:
-        plans.append(_plan_for(ctx, reference))
-        if plans[0] is not None:
-            plans[0].spec(0)
-        hook()
-
-    ctx.build(between=reference_share)
-    return plans[0]
 
 
 def _baseline_entries(

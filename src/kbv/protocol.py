@@ -275,13 +275,9 @@ STANDARD = Protocol(
 # disagreed with the parent's bracket (then more rounds give its noise chances to agree). Version 5
 # timed all 9 rounds of every problem of the CPU sample, whose medians never came within 2% on two
 # shared cores (benchmarks/results/2026-12-06-cpu-verified-cost-cut/).
-# Version 7: on the CPU the observation probe's calls run between the correctness draws and the
-# timing phase, and its look 0.2 s later is the candidate's first request of that phase, after the
-# reference's build and first truth (docs/integrity-dynamic.md, "The observation's delay"). Version
-# 6 observed in the integrity phase, where the reference had 10-40 ms of work to fill the 0.2 s.
 VERIFIED = Protocol(
     name="verified",
-    version=7,
+    version=6,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,

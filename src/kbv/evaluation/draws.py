@@ -3,7 +3,6 @@ judged by the parent, a failing draw confirmed by re-runs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -101,18 +100,12 @@ def _redrawn_state(
     return replace(build, state_inbox=items)
 
 
-def _build_for_timing(
-    ctx: _Context, reference: Worker, subject: Worker, between: Callable[[], None] | None = None
-) -> None:
-    """Both models with the timing (and dynamic-check) parameters: the ``original`` init seed.
-    ``between`` runs after the reference's build, before the candidate's (the reference's outputs
-    it asks for are kept under the new parameters' key)."""
+def _build_for_timing(ctx: _Context, reference: Worker, subject: Worker) -> None:
+    """Both models with the timing (and dynamic-check) parameters: the ``original`` init seed."""
     init_seed = ctx.seeds.init("original")
     reference.request(wire.Build(init_seed=init_seed))
-    ctx.cache.state_key = ("init", init_seed)
-    if between is not None:
-        between()
     subject.request(wire.Build(init_seed=init_seed))
+    ctx.cache.state_key = ("init", init_seed)
 
 
 def _check_distribution(

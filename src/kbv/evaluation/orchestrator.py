@@ -153,26 +153,22 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             correct = all(r.passed for r in results if r.applicable) and any(r.applicable for r in results)
             timing, speedup, memory = _empty_timing()
             release_cached_blocks(ctx.device)  # the draws' blocks, for the workers' timing inputs
-            ahead = _observation_ahead(ctx, reference, subject) if correct else None
             if correct:
                 # Nothing else runs on this GPU while it times (kbv.device_lock), and no spare boots:
                 # those still booting are stopped for the phase ("spares": the time their stop took).
                 with gpu.exclusive(), _phase_entered(ctx, "spares", spares.quiet()):
                     timing, speedup, memory = _phase(
-                        ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject, ahead)
+                        ctx, "timing", lambda: _measure(ctx, ref_hello, reference, subject)
                     )
                 phases = ctx.found.phases
                 phases["timing"] -= phases.get("baseline", 0.0)  # timing = the candidate's share
-                if ahead is not None:  # the observation's look is the integrity phase's
-                    phases["timing"] -= ahead.late_s
-                    phases["integrity"] = phases.get("integrity", 0.0) + ahead.late_s
             if gpu.waited_s:
                 ctx.found.phases["device_wait"] = gpu.waited_s
             if ctx.protocol.integrity.dynamic:
                 _phase(
                     ctx,
                     "integrity",
-                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup, ahead),
+                    lambda: _dynamic_findings(ctx, reference, subject, correct, timing, speedup),
                 )
             else:
                 ctx.found.findings.extend(_findings_without_probes(ctx, timing))
@@ -317,24 +313,10 @@ def _dynamic_findings(
     correct: bool,
     timing: dict[str, Any],
     speedup: dict[str, Any],
-    ahead: _Ahead | None = None,
 ) -> None:
     from kbv import integrity
     from kbv.integrity import dynamic
 
-    session = ahead.session if ahead is not None else _session(ctx, reference, subject, correct)
-    session.timing, session.speedup = timing, speedup
-    try:
-        result = dynamic.run_dynamic_checks(session, ahead.checks if ahead is not None else None)
-        ctx.found.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
-        speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
-    finally:
-        ctx.found.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
-
-
-def _session(ctx: _Context, reference: Worker, subject: Worker, correct: bool) -> Session:
-    """The dynamic checks' session (its ``timing`` and ``speedup`` are the timing phase's, set
-    once it has run)."""
     counter = iter(range(1 << 30))
     base = _probe_base(ctx)
     variant = ctx.found.variants.get(base, base)
@@ -352,14 +334,14 @@ def _session(ctx: _Context, reference: Worker, subject: Worker, correct: bool) -
             for _ in range(repeats)
         ]
 
-    return Session(
+    session = Session(
         reference=reference,
         subject=subject,
         protocol=ctx.protocol,
         device=ctx.device,
         correct=correct,
-        timing={},
-        speedup={},
+        timing=timing,
+        speedup=speedup,
         fresh_seed=lambda purpose: inputs.derive_seed(ctx.seeds.master, "probe", purpose, next(counter)),
         probe_distribution=variant,
         draw_spec=lambda k: {"distribution": variant, "seed": ctx.seeds.draw(base, k)},
@@ -370,43 +352,12 @@ def _session(ctx: _Context, reference: Worker, subject: Worker, correct: bool) -
         transients=ctx.found.transients,
         side_by_side=_side_by_side(ctx),
     )
-
-
-@dataclass
-class _Ahead:
-    """An observation taken ahead of the timing phase (:func:`_observation_ahead`): its session and
-    checks' context, and the seconds its look took inside the timing phase."""
-
-    session: Session
-    checks: Any  # kbv.integrity.dynamic.DynamicContext
-    late_s: float = 0.0
-
-    def look(self) -> None:
-        started = time.monotonic()
-        self.checks.observe_late()
-        self.late_s += time.monotonic() - started
-
-
-def _observation_ahead(ctx: _Context, reference: Worker, subject: Worker) -> _Ahead | None:
-    """On the CPU under the dynamic checks, the observation probe's calls run between the
-    correctness draws and the timing phase, and its look 0.2 s later is taken at the candidate's
-    first request of that phase, after the reference's share of its set-up (docs/integrity-dynamic.md,
-    "The observation's delay"): the window passes while the reference works, the candidate idle and
-    not stopped. Not on a GPU (the parent would hold the observed outputs through the timing
-    set-up; the order there is unchanged), nor where the probe cannot run side by side."""
-    if not ctx.protocol.integrity.dynamic or ctx.device.startswith("cuda") or not _side_by_side(ctx):
-        return None
-    from kbv.integrity import dynamic
-
-    session = _session(ctx, reference, subject, correct=True)
-
-    def start() -> _Ahead:
-        session.rebuild()  # the probe distribution's parameters, as the integrity phase has them
-        checks = dynamic.DynamicContext(session)
-        checks.observe_ahead()
-        return _Ahead(session, checks)
-
-    return _phase(ctx, "integrity", start)  # type: ignore[no-any-return]
+    try:
+        result = dynamic.run_dynamic_checks(session)
+        ctx.found.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
+        speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
+    finally:
+        ctx.found.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
 
 
 def _probe_base(ctx: _Context) -> str:
@@ -461,7 +412,7 @@ def _load_candidate(ctx: _Context, subject: Worker) -> None:
 
 
 def _measure(
-    ctx: _Context, hello: wire_replies.Hello, reference: Worker, subject: Worker, ahead: _Ahead | None = None
+    ctx: _Context, hello: wire_replies.Hello, reference: Worker, subject: Worker
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     settings = ctx.protocol.timing
     mctx = performance.MeasureContext(
@@ -477,13 +428,12 @@ def _measure(
         load=_load(ctx, "reference"),
         sketch_seed=inputs.derive_seed(ctx.seeds.master, "timed-sketch"),
         timed_reference=lambda seed: _timed_reference(ctx, reference, seed),
-        build=lambda between=None: _build_for_timing(ctx, reference, subject, between),
+        build=lambda: _build_for_timing(ctx, reference, subject),
         recheck_brackets=_checks_brackets(ctx.protocol),  # timing_disagreement reads the re-check
         tf32_operators=ctx.cache.tf32_operators,
         precision=ctx.protocol.precision,
         unseen_seeds=lambda r: ctx.seeds.unseen(r, settings.repeats),
         unseen_judge=performance.UnseenJudge(ctx.protocol.correctness, tuple(_structure(ctx).numels)),
-        before_candidate=ahead.look if ahead is not None else None,
     )
     timing, speedup = performance.measure_pair(mctx, reference, subject)
     timing, speedup = performance.named_for_precision(timing, speedup, ctx.protocol.precision)

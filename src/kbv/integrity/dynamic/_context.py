@@ -56,8 +56,6 @@ class DynamicContext:
     #: (the corrected speedups) and ``trusted_candidate_ms`` (the per-call time the parent's
     #: bracket supports), both from timing_disagreement; later checks read them here.
     corrections: dict[str, Any] = field(default_factory=dict)
-    #: An observation whose calls ran and whose look waits (:meth:`observe_ahead`).
-    _ahead: Any = None
 
     @property
     def timing(self) -> dict[str, Any] | None:
@@ -81,7 +79,9 @@ class DynamicContext:
             try:
                 self._cache[key] = compute()
             finally:
-                self._count(key, started)
+                phases = getattr(self.session, "phases", None)
+                if phases is not None:
+                    phases[key] = phases.get(key, 0.0) + time.monotonic() - started
         value = self._cache[key]
         if isinstance(value, Exception):
             raise value
@@ -190,9 +190,39 @@ class DynamicContext:
     # -- probes -----------------------------------------------------------------------------------
     def observe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
-            if not bool(getattr(self.session, "side_by_side", False)):
-                return self._observe_alone()
-            calls = self._observe_calls()
+            spec = self.draw(0)
+            sub, ref = self.session.subject, self.session.reference
+            side_by_side = bool(getattr(self.session, "side_by_side", False))
+            to_candidate = wire.ProbeObserve(
+                inputs=spec,
+                delay_s=OBSERVE_DELAY_S,
+                out_path=sub.new_path("probe-observe"),
+                deferred=side_by_side,
+            )
+            to_reference = wire.ProbeObserve(
+                inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe")
+            )
+            if not side_by_side:
+                # A GPU held alone whose two forwards would not fit beside each other: the
+                # candidate's observation (with its delay) ends before the reference's starts.
+                cand = self.request(sub, to_candidate)
+                first, late = self.handed(sub, cand)
+                refr = self.request(ref, to_reference)
+                return self._observed(spec, cand, refr, first, late)
+            # Each observation counts its own process's threads and children, and the reference's
+            # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
+            # probe's draws (they reach the parent by CUDA IPC; on the CPU through a file, which a
+            # candidate's call running beside it could read: kbv.evaluation.draws_overlap). The
+            # candidate's reply is read even when the reference failed: a reply left unread would
+            # answer the next request.
+            sent = sub.send_request(to_candidate), ref.send_request(to_reference)
+            try:
+                refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
+                if self.on_cuda:
+                    self._expected_quietly(self.cache_specs())
+            finally:
+                cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
+            first = self.handed_one(sub, cand)
             # The candidate's call has returned; its look after OBSERVE_DELAY_S waits for its next
             # request (kbv.child.probes), so the delay passes while the reference answers the cache
             # probe's draws, on the CPU too: no call of the candidate runs now, only what a call left
@@ -200,106 +230,15 @@ class DynamicContext:
             # background_work), and which ran beside the reference's work before as well.
             if not self.on_cuda:
                 self._expected_quietly(self.cache_specs())
-            return self._observe_look(calls)
+            late_reply = wire_replies.ProbeObserveLateReply.of(
+                self.request(sub, wire.ProbeObserveLate(out_path=sub.new_path("probe-observe-late")))
+            )
+            late = self.handed_one(sub, late_reply)
+            observed = wire_replies.ProbeObserveReply.of(cand)
+            cand = replace(observed, activity={**observed.activity, "after_delay": late_reply.after_delay})
+            return self._observed(spec, cand, refr, first, late)
 
-        if self._ahead is not None:  # started by observe_ahead and not looked at yet
-            self.observe_late()
         return self.once("observe", compute)
-
-    def observe_ahead(self) -> None:
-        """The observation's calls now, and the reference's answers to the cache probe's draws; the
-        look is left for :meth:`observe_late`, which the caller asks for after more work of the
-        reference's, before the candidate's next call (the pipeline: after the reference's share of
-        the timing phase's set-up, kbv.evaluation.orchestrator). Side by side only. A probe's
-        failure is kept for the checks that read the observation, as :meth:`once` would raise it."""
-        started = time.monotonic()
-        try:
-            self._ahead = self._observe_calls()
-            if not self.on_cuda:
-                self._expected_quietly(self.cache_specs())
-        except (_ProbeFailed, _ReferenceProbeFailed) as exc:
-            self._cache["observe"] = exc
-        finally:
-            self._count("observe", started)
-
-    def observe_late(self) -> None:
-        """The look :meth:`observe_ahead` left (none waiting: nothing to do)."""
-        calls, self._ahead = self._ahead, None
-        if calls is None:
-            return
-        started = time.monotonic()
-        try:
-            self._cache["observe"] = self._observe_look(calls)
-        except (_ProbeFailed, _ReferenceProbeFailed) as exc:
-            self._cache["observe"] = exc
-        finally:
-            self._count("observe", started)
-
-    def _count(self, key: str, started: float) -> None:
-        phases = getattr(self.session, "phases", None)
-        if phases is not None:
-            phases[key] = phases.get(key, 0.0) + time.monotonic() - started
-
-    def _observe_requests(self) -> tuple[dict[str, Any], wire.ProbeObserve, wire.ProbeObserve]:
-        spec = self.draw(0)
-        sub, ref = self.session.subject, self.session.reference
-        to_candidate = wire.ProbeObserve(
-            inputs=spec,
-            delay_s=OBSERVE_DELAY_S,
-            out_path=sub.new_path("probe-observe"),
-            deferred=bool(getattr(self.session, "side_by_side", False)),
-        )
-        to_reference = wire.ProbeObserve(
-            inputs=spec, delay_s=0.0, hand_outputs=False, out_path=ref.new_path("probe-observe")
-        )
-        return spec, to_candidate, to_reference
-
-    def _observe_alone(self) -> dict[str, Any]:
-        """A GPU held alone whose two forwards would not fit beside each other: the candidate's
-        observation (with its delay) ends before the reference's starts."""
-        spec, to_candidate, to_reference = self._observe_requests()
-        sub, ref = self.session.subject, self.session.reference
-        cand = self.request(sub, to_candidate)
-        first, late = self.handed(sub, cand)
-        refr = self.request(ref, to_reference)
-        return self._observed(spec, cand, refr, first, late)
-
-    def _observe_calls(
-        self,
-    ) -> tuple[dict[str, Any], wire_replies.Reply, wire_replies.Reply, list[Any]]:
-        """Both observed calls, side by side: (spec, the candidate's reply, the reference's, the
-        candidate's outputs right after its call). Its look waits for :meth:`_observe_look`."""
-        spec, to_candidate, to_reference = self._observe_requests()
-        sub, ref = self.session.subject, self.session.reference
-        # Each observation counts its own process's threads and children, and the reference's
-        # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
-        # probe's draws (they reach the parent by CUDA IPC; on the CPU through a file, which a
-        # candidate's call running beside it could read: kbv.evaluation.draws_overlap). The
-        # candidate's reply is read even when the reference failed: a reply left unread would
-        # answer the next request.
-        sent = sub.send_request(to_candidate), ref.send_request(to_reference)
-        try:
-            refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
-            if self.on_cuda:
-                self._expected_quietly(self.cache_specs())
-        finally:
-            cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
-        return spec, cand, refr, self.handed_one(sub, cand)
-
-    def _observe_look(
-        self, calls: tuple[dict[str, Any], wire_replies.Reply, wire_replies.Reply, list[Any]]
-    ) -> dict[str, Any]:
-        """The candidate's look after OBSERVE_DELAY_S (asked for now, taken before any call of its
-        own since the observed one), and the observations as the checks read them."""
-        spec, cand, refr, first = calls
-        sub = self.session.subject
-        late_reply = wire_replies.ProbeObserveLateReply.of(
-            self.request(sub, wire.ProbeObserveLate(out_path=sub.new_path("probe-observe-late")))
-        )
-        late = self.handed_one(sub, late_reply)
-        observed = wire_replies.ProbeObserveReply.of(cand)
-        cand = replace(observed, activity={**observed.activity, "after_delay": late_reply.after_delay})
-        return self._observed(spec, cand, refr, first, late)
 
     @staticmethod
     def _observed(

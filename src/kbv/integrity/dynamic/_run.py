@@ -42,7 +42,7 @@ def dynamic_order() -> list[str]:
     return [c.name for c in ordered_checks("dynamic")]
 
 
-def run_dynamic_checks(session: Any, started: DynamicContext | None = None) -> DynamicResult:
+def run_dynamic_checks(session: Any) -> DynamicResult:
     """Run every dynamic check but those made at the end against a live session, in the registry's
     order; return their findings and the corrections they make (the caller applies them: a corrected
     speedup replaces its own).
@@ -50,12 +50,9 @@ def run_dynamic_checks(session: Any, started: DynamicContext | None = None) -> D
     Both workers are rebuilt first with the same seed, so the candidate and the reference hold the
     same parameters. A candidate that raises inside a probe (after passing the same kind of call
     before) gets a fail finding for that check; a crash or timeout propagates to the pipeline.
-
-    ``started``: a context over ``session`` whose probes already ran (an observation taken ahead,
-    :meth:`DynamicContext.observe_ahead`); its results are read, not computed again.
     """
     session.rebuild()
-    ctx = started if started is not None else DynamicContext(session)
+    ctx = DynamicContext(session)
     if ctx.on_cuda:  # the two slow probes (the profiler's start-up, FlopCounterMode) run side by side
         spec = ctx.draw(0)
         both: dict[str, tuple[Any, wire.Request]] = {
