@@ -314,7 +314,7 @@ def _allclose_l2(reference: torch.Tensor, atol: float, rtol: float) -> float:
 def timed_reference(
     expected: dict[str, Any], settings: CorrectnessSettings, reduction_lengths: Sequence[int] | None = None
 ) -> dict[str, Any]:
-    """What judging a timed call's sketch needs from one draw's expected outputs (the pipeline's
+    """What judging a timed call's sketch needs from one draw's expected outputs (the evaluation's
     ``expected``: ``truth`` and ``baseline_err`` under the error model, ``reference`` otherwise):
     ``targets`` (the tensors whose sketches a right output must match), ``like`` (dtype and shape a
     candidate's output must have), ``tolerances`` (per output, the L2 distance from the target that

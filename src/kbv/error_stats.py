@@ -193,7 +193,7 @@ def baseline_error(baseline_outputs: list, truth_outputs: list) -> dict[str, Any
     ``norm = ||b - t||_2 / ||t||_2`` (``||t||_2`` replaced by ``sqrt(n)`` when t is all zeros).
     Integer/bool outputs record their mismatch count. ``finite_match`` is False when the baseline
     does not reproduce the truth's NaN/Inf positions: the distribution is then outside what the
-    baseline itself can compute (the pipeline should try :func:`kbv.inputs.domain_fallback`).
+    baseline itself can compute (the evaluation should try :func:`kbv.inputs.domain_fallback`).
     """
     msg = _count_message(baseline_outputs, truth_outputs)
     if msg:

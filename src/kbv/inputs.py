@@ -14,7 +14,7 @@ Names
 A distribution name is a *base* name (``original``, ``signed``, ``wide``, ``shifted``,
 ``blockwise``, ``sparse``, ``spiked``) optionally followed by a domain suffix: ``_positive`` (every
 value > 0) or ``_unit`` (every value in the open interval (0, 1)). :func:`domain_fallback` walks
-``X -> X_positive -> X_unit -> None``; the pipeline uses it when the reference output is non-finite
+``X -> X_positive -> X_unit -> None``; the evaluation uses it when the reference output is non-finite
 under ``X`` but finite on the original inputs, and records the variant's name.
 """
 

@@ -391,7 +391,7 @@ def record_from_json(text: str) -> Record:
 def raw_samples_ms(entry: Any, clock: str = "device") -> list[float]:
     """The raw per-call times (ms) of one timing entry, non-finite values dropped.
 
-    Reads the pipeline's layout, ``{"rounds": [{"device_ms": [...], "wall_ms": [...]}, ...]}``
+    Reads the evaluation's layout, ``{"rounds": [{"device_ms": [...], "wall_ms": [...]}, ...]}``
     (all rounds concatenated, ``clock`` picks ``device_ms`` or ``wall_ms``), and for the device
     clock also a flat list under ``samples_ms``, ``samples`` or ``times_ms``."""
     if not isinstance(entry, dict):

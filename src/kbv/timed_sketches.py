@@ -82,7 +82,7 @@ class _SketchPlan:
     def spec(self, r: int) -> dict[str, Any]:
         """What every ``time`` request of round ``r`` carries: the same for every worker. A round
         beyond those sketched so far gets the reference's sketches first, from its outputs asked for
-        again (the pipeline's cache holds them, or the reference worker computes them anew)."""
+        again (the evaluation's cache holds them, or the reference worker computes them anew)."""
         if r >= len(self.targets):
             assert self.ctx.timed_reference is not None
             new = range(len(self.targets), r + 1)

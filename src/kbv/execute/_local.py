@@ -60,7 +60,7 @@ from kbv.worker.builds import CompileResult, CompileStage, arch_list_for, needs_
 
 MAX_CUDA_ERRORS = 3
 ATTEMPTS = 2  # the first try and one retry elsewhere
-# Beyond the pipeline's own budgets (reference 1800 s + the candidate's): a host this late is hung.
+# Beyond the evaluation's own budgets (reference 1800 s + the candidate's): a host this late is hung.
 HOST_GRACE_S = 1800.0 + 600.0
 
 

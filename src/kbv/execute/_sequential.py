@@ -32,7 +32,7 @@ class SequentialExecutor(Executor):
 
         self.device = device or default_device()
         self.evaluate_fn = evaluate_fn or evaluate
-        # Prespawned workers serve kbv's own pipeline (or a wrapper of it that says it takes them).
+        # Prespawned workers serve kbv's own evaluation (or a wrapper of it that says it takes them).
         self.uses_spares = self.evaluate_fn is evaluate or getattr(self.evaluate_fn, "uses_spares", False)
 
     def probe(self) -> dict[str, Any]:

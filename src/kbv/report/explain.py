@@ -90,7 +90,7 @@ def print_record(record: Record, console: Console | None = None) -> None:
     )
 
 
-#: The pipeline's phases in the order they run (probes, ``probe:NAME``, are listed apart).
+#: An evaluation's phases in the order they run (probes, ``probe:NAME``, are listed apart).
 PHASE_ORDER = (
     "boot",
     "reference_load",

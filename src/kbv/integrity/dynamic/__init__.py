@@ -4,7 +4,7 @@ The candidate worker runs probes (``kbv.child.probes``) that report raw observat
 reference worker runs the same probes on the problem's own ``Model`` so the parent knows what honest
 behaviour looks like (a reference may itself alias or mutate its inputs). Every verdict about
 outputs is made here, against reference outputs the parent obtained from the reference worker, with
-the pipeline's own judge. ``docs/integrity-dynamic.md`` describes each check and its blind spots.
+the evaluation's own judge. ``docs/integrity-dynamic.md`` describes each check and its blind spots.
 
 Checks run in the order the registry gives them (each check's ``order``): ``timing_disagreement``
 may correct the speedup (:attr:`DynamicContext.corrections`, which ``plausibility`` reads and the

@@ -22,7 +22,7 @@ from kbv.worker import WorkerFailed
 
 #: Seconds the observe probe waits before looking at the outputs and the thread count again.
 OBSERVE_DELAY_S = 0.2
-#: Worker failures that end the evaluation (the pipeline records them as outcomes).
+#: Worker failures that end the evaluation (the evaluation records them as outcomes).
 _REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
 
 
@@ -167,7 +167,7 @@ class DynamicContext:
             raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
 
     def expected(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """What the pipeline's judge needs for one input spec (computed once per evaluation): the
+        """What the evaluation's judge needs for one input spec (computed once per evaluation): the
         reference (its shapes and dtypes, and its values under allclose), the float64 truth and the
         realistic baseline (TF32 on the GPU, fp32 on the CPU)."""
         try:
@@ -274,7 +274,7 @@ class DynamicContext:
 
     def _expected_quietly(self, specs: list[dict[str, Any]]) -> None:
         """The reference's answers to ``specs`` computed ahead of the check that reads them (the
-        pipeline keeps them); a failure here is left for that check to meet and report."""
+        evaluation keeps them); a failure here is left for that check to meet and report."""
         for spec in specs:
             with contextlib.suppress(_ReferenceProbeFailed):
                 self.expected(spec)

@@ -49,7 +49,7 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
 
     Both workers are rebuilt first with the same seed, so the candidate and the reference hold the
     same parameters. A candidate that raises inside a probe (after passing the same kind of call
-    before) gets a fail finding for that check; a crash or timeout propagates to the pipeline.
+    before) gets a fail finding for that check; a crash or timeout propagates to the evaluation.
     """
     session.rebuild()
     ctx = DynamicContext(session)

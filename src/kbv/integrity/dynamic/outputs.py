@@ -215,7 +215,7 @@ def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
     needs_probe=False,
     kind="dynamic",
     default_severity="warn",
-    doc="""A correctness draw failed, then passed every re-run on the same inputs (the pipeline
+    doc="""A correctness draw failed, then passed every re-run on the same inputs (the evaluation
     re-runs a failing draw before it counts). By default one such draw is a warning and two or more
     fail (unstable outputs: a racy kernel is not correct); the verified protocol raises it to fail
     on the first, since a wrong output on given inputs was demonstrated. The record says which draw
