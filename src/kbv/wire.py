@@ -262,12 +262,23 @@ KINDS: dict[str, type[Request]] = {
 OPS = frozenset(KINDS)
 
 
+def annotations_of(kind: type[Any]) -> dict[str, Any]:
+    """The resolved annotation of each field of the dataclass ``kind`` (read once a kind)."""
+    known = _HINTS.get(kind)
+    if known is None:
+        hints = typing.get_type_hints(kind)
+        known = _HINTS[kind] = {f.name: hints[f.name] for f in dataclasses.fields(kind)}
+    return known
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _types(kind: type[_Checked]) -> dict[str, tuple[type, ...]]:
     """The JSON types each field of ``kind`` may hold, read from its annotations (once a kind)."""
     known = _TYPES.get(kind)
     if known is None:
-        hints = typing.get_type_hints(kind)
-        known = _TYPES[kind] = {f.name: _json_types(hints[f.name]) for f in dataclasses.fields(kind)}
+        known = _TYPES[kind] = {name: _json_types(h) for name, h in annotations_of(kind).items()}
     return known
 
 
@@ -300,23 +311,30 @@ def request(op: str, **fields: Any) -> Request:
 
 
 def _made(kind: type[Any], fields: Mapping[str, Any], what: str) -> Any:
-    declared = {f.name: f for f in dataclasses.fields(kind)}
     for key in fields:
         if not isinstance(key, str):
             raise WireError(f"{what}'s field names must be strings, not {key!r}")
         if key in _ENVELOPE:
             raise WireError(f"{what}'s fields may not carry the envelope's {key!r}")
-        if key not in declared:
-            raise WireError(f"{what} has no field {key!r}; it takes {sorted(declared)}")
-    required = [n for n, f in declared.items() if dataclasses.MISSING is f.default is f.default_factory]
-    missing = [name for name in required if name not in fields]
-    if missing:
-        raise WireError(f"{what} lacks its field(s) {missing}")
+    check_fields(kind, fields, what)
     values = dict(fields)
     rule = values.get("memory")
     if isinstance(rule, Mapping):
         values["memory"] = _made(MemoryRule, rule, "a memory rule")
     return kind(**values)
+
+
+def check_fields(kind: type[Any], fields: Mapping[str, Any], what: str) -> None:
+    """Raise :class:`WireError` when ``fields`` names a field the dataclass ``kind`` does not
+    declare or lacks one it requires: the one rule for requests and replies alike."""
+    declared = {f.name: f for f in dataclasses.fields(kind)}
+    for key in fields:
+        if key not in declared:
+            raise WireError(f"{what} has no field {key!r:.80}; it has {sorted(declared)}")
+    required = [n for n, f in declared.items() if dataclasses.MISSING is f.default is f.default_factory]
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise WireError(f"{what} lacks its field(s) {missing}")
 
 
 @dataclass(frozen=True)

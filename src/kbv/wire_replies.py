@@ -293,14 +293,7 @@ def parse_hello(message: Any) -> Hello:
 
 def _made(kind: type[Any], message: Mapping[str, Any], what: str) -> Any:
     fields = {key: value for key, value in message.items() if key not in _ENVELOPE}
-    declared = {f.name: f for f in dataclasses.fields(kind)}
-    for key in fields:
-        if key not in declared:
-            raise WireError(f"{what} has no field {key!r:.80}; it has {sorted(declared)}")
-    required = [n for n, f in declared.items() if dataclasses.MISSING is f.default is f.default_factory]
-    missing = [name for name in required if name not in fields]
-    if missing:
-        raise WireError(f"{what} lacks its field(s) {missing}")
+    wire.check_fields(kind, fields, what)
     return kind(**fields)
 
 
@@ -309,10 +302,9 @@ def _types(kind: type[Any]) -> dict[str, tuple[tuple[type, ...], tuple[type, ...
     are declared as ``str`` or ``int`` (read from the annotations, once a kind)."""
     known = _TYPES.get(kind)
     if known is None:
-        hints = typing.get_type_hints(kind)
         known = _TYPES[kind] = {
-            f.name: (wire._json_types(hints[f.name]), _item_types(hints[f.name]))
-            for f in dataclasses.fields(kind)
+            name: (wire._json_types(hint), _item_types(hint))
+            for name, hint in wire.annotations_of(kind).items()
         }
     return known
 

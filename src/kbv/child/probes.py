@@ -319,7 +319,7 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> wire_replies.ProbeO
     Outputs are handed over as two lists: ``[immediately, after delay_s]`` (unless ``hand_outputs`` is
     false: the reference's observation needs none). ``deferred``: only the first list comes back now;
     the look after ``delay_s`` (counted from the same moment) is taken when the next request arrives,
-    before it runs anything, and ``probe_observe_late`` hands it over (:func:`_look_late`).
+    before it runs anything, and ``probe_observe_late`` hands it over (:func:`probe_observe_late`).
     """
     spec = request.inputs
     args = _probe_inputs(state, spec, request.precision)
@@ -342,22 +342,23 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> wire_replies.ProbeO
     aliasing = _aliasing(outputs, args)
     since = _monotonic()
 
-    def look() -> None:
+    def look() -> dict[str, Any]:
         _sleep(max(0.0, float(request.delay_s) - (_monotonic() - since)))
         _sync(state)
-        later = _activity()
-        state.late_look = {"after_delay": later, "late": [_snapshot(state, o) for o in outputs]}
+        return {"after_delay": _activity(), "late": [_snapshot(state, o) for o in outputs]}
+
+    def look_for_later() -> None:
+        state.late_look = look()
 
     activity = {"before_first_call": before_first, "before": before, "after": right_after}
     if request.deferred:
         # No request runs before the look (kbv.child.main runs it first): the candidate's next call
         # could otherwise overwrite these very outputs (an honest reuse of its output buffer).
-        state.before_next, groups = look, [first]
+        state.before_next, groups = look_for_later, [first]
     else:
-        look()
-        activity["after_delay"] = state.late_look["after_delay"]
-        groups = [first, state.late_look.pop("late")]
-        state.late_look = None
+        taken = look()
+        activity["after_delay"] = taken["after_delay"]
+        groups = [first, taken["late"]]
     return wire_replies.ProbeObserveReply(
         outputs=_hand(state, request.out_path, groups) if request.hand_outputs else None,
         types=[_type_name(o) for o in outputs],
