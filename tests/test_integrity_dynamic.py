@@ -42,6 +42,7 @@ def _observation(**candidate) -> dict:
     return {
         "candidate": wire_replies.ProbeObserveReply(**{**honest, **candidate}),
         "reference": wire_replies.ProbeObserveReply(**honest),
+        "delay_s": 0.02,
         "late_diff": 0.0,
         "first_tensors": [True],
     }
@@ -85,13 +86,31 @@ def test_observation_hacks_fail() -> None:
     assert dynamic.check_background_work(_with_observation(threads))[0].severity == "fail"
     late = _observation()
     late["late_diff"] = dynamic._max_diff([torch.ones(3)], [torch.zeros(3)])
-    assert "changed after" in dynamic.check_background_work(_with_observation(late))[0].detail
+    assert "= 1 after 0.02s" in dynamic.check_background_work(_with_observation(late))[0].detail
     flags = _observation()
     after_call = {"cuda.matmul.allow_tf32": True, "cudnn.benchmark": True}
     changed = {**flags["candidate"].flags, "after_call": after_call}
     flags["candidate"] = replace(flags["candidate"], flags=changed)
     severities = sorted(f.severity for f in dynamic.check_global_flags(_with_observation(flags)))
     assert severities == ["fail", "warn"]
+
+
+def _timed(*medians_ms: float) -> dict:
+    return {"baselines": {f"b{i}": {"wall_summary": {"median": ms}} for i, ms in enumerate(medians_ms)}}
+
+
+def test_the_look_waits_four_of_the_slowest_baselines_forwards_within_its_bounds() -> None:
+    ctx = _ctx()
+    for timing, delay in (
+        (None, dynamic.OBSERVE_DELAY_S),  # nothing timed: the longest look
+        (_timed(), dynamic.OBSERVE_DELAY_S),
+        (_timed(0.1), 0.02),  # a 0.1 ms forward: the shortest look
+        (_timed(10.0, 2.0), 0.04),  # the slowest baseline decides
+        (_timed(500.0), dynamic.OBSERVE_DELAY_S),
+        (_timed(float("nan")), dynamic.OBSERVE_DELAY_S),
+    ):
+        ctx.session.timing = timing
+        assert ctx.observe_delay_s() == pytest.approx(delay)
 
 
 def test_threads_the_call_joined_pass_and_one_alive_at_return_fails() -> None:
@@ -519,6 +538,7 @@ def _observing_session(device: str, side_by_side: bool, log: list) -> SimpleName
         reference=_ObservingWorker("reference", log),
         device=device,
         side_by_side=side_by_side,
+        timing=_timed(10.0),
         probe_distribution="signed",
         draw_spec=lambda k: {"distribution": "signed", "seed": k},
         fresh_seed=lambda purpose: next(seeds),
@@ -554,6 +574,9 @@ def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_
     else:  # on the CPU never while the candidate's call may still run
         assert all(i > first_candidate_reply for i in expected)
     assert session.subject.sent[0].deferred and not session.reference.sent[0].deferred
+    # four of the reference's 10 ms forwards; the reference's own observation needs no look
+    assert session.subject.sent[0].delay_s == pytest.approx(0.04) == observed["delay_s"]
+    assert session.reference.sent[0].delay_s == 0.0
     assert log[-1] == ("candidate", "reply") and late == len(log) - 2
     assert observed["candidate"].activity["after_delay"] == {"python_threads": 1}
     assert observed["late_diff"] == 0.0

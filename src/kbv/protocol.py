@@ -275,9 +275,13 @@ STANDARD = Protocol(
 # disagreed with the parent's bracket (then more rounds give its noise chances to agree). Version 5
 # timed all 9 rounds of every problem of the CPU sample, whose medians never came within 2% on two
 # shared cores (benchmarks/results/2026-12-06-cpu-verified-cost-cut/).
+# Version 8: the observe probe's look after four of the reference's forward times, 20 ms to 0.2 s
+# (docs/integrity-dynamic.md, "How long the look waits"). Version 6 always waited 0.2 s. (Version 7,
+# the observation moved before timing, was reverted unreleased:
+# benchmarks/results/2026-12-06-cpu-verified-cost-ahead/.)
 VERIFIED = Protocol(
     name="verified",
-    version=6,
+    version=8,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,

@@ -20,10 +20,28 @@ from kbv.integrity._registry import get_check
 from kbv.records import Finding
 from kbv.worker import WorkerFailed
 
-#: Seconds the observe probe waits before looking at the outputs and the thread count again.
+#: The observe probe looks at the outputs and the thread count again this long after the call
+#: returned: OBSERVE_DELAY_FORWARDS of the reference's forward times (the parent's own timing of the
+#: eager baseline, never a figure the candidate reports), at least OBSERVE_DELAY_MIN_S and at most
+#: OBSERVE_DELAY_S (also the delay when no baseline was timed). Why the look need not be longer:
+#: docs/integrity-dynamic.md, "How long the look waits".
 OBSERVE_DELAY_S = 0.2
+OBSERVE_DELAY_MIN_S = 0.02
+OBSERVE_DELAY_FORWARDS = 4
 #: Worker failures that end the evaluation (the evaluation records them as outcomes).
 _REFUSE = ("crashed", "timeout", "cuda_error", "resource_limit")
+
+
+def reference_forward_ms(timing: dict[str, Any] | None) -> float | None:
+    """The slowest timed baseline's median wall milliseconds a call (the reference's forward as the
+    parent timed it), or None when no baseline was timed."""
+    medians = [
+        entry.get("wall_summary", {}).get("median")
+        for entry in ((timing or {}).get("baselines") or {}).values()
+        if isinstance(entry, dict)
+    ]
+    finite = [float(m) for m in medians if isinstance(m, (int, float)) and math.isfinite(m) and m > 0]
+    return max(finite) if finite else None
 
 
 def _out_of_memory(failure: WorkerFailed) -> bool:
@@ -187,15 +205,23 @@ class DynamicContext:
         """Correctness draw ``k`` of the probe distribution (its reference outputs are known)."""
         return dict(self.session.draw_spec(k))
 
+    def observe_delay_s(self) -> float:
+        """Seconds between the observed call's return and the look (``OBSERVE_DELAY_S`` above)."""
+        forward_ms = reference_forward_ms(self.timing)
+        if forward_ms is None:
+            return OBSERVE_DELAY_S
+        return min(OBSERVE_DELAY_S, max(OBSERVE_DELAY_MIN_S, OBSERVE_DELAY_FORWARDS * forward_ms / 1e3))
+
     # -- probes -----------------------------------------------------------------------------------
     def observe(self) -> dict[str, Any]:
         def compute() -> dict[str, Any]:
             spec = self.draw(0)
+            delay_s = self.observe_delay_s()
             sub, ref = self.session.subject, self.session.reference
             side_by_side = bool(getattr(self.session, "side_by_side", False))
             to_candidate = wire.ProbeObserve(
                 inputs=spec,
-                delay_s=OBSERVE_DELAY_S,
+                delay_s=delay_s,
                 out_path=sub.new_path("probe-observe"),
                 deferred=side_by_side,
             )
@@ -208,7 +234,7 @@ class DynamicContext:
                 cand = self.request(sub, to_candidate)
                 first, late = self.handed(sub, cand)
                 refr = self.request(ref, to_reference)
-                return self._observed(spec, cand, refr, first, late)
+                return self._observed(spec, delay_s, cand, refr, first, late)
             # Each observation counts its own process's threads and children, and the reference's
             # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
             # probe's draws (they reach the parent by CUDA IPC; on the CPU through a file, which a
@@ -223,7 +249,7 @@ class DynamicContext:
             finally:
                 cand = self._answer(sub, lambda: sub.receive_reply(sent[0]))
             first = self.handed_one(sub, cand)
-            # The candidate's call has returned; its look after OBSERVE_DELAY_S waits for its next
+            # The candidate's call has returned; its look after delay_s waits for its next
             # request (kbv.child.probes), so the delay passes while the reference answers the cache
             # probe's draws, on the CPU too: no call of the candidate runs now, only what a call left
             # behind, which is what the look is for (a thread still alive at the return fails
@@ -236,13 +262,14 @@ class DynamicContext:
             late = self.handed_one(sub, late_reply)
             observed = wire_replies.ProbeObserveReply.of(cand)
             cand = replace(observed, activity={**observed.activity, "after_delay": late_reply.after_delay})
-            return self._observed(spec, cand, refr, first, late)
+            return self._observed(spec, delay_s, cand, refr, first, late)
 
         return self.once("observe", compute)
 
     @staticmethod
     def _observed(
         spec: dict[str, Any],
+        delay_s: float,
         cand: wire_replies.Reply,
         refr: wire_replies.Reply,
         first: list[Any],
@@ -252,6 +279,7 @@ class DynamicContext:
         the outputs themselves would hold device memory all phase."""
         return {
             "spec": spec,
+            "delay_s": delay_s,
             "candidate": cand,
             "reference": refr,
             "late_diff": _max_diff(first, late),

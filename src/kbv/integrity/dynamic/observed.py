@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from kbv.integrity._registry import register_check
-from kbv.integrity.dynamic._context import OBSERVE_DELAY_S, DynamicContext, _finding, _fmt
+from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt
 from kbv.records import Finding
 
 
@@ -116,6 +116,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
     cand, ref = obs["candidate"], obs["reference"]
     act = cand.activity
     before, after, later = act["before"], act["after"], act["after_delay"]
+    delay = f"{obs['delay_s']:.3g}s"
     findings = []
     grew_py = max(after["python_threads"], later["python_threads"]) - before["python_threads"]
     # Threads the call started and waited for (a joined pool) are its own work; one still alive
@@ -127,7 +128,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
                 "background_work",
                 f"Python threads: {before['python_threads']} before the call, "
                 f"{after['python_threads']} right after, {later['python_threads']} after "
-                f"{OBSERVE_DELAY_S}s; {cand.threads_started} started during the call, "
+                f"{delay}; {cand.threads_started} started during the call, "
                 f"{outlived} of them still running when it returned",
             )
         )
@@ -141,7 +142,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
                 "background_work",
                 f"child processes: {first} before the first call, {before['processes']} before the "
                 f"observed call, {after['processes']} right after, {later['processes']} after "
-                f"{OBSERVE_DELAY_S}s",
+                f"{delay}",
             )
         )
     diff = obs["late_diff"]
@@ -150,7 +151,7 @@ def check_background_work(ctx: DynamicContext) -> list[Finding]:
             _finding(
                 "background_work",
                 "the outputs changed after the call returned: max |late - returned| = "
-                f"{_fmt(diff)} after {OBSERVE_DELAY_S}s",
+                f"{_fmt(diff)} after {delay}",
             )
         )
     ref_act = ref.activity
