@@ -218,9 +218,9 @@ def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
     ``matched_seed`` (the seed's own), ``state_dict`` (given during construction) or
     ``state_dict_after_init`` (this model's construction could not take them: loaded afterwards,
     as a state dict always was before)."""
-    torch.manual_seed(state.init_seed)
+    kbv_inputs.seed_torch(state.init_seed, state.device)
     init_inputs = state.problem.get_init_inputs()
-    torch.manual_seed(state.init_seed)
+    kbv_inputs.seed_torch(state.init_seed, state.device)
 
     def construct() -> Any:
         # Made on the evaluation's device: initialising large layers on the CPU and copying them
