@@ -90,6 +90,28 @@ def test_descendants_follow_the_tree_and_skip_other_branches() -> None:
     assert _contain.descendants(12, table) == []
 
 
+def test_the_tree_read_from_children_files_is_the_tables_descendants() -> None:
+    """``tree_pids`` (what the parent reads around every timed batch) finds what a scan of every
+    process finds: a double fork included, and nothing of other trees."""
+    shell = subprocess.Popen(["bash", "-c", "sleep 30 & (sleep 30 & sleep 30); wait"])
+    try:
+        deadline = time.monotonic() + 5.0
+        expected: list[int] = []
+        while time.monotonic() < deadline and len(expected) < 4:
+            expected = sorted(_contain.descendants(shell.pid, _contain.process_table()))
+            time.sleep(0.02)
+        tree = _contain.tree_pids(shell.pid)
+        if tree is None:
+            pytest.skip("this kernel publishes no /proc/<pid>/task/<tid>/children files")
+        assert len(expected) == 4 and sorted(tree) == expected
+        assert os.getpid() not in tree and shell.pid not in tree
+    finally:
+        _contain.kill_pids(_contain.descendants(shell.pid, _contain.process_table()))
+        shell.kill()
+        shell.wait()
+    assert _contain.tree_pids(shell.pid) is None  # gone
+
+
 def test_exceeded_names_the_first_limit_and_its_figure() -> None:
     limits = LimitSettings(host_memory_gb=1.0, processes=4, open_files=200)
     within = _contain.Usage(processes=4, rss_bytes=1 << 30, open_files=200)
