@@ -85,7 +85,8 @@ def tree_pids(root: int) -> list[int] | None:
     """Live pids below ``root`` (itself excluded), read from each thread's
     ``/proc/<pid>/task/<tid>/children`` down the tree: the files of the tree alone, where
     :func:`descendants` needs every process's ``stat``. None where the kernel publishes no such
-    file (``CONFIG_PROC_CHILDREN``) or ``root`` is gone; the caller then scans the table."""
+    file (``CONFIG_PROC_CHILDREN``), a file of the tree is closed to this process, or ``root`` is
+    gone; the caller then scans the table (a member left out would hide its CPU time)."""
     found: list[int] = []
     frontier = [root]
     while frontier:
@@ -93,20 +94,22 @@ def tree_pids(root: int) -> list[int] | None:
         for pid in frontier:
             try:
                 threads = os.listdir(f"/proc/{pid}/task")
-            except OSError:
+            except FileNotFoundError:
                 if pid == root:
                     return None
                 continue  # exited since its parent listed it
+            except OSError:
+                return None
             for tid in threads:
                 try:
                     with open(f"/proc/{pid}/task/{tid}/children") as handle:
                         nxt.extend(int(child) for child in handle.read().split())
                 except FileNotFoundError:
-                    if pid == root and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                    if os.path.isdir(f"/proc/{pid}/task/{tid}"):
                         return None  # the thread is there, its children file is not
                     continue  # the thread or its process exited since the listing
                 except (OSError, ValueError):
-                    continue
+                    return None
         frontier = [c for c in dict.fromkeys(nxt) if c != root and c not in found]
         found.extend(frontier)
     return found
