@@ -106,6 +106,24 @@ def extensions_dir_of(path: Path) -> Path:
     return build_dir(load_candidate(path, label="prebuild").source_sha256) / "torch_extensions"
 
 
+def load_relu_candidate(worker: Any, candidate: Path) -> Any:
+    """Start a CPU candidate ``worker`` and load ``candidate`` against a small 1_ReLU (2 x 8); the
+    worker's reply to the load."""
+    from kbv import wire
+
+    worker.start()
+    return worker.request(
+        wire.Load(
+            role="candidate",
+            device="cpu",
+            problem_source=RELU.read_text(),
+            sizes={"batch_size": 2, "dim": 8},
+            candidate_path=str(candidate),
+            init_seed=1,
+        )
+    )
+
+
 #: The limit of one evaluation of the GPU batch, as `pytest --timeout` limits one test on the GPU
 #: machine (benchmarks/gpu_steps.sh): a hanging candidate ends as `timeout`, not as a stuck batch.
 GPU_BATCH_PAIR_TIMEOUT_S = 150

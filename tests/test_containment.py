@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RELU, ROOT
+from conftest import RELU, ROOT, load_relu_candidate
 
 from kbv import wire, wire_replies
 from kbv.integrity import dynamic
@@ -36,18 +36,7 @@ def _worker(name: str, limits: LimitSettings | None = None, budget_s: float = 60
     )
 
 
-def _load(worker: Worker, path: Path) -> None:
-    worker.start()
-    worker.request(
-        wire.Load(
-            role="candidate",
-            device="cpu",
-            problem_source=RELU.read_text(),
-            sizes={"batch_size": 2, "dim": 8},
-            candidate_path=str(path),
-            init_seed=1,
-        )
-    )
+_load = load_relu_candidate
 
 
 def _run(worker: Worker) -> wire_replies.Reply:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RELU
+from conftest import RELU, load_relu_candidate
 
 from kbv import wire, wire_replies
 from kbv.worker import Worker, WorkerFailed, WorkerSpec
@@ -184,17 +184,7 @@ def test_a_candidates_malformed_reply_is_its_own_runtime_error(tmp_path: Path) -
     for path in (candidate, honest):
         spec = WorkerSpec(build_key="test-replies", device="cpu", role="candidate", budget_s=60.0)
         with Worker(spec) as worker:
-            worker.start()
-            worker.request(
-                wire.Load(
-                    role="candidate",
-                    device="cpu",
-                    problem_source=RELU.read_text(),
-                    sizes={"batch_size": 2, "dim": 8},
-                    candidate_path=str(path),
-                    init_seed=1,
-                )
-            )
+            load_relu_candidate(worker, path)
             if path is honest:
                 assert isinstance(_run(worker), wire_replies.RunReply)
                 continue

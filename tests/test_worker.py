@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import RELU
+from conftest import RELU, load_relu_candidate
 
 from kbv import wire, wire_replies
 from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
@@ -27,17 +27,7 @@ def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
 
 
 def _load(worker: Worker, name: str) -> wire_replies.Reply:
-    worker.start()
-    return worker.request(
-        wire.Load(
-            role="candidate",
-            device="cpu",
-            problem_source=RELU.read_text(),
-            sizes={"batch_size": 2, "dim": 8},
-            candidate_path=str(FIXTURES / name),
-            init_seed=1,
-        )
-    )
+    return load_relu_candidate(worker, FIXTURES / name)
 
 
 @contextlib.contextmanager

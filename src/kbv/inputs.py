@@ -488,7 +488,9 @@ def redraw_parameters(
     result: dict[str, torch.Tensor] = {}
     if base == "original":
         with _forked_rng(devices), torch.no_grad():
-            torch.manual_seed(derive_seed(int(seed), "params", distribution))
+            seed_torch(
+                derive_seed(int(seed), "params", distribution), torch.device("cuda" if devices else "cpu")
+            )
             fresh = _original_state(model, state, init_inputs)
         for name, value in state.items():
             new = fresh.get(name)
