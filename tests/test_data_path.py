@@ -267,9 +267,10 @@ def test_a_gpu_candidate_worker_is_dropped_as_on_the_cpu_and_then_hands_over_exp
             decided[device] = (worker.uid, worker._no_drop, worker.handoff)
         finally:
             worker.close()
-    assert decided["cuda:0"] == decided["cpu"]
+    assert decided["cuda:0"][:2] == decided["cpu"][:2]
     uid, _, handoff = decided["cuda:0"]
     assert handoff == ("cuda_vmm" if uid is not None else "cuda_ipc")
+    assert decided["cpu"][2] == "file"  # a CPU candidate writes into its own scratch
 
 
 def test_spares_are_kept_launched_depth_pairs_ahead() -> None:
@@ -295,16 +296,39 @@ def test_spares_are_kept_launched_depth_pairs_ahead() -> None:
         worker.close()
 
 
-def test_on_the_cpu_the_reference_output_file_is_gone_before_the_candidate_runs_the_draw(
-    requests_seen,
+def test_on_the_cpu_the_reference_hands_over_by_memory_file_and_the_draws_overlap(
+    requests_seen, replies_seen
 ) -> None:
-    """On the CPU the reference's outputs pass through a file: each draw is asked of the reference
-    first (the parent reads and deletes the file), then of the candidate, which could otherwise read
-    the file half-written beside it (``steal_reference_outputs``). On a GPU (CUDA IPC, no file) the
-    two run at once."""
+    """On the CPU the reference's outputs reach the parent as an anonymous memory file whose
+    descriptor only the parent receives (no path a candidate could open beside it), so each draw
+    runs in both workers at once, as on a GPU: the candidate is asked before the reference answers."""
     from kbv.evaluation import draws_overlap
 
-    assert draws_overlap("cuda") and draws_overlap("cuda:1") and not draws_overlap("cpu")
+    assert draws_overlap("cuda") and draws_overlap("cpu")
+    record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="verified", device="cpu")
+    assert record.outcome == "passed", [(f.check, f.detail[:120]) for f in record.findings]
+    handed = [
+        (role, reply.outputs["transport"])
+        for role, _, reply in replies_seen
+        if isinstance(getattr(reply, "outputs", None), dict) and "transport" in reply.outputs
+    ]
+    assert {t for role, t in handed if role == "reference"} == {"memfd"}, handed
+    assert {t for role, t in handed if role == "candidate"} == {"file"}, handed
+    ops = [(role, type(r).__name__) for role, _, r, _ in requests_seen]
+    first_run = ops.index(("candidate", "Run"))
+    assert ops[first_run + 1] == ("reference", "Expected"), "the draw was not asked of both at once"
+
+
+def test_without_memory_files_the_reference_output_file_is_gone_before_the_candidate_runs_the_draw(
+    requests_seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the system has no memory files the reference's outputs pass through a file: each draw
+    is asked of the reference first (the parent reads and deletes the file), then of the candidate,
+    which could otherwise read the file half-written beside it (``steal_reference_outputs``)."""
+    from kbv.evaluation import draws
+
+    monkeypatch.delattr(os, "memfd_create")
+    assert not draws.draws_overlap("cpu") and draws.draws_overlap("cuda:1")
     record = evaluate_paths(RELU, FOUNDATION / "relu_plain.py", protocol="standard", device="cpu")
     assert record.outcome == "passed"
     runs = [(i, role, r.seed) for i, (role, _, r, _) in enumerate(requests_seen) if isinstance(r, wire.Run)]

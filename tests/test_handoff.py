@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 import torch
@@ -167,6 +168,50 @@ def test_a_file_hand_over_round_trips_and_is_deleted(tmp_path) -> None:
     assert torch.equal(got[0], torch.arange(6.0).reshape(2, 3).t()) and got[0].is_contiguous()
     assert got[1] is None and float(got[2]) == 2.5
     assert not path.exists()
+
+
+@pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
+def test_a_memory_file_hand_over_round_trips_without_a_path_and_closes_on_release(tmp_path) -> None:
+    """A trusted CPU worker's hand-over: an anonymous memory file whose descriptor goes beside the
+    reply; nothing is written at ``path``, and the worker closes its descriptor on release."""
+    values = [_handoff.plain_copy(torch.arange(6.0).reshape(2, 3), torch.device("cpu")), None]
+    keep: list = []
+    path = tmp_path / "out.pt"
+    description = _handoff.hand_over(values, torch.device("cpu"), str(path), keep, transport="memfd")
+    assert description == {"transport": "memfd", "fd_index": 0, "count": 2}
+    fds = _handoff.fds_to_send(keep)
+    assert len(fds) == 1 and not path.exists()
+    assert os.readlink(f"/proc/self/fd/{fds[0]}").startswith("/memfd:kbv-handover")
+    received = [os.dup(fds[0])]  # what the parent gets: its own descriptor of the same file
+    try:
+        got = receive(description, "cpu", received)
+        assert torch.equal(got[0], torch.arange(6.0).reshape(2, 3)) and got[1] is None
+    finally:
+        os.close(received[0])
+    _handoff.release(keep)
+    assert keep == []
+    with pytest.raises(OSError):
+        os.fstat(fds[0])
+
+
+def test_a_memory_file_hand_over_without_its_descriptor_or_tensors_is_refused() -> None:
+    with pytest.raises(HandoffError, match="no descriptor"):
+        receive({"transport": "memfd", "fd_index": 0, "count": 1}, "cpu", [])
+    with pytest.raises(HandoffError, match="no descriptor"):
+        receive({"transport": "memfd", "fd_index": True, "count": 1}, "cpu", [0])
+    if not _handoff.memfd_available():
+        return
+    fd = os.memfd_create("kbv-test")
+    try:
+        with open(fd, "wb", closefd=False) as out:
+            torch.save({"not": "a list"}, out)
+        with pytest.raises(HandoffError, match="not a list of tensors"):
+            receive({"transport": "memfd", "fd_index": 0}, "cpu", [fd])
+        os.ftruncate(fd, 3)
+        with pytest.raises(HandoffError, match="could not be read"):
+            receive({"transport": "memfd", "fd_index": 0}, "cpu", [fd])
+    finally:
+        os.close(fd)
 
 
 def test_a_file_holding_something_other_than_tensors_is_refused(tmp_path) -> None:

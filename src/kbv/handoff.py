@@ -6,8 +6,12 @@ tensor into memory it owns and closes the handle before anything judges it (:fun
 A candidate worker under a uid of its own (``kbv.worker._privileges``) cannot be opened that way:
 it copies its outputs into one allocation of the driver's virtual memory API and sends that
 allocation's file descriptor beside the reply (``kbv._vmm``, transport ``cuda_vmm``).
-On the CPU (and for a GPU worker's non-CUDA values) tensors go through one file in the worker's
-scratch directory, read with ``torch.load(weights_only=True)`` and deleted at once.
+A trusted worker on the CPU (the reference) writes them into an anonymous memory file
+(``memfd_create``, transport ``memfd``) whose descriptor travels beside the reply: it has no path,
+so a candidate running beside it cannot open it (``/proc/<pid>/fd`` of a hardened process needs
+ptrace rights, which Landlock, seccomp and the uid drop take away). Elsewhere (a candidate on the
+CPU, a GPU worker's non-CUDA values) tensors go through one file in the worker's scratch directory.
+Both are read with ``torch.load(weights_only=True)``; a file is deleted at once.
 
 Child side: :func:`hand_over` (bound before the candidate is imported). Parent side: :func:`receive`.
 Neither side ever sends a handle *to* a worker: handles only flow from workers to the parent, so a
@@ -83,7 +87,23 @@ def plain_copy(value: Any, device: torch.device, *, copy: bool = True) -> Any:
 
 
 #: How a CUDA worker hands tensors over: legacy IPC handles, or one exported VMM allocation.
-TRANSPORTS = ("cuda_ipc", "cuda_vmm")
+TRANSPORTS = ("cuda_ipc", "cuda_vmm", "memfd", "file")
+
+
+def memfd_available() -> bool:
+    """Whether this system has anonymous memory files (Linux 3.17 and later)."""
+    return hasattr(os, "memfd_create")
+
+
+class MemoryFile:
+    """A hand-over written into an anonymous memory file, kept open until the parent's next request;
+    its descriptor is sent beside the reply (:func:`fds_to_send`)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def hand_over(
@@ -94,7 +114,8 @@ def hand_over(
     CUDA tensors become IPC descriptors, or (``transport="cuda_vmm"``) one exported allocation whose
     descriptor :func:`fds_to_send` lists for the reply; ``keep`` holds what is shared alive until the
     parent has copied it (the worker calls :func:`release` at its next request). Everything else
-    goes to one file at ``path``.
+    goes to one anonymous memory file (``transport="memfd"``, a trusted worker on the CPU) or to one
+    file at ``path``.
     """
     if device.type == "cuda" and all(
         v is None or (isinstance(v, torch.Tensor) and v.is_cuda) for v in values
@@ -104,8 +125,19 @@ def hand_over(
             return _export_vmm(values, device, keep)
         keep.extend(v for v in values if v is not None)
         return {"transport": "cuda_ipc", "items": [None if v is None else _describe_cuda(v) for v in values]}
-    _save([v if v is None else v.cpu() for v in values], path)
+    plain = [v if v is None else v.cpu() for v in values]
+    if transport == "memfd" and device.type != "cuda":
+        return _to_memory_file(plain, keep)
+    _save(plain, path)
     return {"transport": "file", "path": path, "count": len(values)}
+
+
+def _to_memory_file(values: list[Any], keep: list[Any]) -> dict[str, Any]:
+    fd = os.memfd_create("kbv-handover", os.MFD_CLOEXEC)
+    keep.append(MemoryFile(fd))
+    with open(fd, "wb", closefd=False) as out:
+        _save(values, out)
+    return {"transport": "memfd", "fd_index": len(fds_to_send(keep)) - 1, "count": len(values)}
 
 
 def _export_vmm(values: list[Any], device: torch.device, keep: list[Any]) -> dict[str, Any]:
@@ -131,18 +163,20 @@ def _export_vmm(values: list[Any], device: torch.device, keep: list[Any]) -> dic
 
 
 def fds_to_send(keep: list[Any]) -> list[int]:
-    """The descriptors of the allocations exported for this reply, in ``fd_index`` order."""
+    """The descriptors of the allocations exported (or memory files written) for this reply, in
+    ``fd_index`` order."""
     from kbv import _vmm
 
-    return [k.fd for k in keep if isinstance(k, _vmm.Exported)]
+    return [k.fd for k in keep if isinstance(k, (_vmm.Exported, MemoryFile))]
 
 
 def release(keep: list[Any]) -> None:
-    """The worker's side of a finished hand-over: exported allocations unmapped, shared tensors let go."""
+    """The worker's side of a finished hand-over: exported allocations unmapped, memory files
+    closed, shared tensors let go."""
     from kbv import _vmm
 
     for kept in keep:
-        if isinstance(kept, _vmm.Exported):
+        if isinstance(kept, (_vmm.Exported, MemoryFile)):
             with contextlib.suppress(Exception):  # one the candidate broke must not keep the rest
                 kept.close()
     keep.clear()
@@ -239,6 +273,8 @@ def receive(
     transport = description.get("transport")
     if transport == "file":
         return _from_file(description, device)
+    if transport == "memfd":
+        return _from_memory_file(description, fds or [], device)
     if transport == "cuda_ipc":
         items = description.get("items")
         if not isinstance(items, list):
@@ -268,6 +304,23 @@ def _from_file(description: dict[str, Any], device: str) -> list[Any]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # the reference's answers must not lie around for a candidate to find
+    return _tensor_list(loaded)
+
+
+def _from_memory_file(description: dict[str, Any], fds: list[int], device: str) -> list[Any]:
+    index = description.get("fd_index")
+    if not _count(index) or index >= len(fds):
+        raise HandoffError("the worker's hand-over names no descriptor that came with its reply")
+    try:
+        with open(fds[index], "rb", closefd=False) as handle:
+            handle.seek(0)  # the writer's offset is shared with this descriptor: it is at the end
+            loaded = torch.load(handle, map_location=device, weights_only=True)
+    except Exception as exc:  # written by a broken worker
+        raise HandoffError(f"the worker's outputs could not be read ({exc})") from exc
+    return _tensor_list(loaded)
+
+
+def _tensor_list(loaded: Any) -> list[Any]:
     if not isinstance(loaded, list) or not all(v is None or isinstance(v, torch.Tensor) for v in loaded):
         raise HandoffError("the worker's outputs are not a list of tensors")
     return loaded

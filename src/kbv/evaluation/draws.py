@@ -8,6 +8,7 @@ from typing import Any
 
 from kbv import correctness, wire, wire_replies
 from kbv.devices import release_cached_blocks
+from kbv.handoff import memfd_available
 from kbv.evaluation import reference as _reference
 from kbv.evaluation.budget import _output_numels, _room_for_candidate
 from kbv.evaluation.context import _Context, _phase, _structure
@@ -170,13 +171,14 @@ def _check_distribution(
 
 
 def draws_overlap(device: str) -> bool:
-    """Whether the candidate runs a correctness draw while the reference computes it: on a GPU,
-    where the reference's outputs reach the parent by CUDA IPC and never touch a file. On the CPU
-    they pass through a file in the reference's scratch, read and deleted before the candidate is
-    asked; a candidate running beside it as the same uid (root, where the drop is impossible) could
-    read that file half-written (the ``steal_reference_outputs`` fixture did), so there the draws
-    stay one after the other."""
-    return device.startswith("cuda")
+    """Whether the candidate runs a correctness draw while the reference computes it. On a GPU the
+    reference's outputs reach the parent by CUDA IPC; on the CPU through an anonymous memory file
+    whose descriptor only the parent receives (``kbv.handoff``, transport ``memfd``). Neither has a
+    path a candidate running beside it could open. Where the system has no memory files the
+    reference writes a file in its scratch, which a candidate of the same uid could read
+    half-written (the ``steal_reference_outputs`` fixture did): there the draws stay one after the
+    other, the parent reading and deleting each file before the candidate is asked."""
+    return device.startswith("cuda") or memfd_available()
 
 
 def _confirm_failure(

@@ -313,8 +313,13 @@ class Worker(LimitWatch, IsolationReport):
 
     @property
     def handoff(self) -> str:
-        """How this worker hands CUDA tensors over: a worker under another uid exports VMM memory,
-        because the parent cannot open its legacy IPC handles (``kbv._vmm``)."""
+        """How this worker hands tensors over. On a GPU a worker under another uid exports VMM
+        memory, because the parent cannot open its legacy IPC handles (``kbv._vmm``). On the CPU the
+        trusted reference writes an anonymous memory file, which a candidate running beside it
+        cannot open (``kbv.handoff``); a candidate writes a file in its own scratch."""
+        if not self.spec.device.startswith("cuda"):
+            trusted = self.spec.role == "reference"
+            return "memfd" if trusted and hasattr(os, "memfd_create") else "file"  # (Linux 3.17+)
         return "cuda_vmm" if self.uid is not None else "cuda_ipc"
 
     def _receive(self) -> dict[str, Any]:

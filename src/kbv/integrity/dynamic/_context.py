@@ -237,10 +237,10 @@ class DynamicContext:
                 return self._observed(spec, delay_s, cand, refr, first, late)
             # Each observation counts its own process's threads and children, and the reference's
             # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
-            # probe's draws (they reach the parent by CUDA IPC; on the CPU through a file, which a
-            # candidate's call running beside it could read: kbv.evaluation.draws_overlap). The
-            # candidate's reply is read even when the reference failed: a reply left unread would
-            # answer the next request.
+            # probe's draws. On the CPU those answers fill the look's delay instead (below), where
+            # a core is free; beside the call they would contend with it. The candidate's reply is
+            # read even when the reference failed: a reply left unread would answer the next
+            # request.
             sent = sub.send_request(to_candidate), ref.send_request(to_reference)
             try:
                 refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
