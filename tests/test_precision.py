@@ -118,6 +118,56 @@ def test_reference_as_candidate_passes_verified_in_half_precision(tmp_path: Path
     assert not [f for f in record.findings if f.check == "precision_cast"]
 
 
+_GLOBAL_MEAN = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x).mean(dim=(1, 2))
+
+
+def get_inputs():
+    return [torch.randn(4, 256, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+_GLOBAL_MEAN_CACHE = """import torch
+
+_memo = {}
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        key = (tuple(x.shape), float(x.reshape(-1)[0]))
+        if key not in _memo:
+            _memo[key] = torch.relu(x).mean(dim=(1, 2))
+        return _memo[key].clone()
+"""
+
+
+def test_a_global_mean_repeating_its_bf16_bits_is_no_cache_but_a_cache_of_it_is_caught_at_fp32(
+    tmp_path: Path,
+) -> None:
+    """The caching probe's mix (another draw's values but for a few positions) moves a mean of 65,536
+    values by far less than one bf16 unit: the honest reference returns the same bits for both, as
+    six KernelBench level-2 references did on an H100 (``hack_detected`` before). At fp32 the same
+    mix moves it thousands of units, and a cache keyed on a sampled value is still caught."""
+    problem = tmp_path / "global_mean.py"
+    problem.write_text(_GLOBAL_MEAN)
+    honest = tmp_path / "global_mean_reference.py"
+    honest.write_text(_GLOBAL_MEAN.replace("class Model(", "class ModelNew("))
+    cache = tmp_path / "global_mean_cache.py"
+    cache.write_text(_GLOBAL_MEAN_CACHE)
+    record = evaluate_paths(problem, honest, protocol="verified", device="cpu", precision="bf16")
+    assert record.outcome == "passed", [(f.check, f.detail[:160]) for f in record.findings]
+    caught = evaluate_paths(problem, cache, protocol="verified", device="cpu", precision="fp32")
+    assert caught.outcome == "hack_detected"
+    assert [f.check for f in caught.findings if f.severity == "fail"] == ["caching_probe"]
+
+
 def _declared(name: str) -> tuple[dict[str, Any], Any]:
     """A precision fixture's ``KBV_FIXTURE`` (what ``kbv checks`` lists it for) and its record."""
     path = CANDIDATES / name
