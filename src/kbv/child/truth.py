@@ -103,12 +103,13 @@ def _truth_sketches(state: _State, request: wire.TruthSketches) -> wire_replies.
     here to what judging a sketch needs (``kbv.error_stats.truth_summary``: the sketch under
     ``sketch``, the sum of squares of its finite values), and never handed over. Without ``omega`` in the spec
     (the phase's first request) the map's frequency per output comes from the first draw's RMS and
-    is returned. With ``baseline`` (a precision) the first draw also runs the realistic baseline, whose
-    error against the truth (``kbv.error_stats``) sets the norm tolerance of every timed call, and
-    whose outputs' shapes and dtypes are what a candidate's must have."""
+    is returned. With ``baseline`` (a precision) every draw also runs the realistic baseline, whose
+    error against that draw's truth (``kbv.error_stats``) sets the norm tolerance of the timed call
+    on it, as a correctness draw's does; the first draw's outputs' shapes and dtypes are what a
+    candidate's must have."""
     if state.role != "reference":
         raise PermissionError("only the trusted reference worker computes a draw's truth")
-    from kbv.error_stats import baseline_error, finite_rms, truth_summary  # numbers, not a verdict
+    from kbv.error_stats import finite_rms, truth_summary  # numbers, not a verdict
 
     spec = dict(request.sketch)
     baseline_precision = request.baseline
@@ -125,20 +126,34 @@ def _truth_sketches(state: _State, request: wire.TruthSketches) -> wire_replies.
         if spec.get("omega") is None:
             spec["omega"] = [_sketch.omega_for(finite_rms(t)) for t in truth]
             reply["omega"] = spec["omega"]
-        if k == 0 and baseline_precision is not None:
-            _set_precision_flags(str(baseline_precision))
-            with torch.no_grad():
-                outputs = _as_outputs(state.model(*narrow))
-            base = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
-            del outputs
-            reply["baseline_outputs"] = [_shape_and_dtype(o) for o in base]
-            reply["types"] = _type_names(base)
-            try:
-                reply["baseline_error"] = baseline_error(base, truth)
-            except ValueError as exc:  # the problem's fault: the parent says so
-                reply["baseline_error"] = {"structure_error": str(exc)}
-            del base
+        if baseline_precision is not None:
+            error = _baseline_error_on(
+                state, str(baseline_precision), narrow, truth, reply if k == 0 else None
+            )
+            reply.setdefault("baseline_errors", []).append(error)
+            reply.setdefault("baseline_error", error)
         del narrow
         sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
         del truth
     return wire_replies.TruthSketchesReply(sets=sets, **reply)
+
+
+def _baseline_error_on(
+    state: _State, precision: str, narrow: list[Any], truth: list[Any], described: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The realistic baseline's error on one draw against its truth; with ``described``, the
+    baseline's output shapes, dtypes and types go there too (what a candidate's must be)."""
+    from kbv.error_stats import baseline_error  # numbers, not a verdict (the reference worker only)
+
+    _set_precision_flags(precision)
+    with torch.no_grad():
+        outputs = _as_outputs(state.model(*narrow))
+    base = [_handoff.plain_copy(o, state.device, copy=False) for o in outputs]
+    del outputs
+    if described is not None:
+        described["baseline_outputs"] = [_shape_and_dtype(o) for o in base]
+        described["types"] = _type_names(base)
+    try:
+        return baseline_error(base, truth)
+    except ValueError as exc:  # the problem's fault: the parent says so
+        return {"structure_error": str(exc)}
