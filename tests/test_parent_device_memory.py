@@ -46,6 +46,7 @@ def _draw_loop(monkeypatch: pytest.MonkeyPatch, held: str) -> tuple[list[bool], 
     monkeypatch.setattr(draws, "_judge_draw", lambda ctx, got, expected: {"passed": True})
     monkeypatch.setattr(draws, "_output_numels", lambda expected: [1])
     monkeypatch.setattr(draws, "release_cached_blocks", release)
+    monkeypatch.setattr(draws, "draws_overlap", lambda device: False)  # one stub worker at a time
     ctx = SimpleNamespace(
         protocol=VERIFIED,
         seeds=SimpleNamespace(draw=lambda distribution, k: 1000 + k),
