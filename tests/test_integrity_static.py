@@ -653,3 +653,48 @@ def test_every_static_fail_check_accepts_its_near_miss() -> None:
         findings = static_scan(near_misses[name].read_text(), problem_source=PROBLEM)
         assert not [f for f in findings if f.severity == "fail"], (name, findings)
         assert f"`{near_misses[name].name}`" in docs, f"docs/integrity-checks.md gives no reason for {name}"
+
+
+_THREADED_RELU = """import threading
+
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        found = {}
+        worker = threading.Thread(target=lambda: found.setdefault("y", torch.relu(x)))
+        worker.start()
+        worker.join()
+        return found["y"]
+"""
+
+
+def test_the_static_scan_runs_beside_the_workers_and_its_findings_reach_every_record(tmp_path: Path) -> None:
+    """The scan runs in a thread while the workers load; its findings still lead the record's, for
+    a candidate that passes and for one that fails at import (the record built on the failure path)."""
+    from conftest import RELU
+
+    from kbv.api import evaluate_paths
+    from kbv.integrity import apply_severity
+    from kbv.protocol import VERIFIED
+
+    honest = tmp_path / "threaded_relu.py"
+    honest.write_text(_THREADED_RELU)
+    broken = tmp_path / "threaded_broken.py"
+    broken.write_text(_THREADED_RELU + "\nraise RuntimeError('broken at import')\n")
+    passed = evaluate_paths(RELU, honest, protocol="verified", device="cpu")
+    assert passed.outcome == "passed", [(f.check, f.detail[:120]) for f in passed.findings]
+    static = [
+        (f.check, f.severity)
+        for f in apply_severity(
+            static_scan(_THREADED_RELU, problem_source=RELU.read_text()), VERIFIED.integrity
+        )
+    ]
+    assert ("threads_processes", "warn") in static
+    assert [(f.check, f.severity) for f in passed.findings][: len(static)] == static
+    assert passed.phases_s["static_scan"] > 0
+    failed = evaluate_paths(RELU, broken, protocol="verified", device="cpu")
+    assert failed.outcome != "passed"
+    assert "threads_processes" in {f.check for f in failed.findings}
+    assert "static_scan" in failed.phases_s

@@ -186,7 +186,6 @@ class _UnseenPlan(_SketchPlan):
         self.ctx, self.reference = ctx, reference
         self.omegas = []
         self.like: list[Any] | None = None
-        self.baseline_err: dict[str, Any] = {}
         # (round, call) -> (the reference's sketch per output, its judging data)
         self.truths: dict[tuple[int, int], tuple[list[dict[str, Any]], dict[str, Any]]] = {}
         self.picked: dict[int, list[int]] = {}  # per round: the calls judged
@@ -264,7 +263,6 @@ class _UnseenPlan(_SketchPlan):
                 raise RuntimeError(
                     "the reference worker described no baseline outputs of an unseen timing draw"
                 )
-            self.baseline_err = errors[0]
             self.like = [correctness.described_like(d) for d in reply.baseline_outputs]
             self.omegas = [float(w) for w in reply.omega or []]
         assert self.like is not None

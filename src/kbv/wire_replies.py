@@ -168,7 +168,6 @@ class TruthSketchesReply(Reply):
     omega: list[Any] | None = None
     baseline_outputs: list[Any] | None = None
     types: list[str] | None = None
-    baseline_error: dict[str, Any] | None = None  # the first draw's
     baseline_errors: list[Any] | None = None  # one per draw, where a baseline was asked for
 
 

@@ -131,7 +131,6 @@ def _truth_sketches(state: _State, request: wire.TruthSketches) -> wire_replies.
                 state, str(baseline_precision), narrow, truth, reply if k == 0 else None
             )
             reply.setdefault("baseline_errors", []).append(error)
-            reply.setdefault("baseline_error", error)
         del narrow
         sets.append(truth_summary(truth, int(spec["seed"]), [float(w) for w in spec["omega"]]))
         del truth

@@ -82,6 +82,9 @@ class _Found:
     transients: list[dict[str, Any]] = field(default_factory=list)
     # The input distribution each protocol distribution really ran (a domain fallback, or itself).
     variants: dict[str, str] = field(default_factory=dict)
+    #: The static scan running beside the workers' loading (``kbv.evaluation.static_scan.StaticScan``), until
+    #: its findings are joined.
+    static_scan: Any = None
     # Filled at the end of the evaluation by _end_containment.
     isolation: dict[str, Any] = field(default_factory=dict)
     host_memory: dict[str, Any] = field(default_factory=dict)

@@ -46,6 +46,7 @@ from kbv.evaluation.records import (
 )
 from kbv.evaluation.reference import _reference_outputs, _timed_reference
 from kbv.evaluation.requests import _load, _run
+from kbv.evaluation.static_scan import StaticScan, static_findings_joined
 from kbv.problems import Problem
 from kbv.protocol import Protocol
 from kbv.records import DistributionResult, Finding, Record, decide_outcome, host_memory_section
@@ -106,10 +107,14 @@ def evaluate(
                 shared, problem, protocol, device, cache.expected
             )
             cache.expected_shared = True
-    ctx.found.findings.extend(_static_findings(ctx))
+    # The static scan reads only source text: it runs in the parent while the workers load (where
+    # the parent only waits), and its findings join before anything decides an outcome.
+    ctx.found.static_scan = StaticScan(ctx) if ctx.protocol.integrity.static else None
     try:
         return _evaluate_in_workers(ctx, spares or Spares(), started)
     finally:
+        with contextlib.suppress(Exception):  # a harness failure leaves no scan running
+            static_findings_joined(ctx)
         _release_device_memory(ctx)
 
 
@@ -183,6 +188,7 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
         close_all((subject, reference))  # side by side (the ``with`` then has nothing left to close)
     ctx.found.phases["close"] = time.monotonic() - closing  # the workers' exit and the scratch clean-up
     ctx.found.phases["total"] = time.monotonic() - started  # closing the workers included
+    static_findings_joined(ctx)
     outcome = decide_outcome(correct, ctx.found.findings)
     return _record(ctx, ref_hello, outcome, correct, results, timing, speedup, memory)
 
@@ -238,24 +244,6 @@ def _end_containment(
     ctx.found.findings.extend(integrity.apply_severity(found, ctx.protocol.integrity))
     ctx.found.isolation = {**subject.isolation, **({"gpu": ctx.gpu.held} if ctx.gpu.held else {})}
     ctx.found.host_memory = host_memory_section(subject.host_peak_bytes, reference.host_peak_bytes)
-
-
-def _static_findings(ctx: _Context) -> list[Finding]:
-    if not ctx.protocol.integrity.static:
-        return []
-    from kbv import integrity
-
-    started = time.monotonic()
-    findings = integrity.static_scan(
-        ctx.candidate.source,
-        path=str(ctx.candidate.path),
-        problem_source=ctx.problem.source,
-        # 16-bit compute is the precision of a bf16 or fp16 evaluation, not a hack; what goes below
-        # it is caught by the tolerance (the below_precision check); TF32 rules are fp32's alone.
-        problem_dtype_fp32=ctx.protocol.precision == "fp32",
-    )
-    ctx.found.phases["integrity"] = time.monotonic() - started
-    return integrity.apply_severity(findings, ctx.protocol.integrity)
 
 
 @dataclass

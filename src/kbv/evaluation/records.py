@@ -13,6 +13,7 @@ from kbv import performance, wire_replies
 from kbv._version import __version__
 from kbv.devices import cpu_name
 from kbv.evaluation.context import _Context, _structure
+from kbv.evaluation.static_scan import static_findings_joined
 from kbv.records import (
     DistributionResult,
     MemorySection,
@@ -75,6 +76,7 @@ def _record(
     error: dict[str, Any] | None = None,
     logs: dict[str, str] | None = None,
 ) -> Record:
+    static_findings_joined(ctx)  # (every record's findings hold the static scan's)
     return Record(
         problem=ctx.problem.ref_checked(),
         candidate=ctx.candidate.ref(),
@@ -108,6 +110,7 @@ def _record(
 
 
 def _failure_record(ctx: _Context, hello: wire_replies.Hello | None, failure: WorkerFailed) -> Record:
+    static_findings_joined(ctx)
     outcome = _ERROR_OUTCOME.get(failure.kind, Outcome.RUNTIME_ERROR).value
     if any(f.check == "signalled_process" and f.severity == Severity.FAIL for f in ctx.found.findings):
         # kbv's own process was stopped while this candidate ran: that, not the failure it caused,
