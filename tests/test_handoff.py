@@ -172,44 +172,69 @@ def test_a_file_hand_over_round_trips_and_is_deleted(tmp_path) -> None:
 
 @pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
 def test_a_memory_file_hand_over_round_trips_without_a_path_and_closes_on_release(tmp_path) -> None:
-    """A trusted CPU worker's hand-over: an anonymous memory file whose descriptor goes beside the
-    reply; nothing is written at ``path``, and the worker closes its descriptor on release."""
-    values = [_handoff.plain_copy(torch.arange(6.0).reshape(2, 3), torch.device("cpu")), None]
+    """A trusted CPU worker's hand-over: every tensor's bytes in an anonymous memory file whose
+    descriptor goes beside the reply, each at an aligned offset; nothing is written at ``path``,
+    and the worker closes its descriptor on release. Every dtype a worker may hand over survives."""
+    cpu = torch.device("cpu")
+    values = [
+        torch.tensor([True, False, True]),
+        torch.arange(6.0).reshape(2, 3).t(),
+        None,
+        torch.tensor(2.5),
+        torch.zeros(0, 3),
+        torch.randn(3, dtype=torch.complex64),
+        torch.randn(4).bfloat16(),
+        torch.arange(5, dtype=torch.int64),
+    ]
     keep: list = []
     path = tmp_path / "out.pt"
-    description = _handoff.hand_over(values, torch.device("cpu"), str(path), keep, transport="memfd")
-    assert description == {"transport": "memfd", "fd_index": 0, "count": 2}
+    copies = [None if v is None else _handoff.plain_copy(v, cpu) for v in values]
+    description = _handoff.hand_over(copies, cpu, str(path), keep, transport="memfd")
+    assert description["transport"] == "memfd" and description["fd_index"] == 0
+    assert all(item is None or item["offset_bytes"] % 16 == 0 for item in description["items"])
     fds = _handoff.fds_to_send(keep)
     assert len(fds) == 1 and not path.exists()
     assert os.readlink(f"/proc/self/fd/{fds[0]}").startswith("/memfd:kbv-handover")
     received = [os.dup(fds[0])]  # what the parent gets: its own descriptor of the same file
     try:
         got = receive(description, "cpu", received)
-        assert torch.equal(got[0], torch.arange(6.0).reshape(2, 3)) and got[1] is None
     finally:
         os.close(received[0])
+    for sent, back in zip(values, got, strict=True):
+        assert (sent is None and back is None) or (back.dtype == sent.dtype and torch.equal(back, sent))
     _handoff.release(keep)
     assert keep == []
     with pytest.raises(OSError):
         os.fstat(fds[0])
 
 
-def test_a_memory_file_hand_over_without_its_descriptor_or_tensors_is_refused() -> None:
-    with pytest.raises(HandoffError, match="no descriptor"):
-        receive({"transport": "memfd", "fd_index": 0, "count": 1}, "cpu", [])
-    with pytest.raises(HandoffError, match="no descriptor"):
-        receive({"transport": "memfd", "fd_index": True, "count": 1}, "cpu", [0])
-    if not _handoff.memfd_available():
-        return
-    fd = os.memfd_create("kbv-test")
+@pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
+def test_a_memory_file_hand_over_that_lies_about_its_bytes_is_refused() -> None:
+    good = {"dtype": "torch.float32", "shape": [4], "offset_bytes": 16}
+
+    name = "kbv-handover-test"
+
+    def described(item: dict | None = None, **changes: object) -> dict:
+        fields = {"transport": "memfd", "fd_index": 0, "name": name, "size": 64, "items": [item or good]}
+        return {**fields, **changes}
+
+    fd = os.memfd_create(name)
     try:
-        with open(fd, "wb", closefd=False) as out:
-            torch.save({"not": "a list"}, out)
-        with pytest.raises(HandoffError, match="not a list of tensors"):
-            receive({"transport": "memfd", "fd_index": 0}, "cpu", [fd])
-        os.ftruncate(fd, 3)
-        with pytest.raises(HandoffError, match="could not be read"):
-            receive({"transport": "memfd", "fd_index": 0}, "cpu", [fd])
+        os.write(fd, bytes(64))
+        assert torch.equal(receive(described(), "cpu", [fd])[0], torch.zeros(4))  # accept
+        refused = [
+            (described(fd_index=1), "no descriptor"),
+            (described(fd_index=True), "no descriptor"),
+            (described(size=65), "holds 64 of the 65"),
+            (described({**good, "shape": [13]}), "outside the file"),
+            (described({**good, "offset_bytes": 4}), "off alignment"),
+            (described({**good, "dtype": "torch.object"}), "malformed memory-file item"),
+            (described(items=None), "malformed memory-file hand-over"),
+            (described(name="kbv-handover-another"), "not the memory file"),  # another reply's
+        ]
+        for description, message in refused:
+            with pytest.raises(HandoffError, match=message):
+                receive(description, "cpu", [fd])
     finally:
         os.close(fd)
 

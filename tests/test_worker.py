@@ -219,13 +219,12 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
             worker.request(wire.Expected(precision="fp32", out_path=worker.new_path("e"), **fields))
         )
         (truth,) = worker.receive_outputs(reply.outputs)
-        runs = {
-            precision: wire_replies.RunReply.of(
+        separate = {}
+        for precision in ("fp32", "fp64"):  # each read before the next request (the worker lets go)
+            run = wire_replies.RunReply.of(
                 worker.request(wire.Run(precision=precision, out_path=worker.new_path("r"), **fields))
             )
-            for precision in ("fp32", "fp64")
-        }
-        separate = {precision: worker.receive_outputs(run.outputs) for precision, run in runs.items()}
+            separate[precision] = worker.receive_outputs(run.outputs)
     assert truth.dtype == torch.float64 and torch.equal(truth, separate["fp64"][0])
     assert reply.baseline_outputs == [[[4, 64], "float32"]] and reply.types == ["torch.Tensor"]
     assert reply.baseline_error == baseline_error(separate["fp32"], separate["fp64"])
