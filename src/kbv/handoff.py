@@ -6,12 +6,13 @@ tensor into memory it owns and closes the handle before anything judges it (:fun
 A candidate worker under a uid of its own (``kbv.worker._privileges``) cannot be opened that way:
 it copies its outputs into one allocation of the driver's virtual memory API and sends that
 allocation's file descriptor beside the reply (``kbv._vmm``, transport ``cuda_vmm``).
-A trusted worker on the CPU (the reference) writes them into an anonymous memory file
-(``memfd_create``, transport ``memfd``) whose descriptor travels beside the reply: it has no path,
-so a candidate running beside it cannot open it (``/proc/<pid>/fd`` of a hardened process needs
-ptrace rights, which Landlock, seccomp and the uid drop take away). Elsewhere (a candidate on the
-CPU, a GPU worker's non-CUDA values) tensors go through one file in the worker's scratch directory.
-Both are read with ``torch.load(weights_only=True)``; a file is deleted at once.
+A trusted worker on the CPU (the reference) writes their raw bytes into an anonymous memory file
+(``memfd_create``, transport ``memfd``) whose descriptor travels beside the reply, described by
+dtype, shape and offset: it has no path, so a candidate running beside it cannot open it
+(``/proc/<pid>/fd`` of a hardened process needs ptrace rights, which Landlock, seccomp and the uid
+drop take away). Elsewhere (a candidate on the CPU, a GPU worker's non-CUDA values) tensors go
+through one file in the worker's scratch directory, read with ``torch.load(weights_only=True)``
+and deleted at once.
 
 Child side: :func:`hand_over` (bound before the candidate is imported). Parent side: :func:`receive`.
 Neither side ever sends a handle *to* a worker: handles only flow from workers to the parent, so a
