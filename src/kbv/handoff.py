@@ -352,6 +352,17 @@ def _from_memory_file(description: dict[str, Any], fds: list[int], device: str) 
     return [None if item is None else _memory_file_tensor(item, whole, device) for item in items]
 
 
+def _placed(item: Any, what: str) -> tuple[torch.dtype, list[int], int, int]:
+    """(dtype from the allow-list, shape, byte offset, byte count) of a tensor placed in one
+    allocation or file (``{"dtype", "shape", "offset_bytes"}``); anything else is malformed."""
+    dtype = _DTYPES.get(str(item.get("dtype"))) if isinstance(item, dict) else None
+    shape = _ints(item.get("shape")) if isinstance(item, dict) else None
+    offset = item.get("offset_bytes") if isinstance(item, dict) else None
+    if dtype is None or shape is None or not _count(offset):
+        raise HandoffError(f"malformed {what} {str(item)[:120]}")
+    return dtype, shape, offset, math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+
+
 def _is_memory_file(fd: int, name: Any) -> bool:
     if not isinstance(name, str) or not name.startswith("kbv-handover-"):
         return False
@@ -363,12 +374,7 @@ def _is_memory_file(fd: int, name: Any) -> bool:
 
 
 def _memory_file_tensor(item: Any, whole: torch.Tensor, device: str) -> torch.Tensor:
-    dtype = _DTYPES.get(str(item.get("dtype"))) if isinstance(item, dict) else None
-    shape = _ints(item.get("shape")) if isinstance(item, dict) else None
-    offset = item.get("offset_bytes") if isinstance(item, dict) else None
-    if dtype is None or shape is None or not _count(offset):
-        raise HandoffError(f"malformed memory-file item {item!r}")
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    dtype, shape, offset, nbytes = _placed(item, "memory-file item")
     if offset + nbytes > whole.numel() or offset % _MEMORY_FILE_ALIGN:
         raise HandoffError(f"a memory-file item lies outside the file or off alignment ({item!r})")
     return whole[offset : offset + nbytes].view(dtype).reshape(shape).to(device)
@@ -546,12 +552,7 @@ def _checked_vmm(
         if item is None:
             checked.append(None)
             continue
-        dtype = _DTYPES.get(str(item.get("dtype"))) if isinstance(item, dict) else None
-        shape = _ints(item.get("shape")) if isinstance(item, dict) else None
-        offset = item.get("offset_bytes") if isinstance(item, dict) else None
-        if dtype is None or shape is None or not _count(offset):
-            raise HandoffError(f"malformed VMM descriptor {str(item)[:120]}")
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        dtype, shape, offset, nbytes = _placed(item, "VMM descriptor")
         if offset + nbytes > size:
             raise HandoffError(
                 f"VMM descriptor reaches beyond its allocation ({offset + nbytes} > {size} bytes)"
