@@ -342,14 +342,27 @@ def _from_memory_file(description: dict[str, Any], fds: list[int], device: str) 
         # The descriptors are the last reply's: a hand-over read after the worker's next request
         # would otherwise read another reply's bytes with this one's layout.
         raise HandoffError("the descriptor is not the memory file this hand-over names")
+    data = bytearray(size)
     try:
-        data = bytearray(os.pread(fds[index], size, 0)) if size else bytearray()
+        got = _read_into(fds[index], memoryview(data))
     except OSError as exc:
         raise HandoffError(f"the worker's outputs could not be read ({exc})") from exc
-    if len(data) != size:
-        raise HandoffError(f"the worker's memory file holds {len(data)} of the {size} bytes it described")
+    if got != size:
+        raise HandoffError(f"the worker's memory file holds {got} of the {size} bytes it described")
     whole = torch.frombuffer(data, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
     return [None if item is None else _memory_file_tensor(item, whole, device) for item in items]
+
+
+def _read_into(fd: int, buffer: memoryview) -> int:
+    """Bytes read from the start of ``fd`` into ``buffer``, until it is full or the file ends (one
+    read returns at most about 2 GiB on Linux)."""
+    done = 0
+    while done < len(buffer):
+        n = os.preadv(fd, [buffer[done:]], done)
+        if n == 0:
+            break
+        done += n
+    return done
 
 
 def _placed(item: Any, what: str) -> tuple[torch.dtype, list[int], int, int]:
