@@ -21,6 +21,7 @@ from conftest import RELU, ROOT, load_relu_candidate
 
 from kbv import wire, wire_replies
 from kbv.integrity import dynamic
+from kbv.processes import tree_pids
 from kbv.protocol import LimitSettings, ProtocolError, protocol_from_dict
 from kbv.worker import Worker, WorkerFailed, WorkerSpec, _contain
 
@@ -89,7 +90,7 @@ def test_the_tree_read_from_children_files_is_the_tables_descendants() -> None:
         while time.monotonic() < deadline and len(expected) < 4:
             expected = sorted(_contain.descendants(shell.pid, _contain.process_table()))
             time.sleep(0.02)
-        tree = _contain.tree_pids(shell.pid)
+        tree = tree_pids(shell.pid)
         if tree is None:
             pytest.skip("this kernel publishes no /proc/<pid>/task/<tid>/children files")
         assert len(expected) == 4 and sorted(tree) == expected
@@ -98,7 +99,7 @@ def test_the_tree_read_from_children_files_is_the_tables_descendants() -> None:
         _contain.kill_pids(_contain.descendants(shell.pid, _contain.process_table()))
         shell.kill()
         shell.wait()
-    assert _contain.tree_pids(shell.pid) is None  # gone
+    assert tree_pids(shell.pid) is None  # gone
 
 
 def test_exceeded_names_the_first_limit_and_its_figure() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from kbv import handoff as _handoff
 from kbv import wire
+from kbv.channel import memfd_available
 from kbv.handoff import HandoffError, receive
 
 
@@ -170,7 +171,7 @@ def test_a_file_hand_over_round_trips_and_is_deleted(tmp_path) -> None:
     assert not path.exists()
 
 
-@pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
+@pytest.mark.skipif(not memfd_available(), reason="no memory files on this system")
 def test_a_memory_file_hand_over_round_trips_without_a_path_and_closes_on_release(tmp_path) -> None:
     """A trusted CPU worker's hand-over: every tensor's bytes in an anonymous memory file whose
     descriptor goes beside the reply, each at an aligned offset; nothing is written at ``path``,
@@ -208,8 +209,7 @@ def test_a_memory_file_hand_over_round_trips_without_a_path_and_closes_on_releas
         os.fstat(fds[0])
 
 
-@pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
-@pytest.mark.skipif(not _handoff.memfd_available(), reason="no memory files on this system")
+@pytest.mark.skipif(not memfd_available(), reason="no memory files on this system")
 def test_a_memory_file_is_read_whole_when_one_read_returns_part_of_it(monkeypatch) -> None:
     """Linux returns at most about 2 GiB from one read: the parent reads on until the file's bytes
     are all there (a 2.1 GB hand-over came back short before, measured outside the suite)."""
@@ -234,6 +234,7 @@ def test_a_memory_file_is_read_whole_when_one_read_returns_part_of_it(monkeypatc
     assert reads == [0, 1000, 2000, 3000]  # 4,000 bytes, 1,000 a read
 
 
+@pytest.mark.skipif(not memfd_available(), reason="no memory files on this system")
 def test_a_memory_file_hand_over_that_lies_about_its_bytes_is_refused() -> None:
     good = {"dtype": "torch.float32", "shape": [4], "offset_bytes": 16}
 

@@ -26,6 +26,12 @@ _HEADER = struct.Struct("!I")
 _FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
+def memfd_available() -> bool:
+    """Whether this system has anonymous memory files (Linux 3.17 and later), whose descriptors a
+    trusted worker's reply carries instead of a path (``kbv.handoff``, transport ``memfd``)."""
+    return hasattr(os, "memfd_create")
+
+
 class ChannelClosed(ConnectionError):
     """The other end closed the channel or wrote something that is not a message."""
 

@@ -88,13 +88,9 @@ def plain_copy(value: Any, device: torch.device, *, copy: bool = True) -> Any:
     return None
 
 
-#: How a CUDA worker hands tensors over: legacy IPC handles, or one exported VMM allocation.
+#: How a worker hands tensors over (the parent says, ``Worker.handoff``): on a GPU legacy IPC handles
+#: or one exported VMM allocation; on the CPU a memory file (the trusted reference) or a file.
 TRANSPORTS = ("cuda_ipc", "cuda_vmm", "memfd", "file")
-
-
-def memfd_available() -> bool:
-    """Whether this system has anonymous memory files (Linux 3.17 and later)."""
-    return hasattr(os, "memfd_create")
 
 
 class MemoryFile:
@@ -128,7 +124,7 @@ def hand_over(
         keep.extend(v for v in values if v is not None)
         return {"transport": "cuda_ipc", "items": [None if v is None else _describe_cuda(v) for v in values]}
     plain = [v if v is None else v.cpu() for v in values]
-    if transport == "memfd" and device.type != "cuda":
+    if transport == "memfd":
         return _to_memory_file(plain, keep)
     _save(plain, path)
     return {"transport": "file", "path": path, "count": len(values)}
@@ -332,7 +328,7 @@ def _from_file(description: dict[str, Any], device: str) -> list[Any]:
 
 def _from_memory_file(description: dict[str, Any], fds: list[int], device: str) -> list[Any]:
     """The parent's own tensors from a memory file's bytes: every item's dtype from the allow-list,
-    its bytes inside the file, read with one ``pread`` into memory the parent owns."""
+    its bytes inside the file, read into memory the parent owns."""
     index, size, items = description.get("fd_index"), description.get("size"), description.get("items")
     if not _count(index) or index >= len(fds):
         raise HandoffError("the worker's hand-over names no descriptor that came with its reply")

@@ -7,12 +7,12 @@ from dataclasses import replace
 from typing import Any
 
 from kbv import correctness, wire, wire_replies
+from kbv.channel import memfd_available
 from kbv.devices import release_cached_blocks
 from kbv.evaluation import reference as _reference
 from kbv.evaluation.budget import _output_numels, _room_for_candidate
 from kbv.evaluation.context import _Context, _phase, _structure
 from kbv.evaluation.requests import _forward, _received, _run
-from kbv.handoff import memfd_available
 from kbv.records import DistributionResult
 from kbv.worker import Worker
 

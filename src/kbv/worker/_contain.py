@@ -35,7 +35,6 @@ from kbv.processes import MARKER_ENV as MARKER_ENV  # ``<owner pid>:<worker tag>
 from kbv.processes import Proc, kill_pids, process_table
 from kbv.processes import descendants as descendants  # the parent's callers read them here too
 from kbv.processes import read_proc as read_proc
-from kbv.processes import tree_pids as tree_pids
 
 _CGROUP_PREFIX = "kbv-"
 

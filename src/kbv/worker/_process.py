@@ -20,6 +20,7 @@ from typing import Any
 
 from kbv import channel as _channel
 from kbv import telemetry, wire, wire_replies
+from kbv.processes import tree_pids
 from kbv.worker import _contain, _forkserver, _privileges, _scratch
 from kbv.worker._env import arch_list_for, scrubbed_env
 from kbv.worker._isolation import IsolationReport
@@ -319,7 +320,7 @@ class Worker(LimitWatch, IsolationReport):
         cannot open (``kbv.handoff``); a candidate writes a file in its own scratch."""
         if not self.spec.device.startswith("cuda"):
             trusted = self.spec.role == "reference"
-            return "memfd" if trusted and hasattr(os, "memfd_create") else "file"  # (Linux 3.17+)
+            return "memfd" if trusted and _channel.memfd_available() else "file"
         return "cuda_vmm" if self.uid is not None else "cuda_ipc"
 
     def _receive(self) -> dict[str, Any]:
@@ -468,7 +469,7 @@ class Worker(LimitWatch, IsolationReport):
         if self._proc is None:
             return None
         pid = self._proc.pid
-        tree = _contain.tree_pids(pid)
+        tree = tree_pids(pid)
         if tree is None:
             return _contain.scheduler_ns(pid, [p for p in self.members() if p != pid])
         grouped = self._cgroup.pids() if self._cgroup else []
