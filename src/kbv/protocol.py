@@ -279,9 +279,12 @@ STANDARD = Protocol(
 # (docs/integrity-dynamic.md, "How long the look waits"). Version 6 always waited 0.2 s. (Version 7,
 # the observation moved before timing, was reverted unreleased:
 # benchmarks/results/2026-12-06-cpu-verified-cost-ahead/.)
+# Version 9: the observe probe counts threads before its call once two counts 5 ms apart agree
+# (at most 20 ms) after its warm-up call, not after a fixed 20 ms (docs/integrity-dynamic.md,
+# "background_work").
 VERIFIED = Protocol(
     name="verified",
-    version=8,
+    version=9,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,

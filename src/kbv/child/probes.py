@@ -275,6 +275,31 @@ def _activity() -> dict[str, int]:
     return {"python_threads": _active_count(), "os_threads": _os_threads(), "processes": _descendants()}
 
 
+#: Interval between the thread counts that must agree before the observed call's ``before``, and
+#: the longest the wait may last (the fixed settle ``verified`` v8 and earlier waited).
+SETTLE_STEP_S = 0.005
+SETTLE_MAX_S = 0.02
+
+
+def _settle() -> None:
+    """Wait until the thread counts agree across two reads :data:`SETTLE_STEP_S` apart, at most
+    :data:`SETTLE_MAX_S`: a thread the warm-up call started may start others after it returned (a
+    pool's manager thread), and they belong in ``before``. A thread or native pool started by the call
+    itself is counted at once (``Thread.start`` and ``pthread_create`` return once it exists). Each
+    sleep releases the GIL, so such a thread gets to run. What fails a call is not taken from this
+    count alone: a Python thread the observed call leaves alive is seen at its return
+    (``threads_alive_at_return``), and processes are counted from before the warm-up call too. On
+    the CPU sample the fixed 20 ms was most of this probe's time in each worker."""
+    deadline = _monotonic() + SETTLE_MAX_S
+    last = (_active_count(), _os_threads())
+    while _monotonic() < deadline:
+        _sleep(SETTLE_STEP_S)
+        now = (_active_count(), _os_threads())
+        if now == last:
+            return
+        last = now
+
+
 #: How long a thread started during an observed call is held at its first Python event.
 THREAD_HOLD_S = 0.05
 _current_thread = threading.current_thread
@@ -327,7 +352,7 @@ def probe_observe(state: Any, request: wire.ProbeObserve) -> wire_replies.ProbeO
     _forward(
         state, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     )  # lazy set-up (a thread pool kept for later calls) is not growth
-    _sleep(0.02)
+    _settle()
     before = _activity()
     sums_before = [_checksum(a) for a in args]
     flags_before_call = numeric_flags()
@@ -419,6 +444,8 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
     """
     sizes = [n for n in output_nbytes if 0 < n <= (256 << 20)]
     exact = [m for n in sizes for m in (n, n // 2)]
+    if device.type == "cpu":
+        _raise_mmap_threshold(max([POISON_BYTES[-1], *(n for n in exact if n <= _MMAP_THRESHOLD_MAX)]))
     blocks = [
         torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES
     ]
@@ -428,6 +455,25 @@ def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = (
             for n in (*POISON_BYTES[:1], *exact)
         )
     del blocks
+
+
+#: glibc's largest dynamic mmap threshold on 64-bit Linux (``DEFAULT_MMAP_THRESHOLD_MAX``).
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def _raise_mmap_threshold(nbytes: int) -> None:
+    """Allocate and free ``nbytes`` without touching them, so the poison's blocks come from the heap.
+
+    glibc serves an allocation at or above its mmap threshold (128 KiB at first) with fresh pages,
+    and unmaps it when freed; freeing such a block raises the threshold to its size (up to 32 MiB)
+    and the trim threshold to twice that. Without this, the 16 MiB block of a worker's first
+    poisoned run is such a block: its pages are faulted in and filled only to be unmapped, its NaN
+    lost, and the second run's copy grows the heap by 16 MiB, faulted in again (about 20 ms of a
+    worker's first poison, measured 2026-12-06 with one thread, against about 11 ms with it). An untouched block costs an mmap and a munmap,
+    no page; after it the filled blocks, up to this size, are heap memory that stays when freed
+    (while the heap's free top is under the trim threshold), where the candidate's next allocation
+    of that size looks first. Blocks over 32 MiB are mapped and unmapped whatever is done here."""
+    torch.empty(max(nbytes, 1), dtype=torch.uint8)
 
 
 def probe_poison(state: Any, request: wire.ProbePoison) -> wire_replies.ProbePoisonReply:
