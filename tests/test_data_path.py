@@ -248,7 +248,9 @@ def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
         sum(phases[k] for k in probes) <= phases["integrity"] + 1e-6
     )  # probes are part of the integrity phase
     line = phases_line(phases)
-    assert line.startswith("time: total") and "correctness" in line and "observe" in line
+    assert line.startswith("time: total") and "correctness" in line
+    # A probe is printed from 0.05 s on; on the CPU the observation may take less.
+    assert "(probes: observe 0.1" in phases_line({**phases, "probe:observe": 0.1})
 
 
 @pytest.mark.skipif(
