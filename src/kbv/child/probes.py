@@ -469,10 +469,11 @@ def _raise_mmap_threshold(nbytes: int) -> None:
     and the trim threshold to twice that. Without this, the 16 MiB block of a worker's first
     poisoned run is such a block: its pages are faulted in and filled only to be unmapped, its NaN
     lost, and the second run's copy grows the heap by 16 MiB, faulted in again (about 20 ms of a
-    worker's first poison, measured 2026-12-06 with one thread, against about 11 ms with it). An untouched block costs an mmap and a munmap,
-    no page; after it the filled blocks, up to this size, are heap memory that stays when freed
-    (while the heap's free top is under the trim threshold), where the candidate's next allocation
-    of that size looks first. Blocks over 32 MiB are mapped and unmapped whatever is done here."""
+    worker's first poison, measured 2026-12-06 with one thread, against about 11 ms with it). An
+    untouched block costs an mmap and a munmap, no page; after it the filled blocks, up to this
+    size, are heap memory that stays when freed (while the heap's free top is under the trim
+    threshold), where the candidate's next allocation of that size looks first. Blocks over 32 MiB
+    are mapped and unmapped whatever is done here."""
     torch.empty(max(nbytes, 1), dtype=torch.uint8)
 
 
