@@ -490,6 +490,60 @@ def test_inherits_any_problem_class():
     assert_flags(findings, "inherits_reference", "fail", 1)
 
 
+HELPER_PROBLEM = (
+    PROBLEM
+    + """
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+"""
+)
+
+OWN_BLOCK = """
+import torch
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x)
+"""
+
+
+def test_a_class_of_its_own_under_a_problem_class_name_is_the_candidates():
+    # A level-3 network's candidate keeps the problem's helper modules (copied or rewritten): the
+    # reference itself as the candidate was rejected on nine of KernelBench's level-3 problems.
+    findings = scan(OWN_BLOCK, problem_source=HELPER_PROBLEM)
+    assert "inherits_reference" not in {f.check for f in findings}
+
+
+@pytest.mark.parametrize(
+    "source, line",
+    [
+        # the name bound again by an import: it may be the problem's class when it runs
+        (OWN_BLOCK + "from problem import Block\n", 11),
+        # defined twice: which one runs is not the statement's to say
+        (OWN_BLOCK.replace("class ModelNew", "class Block(Model):\n    pass\n\nclass ModelNew"), 14),
+    ],
+)
+def test_a_problem_class_name_bound_twice_is_still_the_reference(source, line):
+    assert_flags(scan(source, problem_source=HELPER_PROBLEM), "inherits_reference", "fail", line)
+
+
+def test_the_reference_reached_through_a_class_of_its_own_is_found():
+    source = OWN_BLOCK.replace("return torch.relu(x)", "return Model()(x)")
+    findings = scan(source, problem_source=HELPER_PROBLEM)
+    assert_flags(findings, "inherits_reference", "fail", 6)
+    assert any("through its class Block" in f.detail for f in findings if f.check == "inherits_reference")
+
+
 # ------------------------------------------------------------------------------------------ reference ops
 def test_reference_operator_through_helper_and_alias():
     findings = scan(

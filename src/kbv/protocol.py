@@ -281,7 +281,8 @@ STANDARD = Protocol(
 # benchmarks/results/2026-12-06-cpu-verified-cost-ahead/.)
 # Version 9: the observe probe counts threads before its call once two counts 5 ms apart agree
 # (at most 20 ms) after its warm-up call, not after a fixed 20 ms (docs/integrity-dynamic.md,
-# "background_work").
+# "background_work"); ``inherits_reference`` follows a class the candidate defines itself under a
+# problem class's name instead of failing it (docs/integrity-checks.md, "inherits_reference").
 VERIFIED = Protocol(
     name="verified",
     version=9,

@@ -461,9 +461,12 @@ def _unbound_names(tree: ast.AST) -> set[str]:
     kind="static",
     default_severity="fail",
     doc="""ModelNew deriving from the reference Model (or from any class the problem defines,
-    directly or through local intermediate classes), or instantiating / calling the reference Model.
-    The candidate then runs the reference computation and claims it as its own. It cannot tell
-    whether a class of the same name imported from elsewhere is the reference.""",
+    directly or through local intermediate classes), or instantiating / calling the reference Model
+    or another class of the problem. The candidate then runs the reference computation and claims it
+    as its own. A class the candidate defines itself under a problem class's name (a level-3
+    network's copied ``InceptionModule``, rewritten or not) is the candidate's own: it is followed,
+    not flagged, where a ``class`` statement at module level is the name's only binding. It cannot
+    tell whether a class of the same name imported from elsewhere is the reference.""",
 )
 def check_inherits_reference(ctx: StaticContext) -> list[Finding]:
     rep = _Report("inherits_reference", ctx)
@@ -474,30 +477,62 @@ def check_inherits_reference(ctx: StaticContext) -> list[Finding]:
     if ctx.problem is not None:
         problem_classes |= {n.name for n in ast.walk(ctx.problem.tree) if isinstance(n, ast.ClassDef)}
     local = {n.name: n for n in ast.walk(a.tree) if isinstance(n, ast.ClassDef)}
+    own = _own_classes(a)
     new = local.get("ModelNew")
-    if new is not None:
-        seen: set[str] = set()
-        stack = [new]
-        while stack:
-            cls = stack.pop()
-            for base in cls.bases:
-                qual = a.qualname(base) or ""
-                name = _last(qual)
-                if under(qual, "torch") or name in seen:
-                    continue
-                seen.add(name)
-                if name in problem_classes:
-                    rep.py(base, f"ModelNew inherits from the problem's class {name}")
-                elif name in local:
-                    stack.append(local[name])
-        for call, func in a.calls(new):
-            if (
-                func
-                and (_last(func) in problem_classes or func.endswith("Model.forward"))
-                and not under(func, "torch")
-            ):
-                rep.py(call, f"ModelNew calls the reference {func}")
+    if new is None:
+        return rep.findings
+    seen: set[str] = {"ModelNew"}
+    stack = [new]
+    while stack:
+        cls = stack.pop()
+        for base in cls.bases:
+            qual = a.qualname(base) or ""
+            name = _last(qual)
+            if under(qual, "torch") or name in seen:
+                continue
+            seen.add(name)
+            if qual in own or (name in local and name not in problem_classes):
+                stack.append(local[name])
+            elif name in problem_classes:
+                rep.py(base, f"{_subject(cls)} inherits from the problem's class {name}")
+        for call, func in a.calls(cls):
+            if not func or under(func, "torch"):
+                continue
+            if func in own:
+                if func not in seen:
+                    seen.add(func)
+                    stack.append(own[func])
+            elif _last(func) in problem_classes or func.endswith("Model.forward"):
+                rep.py(call, f"{_subject(cls)} calls the reference {func}")
     return rep.findings
+
+
+def _subject(cls: ast.ClassDef) -> str:
+    return "ModelNew" if cls.name == "ModelNew" else f"ModelNew (through its class {cls.name})"
+
+
+def _own_classes(a: Analysis) -> dict[str, ast.ClassDef]:
+    """The classes the candidate defines itself: a ``class`` statement at module level that is the
+    name's only binding in the file (an import, an assignment, a ``def`` or a second ``class`` of the
+    same name could make the name the problem's class when it runs)."""
+    bindings: dict[str, int] = {}
+
+    def bind(name: str) -> None:
+        bindings[name] = bindings.get(name, 0) + 1
+
+    for node in ast.walk(a.tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            bind(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bind(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bind(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                bind(name)
+    top = [n for n in a.tree.body if isinstance(n, ast.ClassDef)]  # type: ignore[attr-defined]
+    return {n.name: n for n in top if bindings.get(n.name) == 1 and n.name not in a.aliases}
 
 
 # ---------------------------------------------------------------------------------------- reference ops
