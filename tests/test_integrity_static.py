@@ -537,6 +537,12 @@ def test_a_problem_class_name_bound_twice_is_still_the_reference(source, line):
     assert_flags(scan(source, problem_source=HELPER_PROBLEM), "inherits_reference", "fail", line)
 
 
+def test_a_copy_of_model_is_still_the_reference():
+    # ``Model`` is the reference's name whatever the candidate's class of that name holds
+    source = OWN_BLOCK.replace("class Block(", "class Model(").replace("Block()", "Model()")
+    assert_flags(scan(source, problem_source=HELPER_PROBLEM), "inherits_reference", "fail", 11)
+
+
 def test_the_reference_reached_through_a_class_of_its_own_is_found():
     source = OWN_BLOCK.replace("return torch.relu(x)", "return Model()(x)")
     findings = scan(source, problem_source=HELPER_PROBLEM)

@@ -463,10 +463,12 @@ def _unbound_names(tree: ast.AST) -> set[str]:
     doc="""ModelNew deriving from the reference Model (or from any class the problem defines,
     directly or through local intermediate classes), or instantiating / calling the reference Model
     or another class of the problem. The candidate then runs the reference computation and claims it
-    as its own. A class the candidate defines itself under a problem class's name (a level-3
-    network's copied ``InceptionModule``, rewritten or not) is the candidate's own: it is followed,
-    not flagged, where a ``class`` statement at module level is the name's only binding. It cannot
-    tell whether a class of the same name imported from elsewhere is the reference.""",
+    as its own. A class the candidate defines itself under the name of one of the problem's helper
+    classes (a level-3 network's ``InceptionModule``, rewritten or copied) is the candidate's own: it
+    is followed, not flagged, where a ``class`` statement at module level is the name's only binding.
+    ``Model`` is always the reference's name: a candidate's entry point is ``ModelNew``, and a copy
+    of ``Model`` that ``ModelNew`` derives from is the reference under its own name. It cannot tell
+    whether a class of the same name imported from elsewhere is the reference.""",
 )
 def check_inherits_reference(ctx: StaticContext) -> list[Finding]:
     rep = _Report("inherits_reference", ctx)
@@ -512,9 +514,10 @@ def _subject(cls: ast.ClassDef) -> str:
 
 
 def _own_classes(a: Analysis) -> dict[str, ast.ClassDef]:
-    """The classes the candidate defines itself: a ``class`` statement at module level that is the
-    name's only binding in the file (an import, an assignment, a ``def`` or a second ``class`` of the
-    same name could make the name the problem's class when it runs)."""
+    """The classes the candidate defines itself, ``Model`` aside (the reference's name, whatever
+    the body): a ``class`` statement at module level that is the name's only binding in the file
+    (an import, an assignment, a ``def`` or a second ``class`` of the same name could make the name
+    the problem's class when it runs)."""
     bindings: dict[str, int] = {}
 
     def bind(name: str) -> None:
@@ -532,7 +535,9 @@ def _own_classes(a: Analysis) -> dict[str, ast.ClassDef]:
             for name in node.names:
                 bind(name)
     top = [n for n in a.tree.body if isinstance(n, ast.ClassDef)]  # type: ignore[attr-defined]
-    return {n.name: n for n in top if bindings.get(n.name) == 1 and n.name not in a.aliases}
+    return {
+        n.name: n for n in top if n.name != "Model" and bindings.get(n.name) == 1 and n.name not in a.aliases
+    }
 
 
 # ---------------------------------------------------------------------------------------- reference ops
