@@ -513,24 +513,40 @@ def _bracketed(bracket_ms: float) -> dict:
     }
 
 
-def test_a_round_that_disagreed_with_the_bracket_keeps_the_futility_stop_off() -> None:
-    """``timing_disagreement`` fails only when every round disagrees, so a round that disagreed asks
-    for the rounds a futile precision would have skipped: more chances for an honest candidate's
-    noise to agree, and more trusted batches for its allowance."""
+def test_the_futility_stop_waits_while_every_round_disagrees_with_the_bracket() -> None:
+    """``timing_disagreement`` fails only when every round disagrees, so while every candidate round
+    so far has disagreed, the rounds a futile precision would skip are timed: more chances for an
+    honest candidate's noise to agree, and more trusted batches for its allowance. Once one round
+    agrees the check cannot fail, and the futility stop applies as to any candidate."""
     futile = TimingSettings(repeats=10, rounds=3, max_rounds=9, median_precision=0.02, stop_when_futile=True)
     trusted = [_bracketed(11.0)] * 3
     agreeing = {"candidate": [_bracketed(11.0)] * 3, "eager_fp32": trusted}
     one_off = {"candidate": [_bracketed(11.0), _bracketed(40.0), _bracketed(11.0)], "eager_fp32": trusted}
-    assert measure._bracket_clean(futile, agreeing, {})  # accept: every round within the allowance
-    assert not measure._bracket_clean(futile, one_off, {})  # reject: one round's gap is 29 ms over
+    every_round = {"candidate": [_bracketed(40.0)] * 3, "eager_fp32": trusted}
+    assert measure._bracket_settled(futile, agreeing, {})  # every round within the allowance
+    assert measure._bracket_settled(futile, one_off, {})  # one round 29 ms over, two agree: settled
+    assert not measure._bracket_settled(futile, every_round, {})  # every round 29 ms over
     # a cached baseline's fresh check batch is a trusted batch too
     checked = {"eager_fp32": {"accepted": True, "batch": _bracketed(11.0)}}
-    assert not measure._bracket_clean(futile, {"candidate": [_bracketed(40.0)] * 3}, checked)
+    assert not measure._bracket_settled(futile, {"candidate": [_bracketed(40.0)] * 3}, checked)
     far = _spread(0.2)
     out_of_reach = {"candidate": _series(far, far, far)}
-    assert not measure._another_round(futile, out_of_reach, bracket_clean=True)
-    assert measure._another_round(futile, out_of_reach, bracket_clean=False)
-    assert not measure._another_round(futile, {"candidate": _series(*[far] * 9)}, bracket_clean=False)
+    assert not measure._another_round(futile, out_of_reach, bracket_settled=True)
+    assert measure._another_round(futile, out_of_reach, bracket_settled=False)
+    assert not measure._another_round(futile, {"candidate": _series(*[far] * 9)}, bracket_settled=False)
+
+
+def test_a_round_that_agrees_keeps_agreeing_as_trusted_batches_are_added() -> None:
+    """Why one agreeing round settles the bracket: its allowance is the trusted batches' largest gap,
+    which more trusted batches can only widen."""
+    settings = TimingSettings(repeats=10, rounds=3, max_rounds=9, median_precision=0.02)
+    rounds = [_bracketed(12.5), _bracketed(40.0)]
+    few = kbv_statistics.bracket_verdict(rounds, [_bracketed(11.0)], settings)
+    more = kbv_statistics.bracket_verdict(
+        rounds, [_bracketed(11.0), _bracketed(9.0), _bracketed(14.0)], settings
+    )
+    assert [r["disagrees"] for r in few["rounds"]] == [False, True]
+    assert not more["rounds"][0]["disagrees"] and more["overhead_ms"] >= few["overhead_ms"]
 
 
 def test_a_cached_baseline_pairs_with_a_candidate_timed_for_more_rounds() -> None:

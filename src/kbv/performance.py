@@ -164,18 +164,18 @@ def _rounds_go_on(
     cache_checks: dict[str, Any],
 ) -> bool:
     """:func:`_another_round` over the series still timed (the candidate and ``active`` baselines),
-    with every trusted batch timed so far weighed by :func:`_bracket_clean`."""
+    with every trusted batch timed so far weighed by :func:`_bracket_settled`."""
     still_timed = {name: rounds[name] for name in [*active, "candidate"]}
-    return _another_round(settings, still_timed, _bracket_clean(settings, rounds, cache_checks))
+    return _another_round(settings, still_timed, _bracket_settled(settings, rounds, cache_checks))
 
 
 def _another_round(
-    settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]], bracket_clean: bool = True
+    settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]], bracket_settled: bool = True
 ) -> bool:
     """Whether the rounds go on: until ``rounds`` were timed, then, with ``median_precision`` set, while a
     series timed in this evaluation has a median less precise than that, ``max_rounds`` allows, and
     (with ``stop_when_futile``) the target is still within reach of ``max_rounds`` (:func:`_futile`)
-    or a candidate round so far disagreed with the parent's bracket (``bracket_clean`` False).
+    or every candidate round so far disagreed with the parent's bracket (``bracket_settled`` False).
     Cached baselines are not timed again, so only the candidate's precision counts beside them."""
     done = len(rounds["candidate"])
     if done < max(1, settings.rounds):
@@ -183,22 +183,27 @@ def _another_round(
     if settings.median_precision <= 0 or done >= settings.max_rounds:
         return False
     worst = _worst_precision(settings, rounds)
-    return worst > settings.median_precision and not (bracket_clean and _futile(settings, done, worst))
+    return worst > settings.median_precision and not (bracket_settled and _futile(settings, done, worst))
 
 
-def _bracket_clean(
+def _bracket_settled(
     settings: TimingSettings, rounds: dict[str, list[dict[str, Any]]], cache_checks: dict[str, Any]
 ) -> bool:
-    """Whether no candidate round so far disagrees with the parent's bracket, against the trusted
-    batches timed so far (:func:`kbv.statistics.bracket_verdict`). ``timing_disagreement`` fails a
-    candidate only when every round disagrees; a round that did is why the futility stop does not
-    apply: on a loaded machine three rounds gave an honest candidate's noise too few chances to
-    agree and its allowance too few trusted batches (an honest ``std::thread`` row sum rejected in
-    a CI run of verified v6), while a lying clock disagrees in every round however many there are."""
+    """Whether the parent's bracket can no longer fail the candidate: some candidate round so far
+    agrees with it, against the trusted batches timed so far (:func:`kbv.statistics.bracket_verdict`),
+    or there is no trusted batch to hold the rounds against. ``timing_disagreement`` fails a candidate
+    only when every round disagrees, and a round that agrees keeps agreeing as trusted batches are
+    added (its allowance is their largest gap), so only while every round has disagreed do more
+    rounds matter: they give an honest candidate's noise chances to agree and its allowance more
+    trusted batches (on a loaded machine three rounds were too few: an honest ``std::thread`` row sum
+    rejected in a CI run of verified v6), while a lying clock disagrees in every round and is judged
+    on all of them. Once one round agrees, the futility stop applies as to any candidate (on the CPU
+    sample, five of 29 honest references were timed for all nine rounds after one round of noise,
+    2026-12-06)."""
     trusted = [batch for name, series in rounds.items() if name != "candidate" for batch in series]
     trusted += [c["batch"] for c in cache_checks.values() if isinstance(c, dict) and "batch" in c]
     verdict = kbv_statistics.bracket_verdict(rounds["candidate"], trusted, settings)
-    return not any(r["disagrees"] for r in verdict["rounds"])
+    return not verdict["disagrees"]
 
 
 def _projected_rounds(settings: TimingSettings, done: int, worst: float) -> float:

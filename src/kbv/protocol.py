@@ -282,7 +282,9 @@ STANDARD = Protocol(
 # Version 9: the observe probe counts threads before its call once two counts 5 ms apart agree
 # (at most 20 ms) after its warm-up call, not after a fixed 20 ms (docs/integrity-dynamic.md,
 # "background_work"); ``inherits_reference`` follows a class the candidate defines itself under a
-# problem class's name instead of failing it (docs/integrity-checks.md, "inherits_reference").
+# problem class's name instead of failing it (docs/integrity-checks.md, "inherits_reference"); the
+# futility stop of the timing rounds applies once one candidate round agrees with the parent's
+# bracket, not only when none disagreed (docs/timing.md, "Rounds until precise").
 VERIFIED = Protocol(
     name="verified",
     version=9,
