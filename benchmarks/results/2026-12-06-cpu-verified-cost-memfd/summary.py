@@ -1,6 +1,7 @@
 """The figures of this folder's README from its rows (extract rows.tar.gz here first).
 
-    python summary.py g,h,i,j     # the repetitions to average, each alternated old/new
+    python summary.py g,h,i,j         # the repetitions to average, each alternated old/new
+    python summary.py a,b,c,d,e,f DIR # the rows of another folder (extracted there), measured alike
 
 Per code and repetition: the median `standard` and `verified` time per candidate, their ratio and
 the median per-problem ratio; then, per problem averaged over the repetitions, the same two ratios.
@@ -16,8 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def rows(code: str, rep: str) -> dict[str, dict[str, dict]]:
+    folder = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE
     by: dict[str, dict[str, dict]] = collections.defaultdict(dict)
-    for line in (HERE / f"rows-{code}-{rep}.jsonl").read_text().splitlines():
+    for line in (folder / f"rows-{code}-{rep}.jsonl").read_text().splitlines():
         row = json.loads(line)
         if row["kind"] == "row":
             by[row["protocol"]][row["problem"]] = row
