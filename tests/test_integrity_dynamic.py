@@ -673,3 +673,53 @@ def test_containment_findings_are_made_by_the_registered_checks() -> None:
     ]
     assert "pid 7 (own session)" in found[0].detail and "reference (pid 9)" in found[2].detail
     assert dynamic.containment_findings([], [], []) == []
+
+
+def test_the_settle_counts_a_thread_started_after_the_warm_up_call_returned() -> None:
+    """A pool's manager thread that starts its workers a moment after the call returned: they belong
+    in the count before the observed call, or the observed call reads as starting them. An immediate
+    count misses the worker; the settle waits until two counts agree."""
+    import threading
+    import time
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def manager() -> None:
+        time.sleep(0.002)
+        threading.Thread(target=release.wait, daemon=True).start()
+        started.set()
+        release.wait()
+
+    before = threading.active_count()
+    threading.Thread(target=manager, daemon=True).start()
+    try:
+        immediate = threading.active_count()
+        _probes._settle()
+        settled = threading.active_count()
+        assert started.is_set() and settled == before + 2, (before, immediate, settled)
+    finally:
+        release.set()
+
+
+def test_the_cpu_poison_is_what_the_next_allocations_of_its_sizes_find() -> None:
+    """In a fresh process (glibc's mmap threshold as a worker starts with it), after one poisoning
+    the next 16 MiB and 1 MiB allocations hold NaN: the blocks stayed in the heap. Without the
+    untouched block that raises the threshold first, the 16 MiB block was unmapped with its NaN and
+    under 1% of either allocation read NaN (2026-12-06)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "torch.set_num_threads(1)\n"
+        "from kbv.child import probes\n"
+        "probes._poison(torch.device('cpu'), [1 << 20])\n"
+        "big, small = torch.empty((16 << 20) // 4), torch.empty((1 << 20) // 4)\n"
+        "print(float(big.isnan().float().mean()), float(small.isnan().float().mean()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    big, small = map(float, out.stdout.split())
+    assert big > 0.99 and small > 0.99, out.stdout
