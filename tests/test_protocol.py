@@ -89,7 +89,7 @@ def test_verified_times_unseen_inputs_and_standard_stays_kernelbenchs() -> None:
     """Only ``verified`` moves: version 4 gives every timed call an input set of its own, version 5
     judges three secretly picked calls a round; ``standard`` times its one set again and again, as
     KernelBench does, with the hash it had."""
-    assert VERIFIED.version == 9 and VERIFIED.timing.unseen_inputs
+    assert VERIFIED.version == 10 and VERIFIED.timing.unseen_inputs
     assert VERIFIED.timing.judged_calls == 3
     assert STANDARD.version == 1 and not STANDARD.timing.unseen_inputs
     assert STANDARD.timing.judged_calls == 0

@@ -458,3 +458,28 @@ def test_a_build_that_cannot_take_the_parameters_at_init_is_named_in_the_record(
     assert record.seeds["parameters"] == "state_dict"
     assert record.seeds.get("parameters_loaded_after_init"), record.seeds
     assert record.outcome == "incorrect"  # its W^T is the seed's, not the distribution's
+
+
+def test_a_reference_whose_forward_calls_a_lambda_over_its_own_layers_has_a_float64_truth(
+    tmp_path: Path,
+) -> None:
+    """KernelBench's 44_MiniGPTBlock keeps ``self.mlpf = lambda x: m.c_proj(...)`` over its own
+    ``self.mlp``. A deep copy cast to float64 kept the lambda, which called the original float32
+    layers ("mat1 and mat2 must have the same dtype"): the reference failed its own truth and every
+    candidate of the problem was a ``problem_error``. The truth's model is built again instead."""
+    problem = tmp_path / "linear_relu_lambda.py"
+    problem.write_text(
+        TINY_LINEAR_RELU.read_text()
+        .replace(
+            "        self.linear = nn.Linear(in_features, out_features)\n",
+            "        self.linear = nn.Linear(in_features, out_features)\n"
+            "        layer = self.linear\n"
+            "        self.project = lambda x: layer(x)\n",
+        )
+        .replace("        return torch.relu(self.linear(x))", "        return torch.relu(self.project(x))")
+    )
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(problem.read_text().replace("class Model(", "class ModelNew("))
+    record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+    assert record.outcome == "passed", (record.outcome, record.error)
+    assert record.seeds["parameters"] == "state_dict"

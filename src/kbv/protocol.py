@@ -285,9 +285,12 @@ STANDARD = Protocol(
 # problem class's name instead of failing it (docs/integrity-checks.md, "inherits_reference"); the
 # futility stop of the timing rounds applies once one candidate round agrees with the parent's
 # bracket, not only when none disagreed (docs/timing.md, "Rounds until precise").
+# Version 10: the float64 truth's model is the reference's built again with its current values and
+# cast, not a deep copy (docs/correctness.md, "verified: the error model"): a copy kept the lambdas
+# of 44_MiniGPTBlock over its float32 layers, and the reference failed its own truth.
 VERIFIED = Protocol(
     name="verified",
-    version=9,
+    version=10,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,

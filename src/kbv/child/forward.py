@@ -91,8 +91,38 @@ def _model_for(state: _State, precision: str) -> Any:
     if precision != "fp64":
         return state.model
     if state.model_fp64 is None:
-        state.model_fp64 = copy.deepcopy(state.model).double()
+        state.model_fp64 = _float64_twin(state)
     return state.model_fp64
+
+
+def _float64_twin(state: _State) -> Any:
+    """The model for the float64 truth: built again as ``state.model`` was (its init seed, its
+    current parameter and buffer values given to ``__init__``, ``kbv.child.construct``), then cast.
+    A deep copy shares whatever the instance's own functions captured: 44_MiniGPTBlock keeps
+    ``self.mlpf = lambda x: m.c_proj(...)`` over its ``self.mlp``, so a copy cast to float64 called
+    the original float32 layers and the reference failed its own truth. A model that is not a
+    module, or one built before its registrations were noted, is deep-copied as before."""
+    model = state.model
+    if not isinstance(model, torch.nn.Module) or state.registrations is None or state.problem is None:
+        return copy.deepcopy(model).double()
+    from kbv.child import construct as _construct_state
+
+    values = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    kbv_inputs.seed_torch(state.init_seed, state.device)
+    init_inputs = state.problem.get_init_inputs()
+    kbv_inputs.seed_torch(state.init_seed, state.device)
+
+    def construct() -> Any:
+        with torch.device(state.device):
+            return state.model_cls(*init_inputs)
+
+    twin, at_init = _construct_state.construct_with_state(construct, state.registrations, values)
+    if not isinstance(twin, torch.nn.Module):
+        return copy.deepcopy(model).double()
+    twin = twin.to(state.device).eval()
+    if not at_init:
+        twin.load_state_dict(values, strict=True)
+    return twin.double()
 
 
 def _set_precision_flags(precision: str) -> None:
