@@ -271,9 +271,9 @@ def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed
     alive_at_next_draw: list[int] = []
     compute = evaluation._usable_reference
 
-    def watched(ctx, reference, variant, seed):  # type: ignore[no-untyped-def]
+    def watched(ctx, reference, variant, seed, first=None):  # type: ignore[no-untyped-def]
         alive_at_next_draw.append(sum(ref() is not None for ref in earlier))
-        expected, used = compute(ctx, reference, variant, seed)
+        expected, used = compute(ctx, reference, variant, seed, first=first)
         if expected is not None:
             for part in expected.values():
                 for t in (part.get("outputs") or []) if isinstance(part, dict) else []:
@@ -287,6 +287,48 @@ def test_a_draws_reference_outputs_are_released_before_the_next_draw_is_computed
     assert record.outcome == "passed"
     assert len(alive_at_next_draw) > 6 and earlier  # every distribution's draws went through it
     assert alive_at_next_draw == [0] * len(alive_at_next_draw)
+
+
+def test_on_the_cpu_each_distributions_next_draw_is_asked_for_while_the_last_is_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kbv.evaluation import draws
+
+    asked: list[str] = []
+    ask = draws._Ahead.ask.__func__  # type: ignore[attr-defined]
+
+    def counted(cls, ctx, reference, subject, variant, seed):  # type: ignore[no-untyped-def]
+        asked.append(variant)
+        return ask(cls, ctx, reference, subject, variant, seed)
+
+    monkeypatch.setattr(draws._Ahead, "ask", classmethod(counted))
+    honest = ROOT / "src" / "kbv" / "suite" / "candidates" / "honest_cpu" / "1_ReLU.py"
+    record = evaluate_paths(L1 / "1_ReLU.py", honest, protocol="verified", device="cpu")
+    assert record.outcome == "passed"
+    # every distribution's second draw was asked ahead, each on its distribution
+    assert sorted(asked) == sorted(d.name for d in record.distributions) and len(asked) == 6
+    standard = evaluate_paths(L1 / "1_ReLU.py", honest, protocol="standard", device="cpu")
+    assert standard.outcome == "passed" and len(asked) == 6  # allclose draws are not asked ahead
+
+
+def test_a_draw_asked_ahead_of_a_failing_one_is_read_and_not_counted() -> None:
+    """Before a failing draw's re-runs the draw asked ahead is read: a failure in it (here both
+    workers') is not the candidate's, since it was never judged, and nothing is left unread."""
+    from kbv.evaluation import draws
+    from kbv.worker import WorkerFailed
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.read: list[int] = []
+
+        def receive_reply(self, request_id: int) -> None:
+            self.read.append(request_id)
+            raise WorkerFailed("runtime_error", "failed on the draw asked ahead")
+
+    reference, subject = Refusing(), Refusing()
+    asked = draws._reference._Asked(("state", "signed", 1, None), 7, False)
+    draws._Ahead("signed", 8, asked).drop(None, reference, subject)  # type: ignore[arg-type]
+    assert reference.read == [7] and subject.read == [8]
 
 
 HUBER = ROOT / "tests" / "fixtures" / "problems_verified" / "huber_large.py"

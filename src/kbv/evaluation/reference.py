@@ -16,14 +16,18 @@ from kbv.worker import Worker, WorkerFailed
 
 
 def _usable_reference(
-    ctx: _Context, reference: Worker, variant: str, seed: int
+    ctx: _Context, reference: Worker, variant: str, seed: int, first: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any] | None, str]:
-    """The reference on ``variant``, or on the first domain-preserving fallback where it is finite.
+    """The reference on ``variant`` (``first``, where it was asked for ahead), or on the first
+    domain-preserving fallback where it is finite.
 
     The problem's own inputs define its domain, so ``original`` never falls back."""
     candidate: str | None = variant
     while candidate is not None:
-        expected = _reference_outputs(ctx, reference, candidate, seed)
+        if first is not None and candidate == variant:
+            expected = first
+        else:
+            expected = _reference_outputs(ctx, reference, candidate, seed)
         if candidate == "original":
             _check_finite_once_cast(ctx, expected)
             return expected, candidate
@@ -80,31 +84,53 @@ def _reference_outputs(
     cached = None if fresh else ctx.cache.expected.get(key)
     if cached is not None:
         return cached
-    if ctx.protocol.correctness.mode != "error_model":
-        # KernelBench's check compares with the reference as PyTorch runs it by default (cuDNN may
-        # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
-        expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
-    else:
-        # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it.
-        on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
-        # Asked once: a forward that refuses the recorder runs twice each time it is asked.
-        record = on_cuda and not ctx.cache.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
-        reply = wire_replies.ExpectedReply.of(
-            reference.request(
-                wire.Expected(
-                    distribution=distribution,
-                    seed=seed,
-                    mix_seed=mix_seed,
-                    precision="tf32" if on_cuda else "fp32",
-                    out_path=reference.new_path("out"),
-                    record_operators=record,
-                )
-            )
-        )
-        if record:
-            ctx.cache.tf32_operators_asked, ctx.cache.tf32_operators = True, reply.tf32_operators
-        expected = _error_model_expected(reference, reply)
+    if ctx.protocol.correctness.mode == "error_model":
+        return _expected_reply(ctx, reference, _send_expected(ctx, reference, distribution, seed, mix_seed))
+    # KernelBench's check compares with the reference as PyTorch runs it by default (cuDNN may
+    # use TF32, matmuls may not), the very settings a plain PyTorch candidate runs with.
+    expected = {"reference": _run(reference, distribution, seed, "default", mix_seed=mix_seed)}
     ctx.cache.expected.put(key, expected)
+    return expected
+
+
+class _Asked:
+    """An ``expected`` request sent and not yet answered: its cache key, id and whether it asked
+    for the TF32-sensitive operators."""
+
+    def __init__(self, key: tuple[Any, ...], request_id: int, record: bool) -> None:
+        self.key, self.request_id, self.record = key, request_id, record
+
+
+def _send_expected(
+    ctx: _Context, reference: Worker, distribution: str, seed: int, mix_seed: int | None = None
+) -> _Asked:
+    """The first half of an error-model draw's reference (:func:`_expected_reply` reads it): the
+    realistic baseline (TF32 on the GPU, fp32 on the CPU) and the float64 truth, asked for."""
+    # TF32 exists only for fp32: a bf16 or fp16 evaluation's realistic baseline is eager in it.
+    on_cuda = ctx.device.startswith("cuda") and ctx.protocol.precision == "fp32"
+    # Asked once: a forward that refuses the recorder runs twice each time it is asked.
+    record = on_cuda and not ctx.cache.tf32_operators_asked and _dispatcher_sees_all(ctx.problem)
+    if record:
+        ctx.cache.tf32_operators_asked = True
+    request = wire.Expected(
+        distribution=distribution,
+        seed=seed,
+        mix_seed=mix_seed,
+        precision="tf32" if on_cuda else "fp32",
+        out_path=reference.new_path("out"),
+        record_operators=record,
+    )
+    key = (ctx.cache.state_key, distribution, int(seed), mix_seed)
+    return _Asked(key, reference.send_request(request), record)
+
+
+def _expected_reply(ctx: _Context, reference: Worker, asked: _Asked) -> dict[str, Any]:
+    """The reference's answer to ``asked``, its truth copied into the parent's memory, and cached."""
+    reply = wire_replies.ExpectedReply.of(reference.receive_reply(asked.request_id))
+    if asked.record:
+        ctx.cache.tf32_operators = reply.tf32_operators
+    expected = _error_model_expected(reference, reply)
+    ctx.cache.expected.put(asked.key, expected)
     return expected
 
 
