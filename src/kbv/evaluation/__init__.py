@@ -34,7 +34,7 @@ from kbv.evaluation.context import (
     _Seeds,
     default_device,
 )
-from kbv.evaluation.draws import draws_overlap
+from kbv.evaluation.draws import draws_ahead, draws_overlap
 from kbv.evaluation.orchestrator import Session, _end_containment, evaluate, worker_specs
 from kbv.evaluation.reference import _reference_outputs, _usable_reference
 
@@ -61,6 +61,7 @@ __all__ = [
     "_usable_reference",
     "_widen_device_limit",
     "default_device",
+    "draws_ahead",
     "draws_overlap",
     "evaluate",
     "timing_input_sets",
