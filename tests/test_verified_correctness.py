@@ -508,7 +508,7 @@ def test_a_reference_whose_forward_calls_a_lambda_over_its_own_layers_has_a_floa
     """KernelBench's 44_MiniGPTBlock keeps ``self.mlpf = lambda x: m.c_proj(...)`` over its own
     ``self.mlp``. A deep copy cast to float64 kept the lambda, which called the original float32
     layers ("mat1 and mat2 must have the same dtype"): the reference failed its own truth and every
-    candidate of the problem was a ``problem_error``. The truth's model is built again instead."""
+    candidate of the problem was a ``problem_error``. Such a model's truth is built again instead."""
     problem = tmp_path / "linear_relu_lambda.py"
     problem.write_text(
         TINY_LINEAR_RELU.read_text()
@@ -525,3 +525,31 @@ def test_a_reference_whose_forward_calls_a_lambda_over_its_own_layers_has_a_floa
     record = evaluate_paths(problem, candidate, protocol="verified", device="cpu")
     assert record.outcome == "passed", (record.outcome, record.error)
     assert record.seeds["parameters"] == "state_dict"
+
+
+def test_only_a_model_whose_functions_reach_its_layers_is_built_again_for_its_truth() -> None:
+    import functools
+
+    from torch import nn
+
+    from kbv.child.forward import _keeps_functions
+
+    def model(**held: object) -> nn.Module:
+        built = nn.Sequential(nn.Linear(2, 2))
+        built.act, built.gelu = torch.relu, nn.functional.silu  # reach nothing of the model
+        built[0].register_forward_hook(lambda *args: None)  # nor does a hook without a closure
+        for name, value in held.items():
+            setattr(built, name, value(built) if callable(value) else value)
+        return built
+
+    assert not _keeps_functions(model())
+    assert not _keeps_functions(model(sizes=[1, 2], names={"a": "b"}))
+    reaching = {
+        "a closure": lambda m: lambda x: m[0](x),
+        "a default argument": lambda m: lambda x, layer=m[0]: layer(x),
+        "a bound method": lambda m: m[0].forward,
+        "a partial in a list": lambda m: [functools.partial(torch.add, m[0].weight)],
+        "a closure in a dict": lambda m: {"f": (lambda x: x @ m[0].weight)},
+    }
+    for what, make in reaching.items():
+        assert _keeps_functions(model(held=make)), what
