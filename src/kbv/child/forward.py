@@ -9,6 +9,7 @@ import copy
 import functools
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -115,14 +116,7 @@ def _float64_twin(state: _State) -> Any:
     from kbv.child import construct as _construct_state
 
     values = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    kbv_inputs.seed_torch(state.init_seed, state.device)
-    init_inputs = state.problem.get_init_inputs()
-    kbv_inputs.seed_torch(state.init_seed, state.device)
-
-    def construct() -> Any:
-        with torch.device(state.device):
-            return state.model_cls(*init_inputs)
-
+    construct = _constructor(state)
     twin, at_init = _construct_state.construct_with_state(construct, state.registrations, values)
     if not isinstance(twin, torch.nn.Module):
         return copy.deepcopy(model).double()
@@ -130,6 +124,22 @@ def _float64_twin(state: _State) -> Any:
     if not at_init:
         twin.load_state_dict(values, strict=True)
     return twin.double()
+
+
+def _constructor(state: _State) -> Callable[[], Any]:
+    """``state.model_cls`` built under ``state.init_seed`` on the evaluation's device, ready to call:
+    the init inputs are drawn under the seed, and the seed is set again for ``__init__``."""
+    kbv_inputs.seed_torch(state.init_seed, state.device)
+    init_inputs = state.problem.get_init_inputs()
+    kbv_inputs.seed_torch(state.init_seed, state.device)
+
+    def construct() -> Any:
+        # Made on the evaluation's device: initialising large layers on the CPU and copying them
+        # cost seconds per build (both workers build alike, so their parameters still match).
+        with torch.device(state.device):
+            return state.model_cls(*init_inputs)
+
+    return construct
 
 
 def _keeps_functions(model: torch.nn.Module) -> bool:

@@ -38,6 +38,7 @@ from kbv.child.forward import (
     NoModelNew,
     _as_outputs,
     _classify,
+    _constructor,
     _forward_recording,
     _make_inputs,
     _message,
@@ -218,16 +219,7 @@ def _construct(state: _State, given: dict[str, torch.Tensor] | None) -> str:
     ``matched_seed`` (the seed's own), ``state_dict`` (given during construction) or
     ``state_dict_after_init`` (this model's construction could not take them: loaded afterwards,
     as a state dict always was before)."""
-    kbv_inputs.seed_torch(state.init_seed, state.device)
-    init_inputs = state.problem.get_init_inputs()
-    kbv_inputs.seed_torch(state.init_seed, state.device)
-
-    def construct() -> Any:
-        # Made on the evaluation's device: initialising large layers on the CPU and copying them
-        # cost seconds per build (both workers build alike, so their parameters still match).
-        with torch.device(state.device):
-            return state.model_cls(*init_inputs)
-
+    construct = _constructor(state)
     at_init = False
     if given is None or state.registrations is None:
         model, state.registrations = _construct_state.construct_recording(construct)
