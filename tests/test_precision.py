@@ -32,9 +32,10 @@ CANDIDATES = ROOT / "tests" / "fixtures" / "candidates" / "precision"
 LONG_SUM = PROBLEMS / "long_row_sum.py"
 
 #: The fp32 protocols' hashes: `standard` v1's as it was before precisions existed, `verified`'s
-#: as of v10 (v9 hashed b891652c..., v8 715559c7..., v6 f37f73f7..., v5 1d8f1c7c..., v4 11db7311..., v3 24268ea1...
-#: before and after precisions came). An fp32 record keeps its protocol hash; a deliberate change
-#: of a built-in protocol's settings updates these with its version.
+#: as of v10 (v9 hashed b891652c..., v8 715559c7..., v6 f37f73f7..., v5 1d8f1c7c..., v4
+#: 11db7311..., v3 24268ea1... before and after precisions came). An fp32 record keeps its
+#: protocol hash; a deliberate change of a built-in protocol's settings updates these with its
+#: version.
 STANDARD_FP32_SHA256 = "6d50060cdd3d71494173451c5cea328b10fd9c407ed2cf39c84055f600f06ceb"
 VERIFIED_FP32_SHA256 = "ccc891ae8a50fb885b23e46676a1b617d45aef005b36f96fe23d92f976dc52d6"
 

@@ -184,11 +184,12 @@ def _check_distribution(
 def draws_ahead(ctx: _Context) -> bool:
     """Whether a distribution's next draw is asked for before the parent judges this one: the
     candidate runs it and the reference computes its truth while the parent copies and judges this
-    draw's outputs (docs/correctness.md gives what it saved on the CPU sample). Under the error model, where the draws overlap, and on the CPU only: on a GPU the
-    next draw's outputs would be made while this draw's truth and outputs are still held, up to
-    twice the parent's share of device memory. Both draws' outputs are in the parent's memory
-    before the next request goes: a worker releases what it handed over when its next request
-    arrives, and nothing the parent decides reaches either worker before it has judged."""
+    draw's outputs (docs/correctness.md gives what it saved on the CPU sample). Under the error
+    model, where the draws overlap, and on the CPU only: on a GPU the next draw's outputs would be
+    made while this draw's truth and outputs are still held, up to twice the parent's share of
+    device memory. Both draws' outputs are in the parent's memory before the next request goes: a
+    worker releases what it handed over when its next request arrives, and nothing the parent
+    decides reaches either worker before it has judged."""
     return (
         ctx.protocol.correctness.mode == "error_model"
         and not ctx.device.startswith("cuda")
