@@ -169,12 +169,20 @@ class _FakeReference:
     def __init__(self, account: dict | None) -> None:
         self.account = account
         self.asked: list[tuple[str, str, bool]] = []
+        self.replies: dict[int, wire_replies.ExpectedReply] = {}
 
     def new_path(self, what: str) -> str:
         return f"/nonexistent/{what}"
 
-    def request(self, request: wire.Expected) -> wire_replies.ExpectedReply:
+    def send_request(self, request: wire.Expected) -> int:
         self.asked.append((request.op, request.precision, request.record_operators))
+        self.replies[len(self.asked)] = self._reply(request)
+        return len(self.asked)
+
+    def receive_reply(self, request_id: int) -> wire_replies.ExpectedReply:
+        return self.replies.pop(request_id)
+
+    def _reply(self, request: wire.Expected) -> wire_replies.ExpectedReply:
         return wire_replies.ExpectedReply(
             types=["torch.Tensor"],
             truth_types=["torch.Tensor"],
