@@ -327,7 +327,7 @@ def test_a_draw_asked_ahead_of_a_failing_one_is_read_and_not_counted() -> None:
 
     reference, subject = Refusing(), Refusing()
     asked = draws._reference._Asked(("state", "signed", 1, None), 7, False)
-    draws._Ahead("signed", 8, asked).drop(None, reference, subject)  # type: ignore[arg-type]
+    draws._Ahead(8, asked).drop(None, reference, subject)  # type: ignore[arg-type]
     assert reference.read == [7] and subject.read == [8]
 
 

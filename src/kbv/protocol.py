@@ -288,10 +288,9 @@ STANDARD = Protocol(
 # Version 10: the float64 truth's model is the reference's built again with its current values and
 # cast, not a deep copy, where the model keeps functions of its own (docs/correctness.md,
 # "verified: the error model"): a copy kept the lambda of 44_MiniGPTBlock over its float32 layers,
-# and the reference failed its own truth. On the CPU a
-# distribution's next correctness draw is asked for while the last is judged (docs/correctness.md,
-# "a distribution's next draw"): a draw that fails now has the one asked ahead read, not counted,
-# before its re-runs.
+# and the reference failed its own truth. On the CPU a distribution's next correctness draw is asked
+# for while the last is judged (docs/correctness.md, "a distribution's next draw"): a draw that
+# fails now has the one asked ahead read, not counted, before its re-runs.
 VERIFIED = Protocol(
     name="verified",
     version=10,

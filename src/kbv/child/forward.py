@@ -108,19 +108,14 @@ def _float64_twin(state: _State) -> Any:
     cast to float64 called the original float32 layers and the reference failed its own truth.
     Building again costs a construction per build, which a copy does not (1-1.5 ms for a 262k-
     parameter CPU problem, 2026-12-06), so it is done only where a copy would be wrong."""
-    model = state.model
-    if not (isinstance(model, torch.nn.Module) and _keeps_functions(model)):
-        return copy.deepcopy(model).double()
-    if state.registrations is None or state.problem is None:
+    model, registrations = state.model, state.registrations  # (noted by every build)
+    if registrations is None or not isinstance(model, torch.nn.Module) or not _keeps_functions(model):
         return copy.deepcopy(model).double()
     from kbv.child import construct as _construct_state
 
     values = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    construct = _constructor(state)
-    twin, at_init = _construct_state.construct_with_state(construct, state.registrations, values)
-    if not isinstance(twin, torch.nn.Module):
-        return copy.deepcopy(model).double()
-    twin = twin.to(state.device).eval()
+    twin, at_init = _construct_state.construct_with_state(_constructor(state), registrations, values)
+    twin = twin.to(state.device).eval()  # the class that built ``model``: a module too
     if not at_init:
         twin.load_state_dict(values, strict=True)
     return twin.double()

@@ -201,13 +201,13 @@ class _Ahead:
     """A correctness draw asked for ahead: the candidate's ``run`` and the reference's ``expected``
     of one draw, sent while the previous draw is judged."""
 
-    def __init__(self, variant: str, run: int, asked: _reference._Asked) -> None:
-        self.variant, self.run, self.asked = variant, run, asked
+    def __init__(self, run: int, asked: _reference._Asked) -> None:
+        self.run, self.asked = run, asked
 
     @classmethod
     def ask(cls, ctx: _Context, reference: Worker, subject: Worker, variant: str, seed: int) -> _Ahead:
         run = subject.send_request(_forward(subject, variant, seed, "native"))
-        return cls(variant, run, _reference._send_expected(ctx, reference, variant, seed))
+        return cls(run, _reference._send_expected(ctx, reference, variant, seed))
 
     def answers(
         self, ctx: _Context, reference: Worker, subject: Worker
@@ -220,12 +220,10 @@ class _Ahead:
         """Read both replies and keep nothing, so the workers are quiet before a failing draw's
         re-runs. A failure in either is not counted here: the draw was never judged, and what it
         says again comes back with the next request that worker gets (a dead worker fails that)."""
-        for read in (
-            lambda: _reference._expected_reply(ctx, reference, self.asked),
-            lambda: _received(subject, subject.receive_reply(self.run)),
-        ):
-            with contextlib.suppress(WorkerFailed):
-                read()
+        with contextlib.suppress(WorkerFailed):
+            _reference._expected_reply(ctx, reference, self.asked)
+        with contextlib.suppress(WorkerFailed):
+            _received(subject, subject.receive_reply(self.run))
 
 
 def draws_overlap(device: str) -> bool:

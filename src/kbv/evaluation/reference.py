@@ -3,6 +3,7 @@ domain-preserving variant, and what judging under the error model needs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ def _reference_outputs(
     (TF32 on the GPU, fp32 on the CPU, which also gives the shapes and dtypes to expect) and the
     float64 truth. Computed once per (parameters, inputs) and reused (``fresh`` runs them again:
     confirming a failure must not lean on the first run)."""
-    key = (ctx.cache.state_key, distribution, int(seed), mix_seed)
+    key = _expected_key(ctx, distribution, seed, mix_seed)
     cached = None if fresh else ctx.cache.expected.get(key)
     if cached is not None:
         return cached
@@ -93,12 +94,19 @@ def _reference_outputs(
     return expected
 
 
+def _expected_key(ctx: _Context, distribution: str, seed: int, mix_seed: int | None) -> tuple[Any, ...]:
+    """A draw's key in the evaluation's cache of reference outputs: the parameters, then the inputs."""
+    return (ctx.cache.state_key, distribution, int(seed), mix_seed)
+
+
+@dataclass(frozen=True)
 class _Asked:
     """An ``expected`` request sent and not yet answered: its cache key, id and whether it asked
     for the TF32-sensitive operators."""
 
-    def __init__(self, key: tuple[Any, ...], request_id: int, record: bool) -> None:
-        self.key, self.request_id, self.record = key, request_id, record
+    key: tuple[Any, ...]
+    request_id: int
+    record: bool
 
 
 def _send_expected(
@@ -120,7 +128,7 @@ def _send_expected(
         out_path=reference.new_path("out"),
         record_operators=record,
     )
-    key = (ctx.cache.state_key, distribution, int(seed), mix_seed)
+    key = _expected_key(ctx, distribution, seed, mix_seed)
     return _Asked(key, reference.send_request(request), record)
 
 
