@@ -4,6 +4,7 @@ the sketches of every timed call's outputs) and correct the speedup where the br
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kbv import statistics as kbv_statistics
@@ -12,8 +13,14 @@ from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt
 from kbv.performance import trusted_batches
 from kbv.records import Finding
 
-#: timing_disagreement fails when the claimed speedup is more than this multiple of the one the
-#: parent's bracket supports; below it the speedup is corrected and the finding is a warning.
+#: timing_disagreement fails when a batch took more than this multiple of what the worker's samples
+#: account for, even after its whole allowance (the trusted gap and the slack) is granted: more than
+#: half of it was hidden. Below it the speedup is corrected and the finding is a warning. The
+#: allowance is granted here, not only in deciding that the rounds disagree, because on a tiny batch
+#: the slack alone is a large share: an honest ReLU run by a thread pool started per call (its
+#: threads' exits cost untimed work after each call returned, 0.25 ms a call more than after
+#: torch.relu) claimed 2.2x the speedup its bracket supports on two loaded cores, yet its bracket
+#: exceeded its account and allowance by 1.2 ms of a 15.4 ms batch (CI, 2026-12-06).
 LIE_FACTOR = 2.0
 
 
@@ -81,8 +88,8 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     not re-timed: it could tell a re-check from a round and be honest only then. What still
     disagrees corrects the speedup to the slow, trusted per-call figure from the bracket; it sees
     large lies only (about 2 ms + 10 % of a batch beyond the largest trusted gap); it fails when the
-    claimed speedup was more than LIE_FACTOR (2) times the trusted one, and warns otherwise
-    (corrected either way).""",
+    batch took more than LIE_FACTOR (2) times the samples' account with that allowance granted, and
+    warns otherwise (corrected either way).""",
 )
 def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     session = ctx.session
@@ -103,11 +110,12 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
     full = _corrected_speedup(session, worst["trusted_per_call_ms"])
     ctx.corrections.update(speedup=full, trusted_candidate_ms=worst["trusted_per_call_ms"])
     corrected = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in full.items()}
-    # The correction already takes any lie out of the speedup; the finding fails only when the claim
-    # was grossly inflated, so a busy machine's scheduling delays (which also widen the bracket)
-    # cost an honest candidate some speedup, not its verdict.
+    # The correction already takes any lie out of the speedup; the finding fails only when the batch
+    # hid more than its account beyond every allowance, so a busy machine's scheduling delays (which
+    # also widen the bracket) cost an honest candidate some speedup, not its verdict.
     inflation = claimed / corrected["best"] if claimed and corrected.get("best") else None
-    severity = "fail" if inflation is None or inflation > LIE_FACTOR else "warn"
+    beyond = _beyond_allowance(worst)
+    severity = "fail" if beyond > LIE_FACTOR else "warn"
     return [
         _finding(
             "timing_disagreement",
@@ -116,11 +124,20 @@ def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
             f"{_fmt(worst['gap_ms'])} ms, allowed {_fmt(worst['allowed_gap_ms'])} ms"
             f"{', counting trusted batches re-timed after the rounds' if recheck else ''}); speedup "
             f"corrected to the trusted {_fmt(worst['trusted_per_call_ms'])} ms/call: {corrected} "
-            f"(claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one)"
+            f"(claimed best {_fmt(claimed)}, {_fmt(inflation)}x the trusted one); the batch took "
+            f"{_fmt(beyond)}x the samples' account beyond its allowance"
             f"{_scheduler_note(cand_rounds, trusted + recheck)}",
             severity,
         )
     ]
+
+
+def _beyond_allowance(checked: dict[str, Any]) -> float:
+    """How many times its worker's account a batch took, the allowed gap granted: (bracket - allowed
+    gap) / account, from one round of :func:`kbv.statistics.bracket_check` (``inf`` for no account)."""
+    reported = float(checked["reported_total_ms"])
+    unexplained = float(checked["gap_ms"]) - float(checked["allowed_gap_ms"])
+    return math.inf if reported <= 0 else 1.0 + unexplained / reported
 
 
 def _scheduler_note(candidate_rounds: list[dict[str, Any]], trusted: list[dict[str, Any]]) -> str:
