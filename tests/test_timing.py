@@ -161,61 +161,6 @@ def test_samples_are_exact_on_fake_clock() -> None:
     assert m.total_wall_s == pytest.approx(6 * CALL_S)
 
 
-class FakeThreads:
-    """A thread count the test scripts; each read advances the fake clock by ``read_s``."""
-
-    def __init__(self, clock: FakeClock, counts: list[int], read_s: float = 1 / 1024) -> None:
-        self.clock, self.counts, self.read_s, self.reads = clock, counts, read_s, 0
-
-    def __call__(self) -> int:
-        self.clock.advance(self.read_s)
-        self.reads += 1
-        return self.counts[min(self.reads - 1, len(self.counts) - 1)]
-
-
-def _cpu_sample(timer: CpuTimer, clock: FakeClock, call_s: float) -> float:
-    start, end = timer.new_marks()
-    timer.record(start)
-    clock.advance(call_s)
-    timer.record(end)
-    return timer.elapsed_ms(start, end)
-
-
-def test_a_cpu_call_lasts_until_the_threads_it_started_have_gone() -> None:
-    """Started with 3 threads, the call returns with 5 alive: the end mark waits through two more
-    reads (4, then 3) and the sample holds them. A call that started none is stamped before its one
-    read, so the read costs the sample nothing."""
-    clock = FakeClock()
-    threads = FakeThreads(clock, [3, 5, 4, 3])
-    assert _cpu_sample(CpuTimer(clock, threads), clock, CALL_S) == (CALL_S + 3 / 1024) * 1e3
-    clock = FakeClock()
-    threads = FakeThreads(clock, [3, 3])
-    assert _cpu_sample(CpuTimer(clock, threads), clock, CALL_S) == CALL_S * 1e3
-    assert threads.reads == 2
-
-
-def test_the_wait_for_threads_is_bounded_and_a_count_that_cannot_be_read_waits_for_nothing() -> None:
-    clock = FakeClock()
-    leaked = FakeThreads(clock, [3, 4], read_s=1 / 256)  # a thread that never exits
-    sample = _cpu_sample(CpuTimer(clock, leaked), clock, CALL_S)
-    limit = CALL_S + timing.THREAD_SETTLE_LIMIT_S
-    assert limit * 1e3 <= sample <= (limit + 2 / 256) * 1e3
-    clock = FakeClock()
-    assert _cpu_sample(CpuTimer(clock, lambda: None), clock, CALL_S) == CALL_S * 1e3
-
-
-def test_the_real_thread_count_sees_a_thread_until_it_has_gone() -> None:
-    """The default counter reads ``/proc/self/stat``: a sleeping thread a call starts is waited for."""
-    import threading
-
-    timer = CpuTimer()
-    start, end = timer.new_marks()
-    timer.record(start)
-    threading.Thread(target=time.sleep, args=(0.02,)).start()
-    timer.record(end)
-    assert 19.0 <= timer.elapsed_ms(start, end) <= timing.THREAD_SETTLE_LIMIT_S * 1e3 + 25
-
-
 def test_repeats_bounded_by_max_seconds() -> None:
     clock = FakeClock()
     # Calls start at 0, 1/4, 2/4, 3/4 s; at 1 s the budget is spent, so the 5th never starts.

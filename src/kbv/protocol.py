@@ -294,8 +294,6 @@ STANDARD = Protocol(
 # fails only a batch that took more than twice its samples' account with its whole allowance granted
 # (docs/integrity-dynamic.md, "Timing disagreement on a busy machine"); before, a claimed speedup
 # more than twice the bracket's failed, and an honest thread pool per call failed on CI's two cores.
-# On the CPU (every protocol) a timed call lasts until the threads it started have gone, at most
-# 50 ms longer (docs/timing.md): that pool's threads outlived its calls, unseen by its samples.
 VERIFIED = Protocol(
     name="verified",
     version=10,

@@ -21,7 +21,6 @@ time.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -43,16 +42,6 @@ from kbv.samples import Measurement, recipe_name
 MAX_WARMUP_CALLS = 100_000
 #: If ``L2_cache_size`` is missing from the device properties, assume this many bytes of L2.
 FALLBACK_L2_BYTES = 50 * 1024 * 1024
-#: On the CPU a timed call lasts until the threads it started have gone, at most this much longer
-#: (:class:`CpuTimer`): torch's CPU operators run in a thread the call started bring up an OpenMP
-#: team whose exit outlives the call's return. A thread pool started per call (the honest
-#: ``relu_thread_pool`` fixture) returned with threads still alive after 40% of its calls, and the
-#: untimed work after each call cost 0.3 ms more than after ``torch.relu``: time the parent's
-#: bracket saw and the samples did not (``timing_disagreement`` on two loaded cores, 2026-12-06).
-THREAD_SETTLE_LIMIT_S = 0.05
-#: The most thread counts the end mark reads while it waits (guards against a clock that does not
-#: advance).
-MAX_SETTLE_POLLS = 100_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,44 +112,15 @@ class DeviceTimer(ABC):
 @dataclass
 class _CpuMark:
     t: float | None = None
-    #: The end mark's start mark (None for a start mark).
-    start: _CpuMark | None = None
-    #: The process's thread count when a start mark was recorded (None where /proc does not say).
-    threads: int | None = None
-
-
-def _thread_counter() -> Callable[[], int | None]:
-    """The process's thread count (``num_threads`` of ``/proc/self/stat``), or None where it cannot
-    be read. The ``os`` functions are captured now, before the candidate is imported."""
-    os_open, os_read, os_close, read_only = os.open, os.read, os.close, os.O_RDONLY
-
-    def count() -> int | None:
-        try:
-            fd = os_open("/proc/self/stat", read_only)
-            try:
-                text = os_read(fd, 4096)
-            finally:
-                os_close(fd)
-            return int(text.rsplit(b")", 1)[1].split()[17])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    return count
 
 
 class CpuTimer(DeviceTimer):
-    """On the CPU the device timer is the wall clock and work is synchronous, so syncing is a no-op;
-    the device is the process itself, so a call's end mark waits (at most
-    :data:`THREAD_SETTLE_LIMIT_S`) until the threads started since its start mark have gone. The
-    end is stamped before the count is read, and again only if the count had grown: a call that
-    starts no thread is timed as before, the read outside its sample."""
+    """On the CPU the device timer is the wall clock; work is synchronous, so syncing is a no-op."""
 
     name = "cpu"
 
-    def __init__(self, clock: Clock | None = None, threads: Callable[[], int | None] | None = None) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock if clock is not None else WallClock()
-        self._threads = threads if threads is not None else _thread_counter()
-        self._yield = getattr(os, "sched_yield", lambda: None)
 
     def now(self) -> float:
         return self._clock.now()
@@ -169,29 +129,10 @@ class CpuTimer(DeviceTimer):
         return None
 
     def new_marks(self) -> tuple[_CpuMark, _CpuMark]:
-        start = _CpuMark()
-        return start, _CpuMark(start=start)
+        return _CpuMark(), _CpuMark()
 
     def record(self, mark: _CpuMark) -> None:
-        if mark.start is None:
-            mark.threads = self._threads()  # before the stamp: outside the sample
-            mark.t = self._clock.now()
-            return
         mark.t = self._clock.now()
-        before = mark.start.threads
-        if before is not None and (self._threads() or 0) > before:
-            self._settle(before, mark.t)
-            mark.t = self._clock.now()
-
-    def _settle(self, threads: int, since: float) -> None:
-        """Wait until the process has at most ``threads`` threads, or the limit has passed."""
-        for _ in range(MAX_SETTLE_POLLS):
-            if self._clock.now() - since >= THREAD_SETTLE_LIMIT_S:
-                return
-            self._yield()  # the exiting threads may need this CPU
-            now = self._threads()
-            if now is None or now <= threads:
-                return
 
     def elapsed_ms(self, start: _CpuMark, end: _CpuMark) -> float:
         if start.t is None or end.t is None:
