@@ -183,19 +183,29 @@ def test_a_busy_machines_moderate_gap_is_corrected_with_a_warning_not_a_fail() -
     assert 0.4 < ctx.corrections["speedup"]["best"] < 1.0
 
 
-def test_the_finding_fails_only_when_a_batch_hid_more_than_its_account_beyond_the_allowance() -> None:
-    """CI's honest thread pool per call (2026-12-06): each batch claimed 3 warm-up and 10 timed calls
-    of 0.414 ms (5.38 ms) against a 6.26 ms trusted gap, and one bracketed at 15.4 ms exceeded its
-    allowance (6.26 + 2 + 0.54 ms) by 1.2 ms. Its claimed speedup was 2.2x the trusted one; it is
-    corrected with a warning. At 30 ms the batch hid 3x its account beyond the allowance: failed."""
+@pytest.mark.parametrize(
+    ("trusted_gap_ms", "call_ms", "bracket_ms", "severity", "beyond"),
+    [
+        (6.26, 0.414, 15.4, "warn", "1.23x"),  # CI's first failure (2026-12-06): 2.2x claimed
+        (6.08, 0.4923, 21.6, "warn", "2.01x"),  # CI's second: 3.4x claimed
+        (6.08, 0.4923, 30.0, "fail", "3.33x"),  # more than two thirds of the batch hidden
+    ],
+)
+def test_the_finding_fails_only_when_a_batch_hid_more_than_twice_its_account_beyond_the_allowance(
+    trusted_gap_ms: float, call_ms: float, bracket_ms: float, severity: str, beyond: str
+) -> None:
+    """An honest thread pool per call on CI's two loaded cores: each batch claimed 3 warm-up and 10
+    timed calls, its bracket far over the trusted gap. Its claimed speedup was 2.2x and 3.4x the
+    trusted one, which used to fail; beyond its allowance it took 1.2x and 2.01x its account, so it
+    is corrected with a warning. A batch that took 3.3x its account beyond the allowance fails."""
     rewarm = {"warmup_budget_s": 0.0}  # a worker's later batches: no time-bound warm-up
-    base = [{**_round(0.00639, 0.01, n=10, warmup_calls=3), **rewarm}] * 3
-    for bracket_s, severity in ((0.0154, "warn"), (0.030, "fail")):
-        cand = [{**_round(bracket_s, 0.414, n=10, warmup_calls=3), **rewarm}] * 3
-        ctx = _ctx(timing=_timing(cand, base, base_median=0.01), speedup={"eager_fp32": 0.03, "best": 0.03})
-        findings = dynamic.check_timing_disagreement(ctx)
-        assert [f.severity for f in findings] == [severity], findings
-        assert ctx.corrections["trusted_candidate_ms"] > 0.414 * (1.5 if severity == "warn" else 3)
+    base = [{**_round((trusted_gap_ms + 0.13) / 1e3, 0.01, n=10, warmup_calls=3), **rewarm}] * 3
+    cand = [{**_round(bracket_ms / 1e3, call_ms, n=10, warmup_calls=3), **rewarm}] * 3
+    ctx = _ctx(timing=_timing(cand, base, base_median=0.01), speedup={"eager_fp32": 0.03, "best": 0.03})
+    findings = dynamic.check_timing_disagreement(ctx)
+    assert [f.severity for f in findings] == [severity], findings
+    assert f"the batch took {beyond} the samples' account beyond its allowance" in findings[0].detail
+    assert ctx.corrections["trusted_candidate_ms"] > 1.5 * call_ms  # corrected either way
 
 
 def test_the_disagreement_says_what_the_scheduler_counted_during_the_batches() -> None:
@@ -282,7 +292,7 @@ def test_a_busy_moment_against_quiet_cached_baselines_is_not_called_a_lie() -> N
     in the same evaluation (the re-check after the rounds, the cache check before them) show the
     same delays, so the candidate keeps its verdict and its speedup. Against the cached gaps alone it
     is a warning now, its speedup corrected: the batch took 1.3x its account beyond the allowance
-    (its 50 ms warm-up counts), not more than twice."""
+    (its 50 ms warm-up counts), not more than three times."""
     quiet, busy = [_layernorm(0.057, 900)] * 3, [_layernorm(0.080, 371)] * 3
     speedup = {"eager_fp32": 0.67, "best": 0.67}
 

@@ -291,9 +291,10 @@ STANDARD = Protocol(
 # and the reference failed its own truth. On the CPU a distribution's next correctness draw is asked
 # for while the last is judged (docs/correctness.md, "a distribution's next draw"): a draw that
 # fails now has the one asked ahead read, not counted, before its re-runs. ``timing_disagreement``
-# fails only a batch that took more than twice its samples' account with its whole allowance granted
-# (docs/integrity-dynamic.md, "Timing disagreement on a busy machine"); before, a claimed speedup
-# more than twice the bracket's failed, and an honest thread pool per call failed on CI's two cores.
+# fails only a batch that took more than three times its samples' account with its whole allowance
+# granted (docs/integrity-dynamic.md, "Timing disagreement on a busy machine"); before, a claimed
+# speedup more than twice the bracket's failed, and an honest thread pool per call failed on CI's
+# two cores.
 VERIFIED = Protocol(
     name="verified",
     version=10,

@@ -15,13 +15,17 @@ from kbv.records import Finding
 
 #: timing_disagreement fails when a batch took more than this multiple of what the worker's samples
 #: account for, even after its whole allowance (the trusted gap and the slack) is granted: more than
-#: half of it was hidden. Below it the speedup is corrected and the finding is a warning. The
-#: allowance is granted here, not only in deciding that the rounds disagree, because on a tiny batch
-#: the slack alone is a large share: an honest ReLU run by a thread pool started per call (its
-#: threads' exits cost untimed work after each call returned, 0.25 ms a call more than after
-#: torch.relu) claimed 2.2x the speedup its bracket supports on two loaded cores, yet its bracket
-#: exceeded its account and allowance by 1.2 ms of a 15.4 ms batch (CI, 2026-12-06).
-LIE_FACTOR = 2.0
+#: two thirds of it hidden. Below it the speedup is corrected and the finding is a warning; the
+#: correction (the slow, trusted per-call time) already takes whatever was hidden out of the speedup,
+#: so the fail names a gross lie and costs an honest candidate nothing it earned. The allowance is
+#: granted here, not only in deciding that the rounds disagree, because on a tiny batch the slack is
+#: a large share of it, and the factor is 3, not 2, because a candidate's side effects on the
+#: worker's untimed work grow with the load: an honest ReLU run by a thread pool started per call
+#: (after its calls the same untimed work cost 0.1-0.4 ms more than after torch.relu, OpenMP's doing:
+#: 0.03-0.05 ms with one OpenMP thread) took 1.2x and then 2.01x its account beyond its allowance on CI's
+#: two loaded cores (2026-12-06; benchmarks/results/2026-12-06-cpu-thread-settle/), and the lying
+#: clock fixture, which hides nine tenths of each call, 6.6-7.6x.
+LIE_FACTOR = 3.0
 
 
 def _rounds(entry: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -88,7 +92,7 @@ def timed_call_findings(timing: dict[str, Any] | None) -> list[Finding]:
     not re-timed: it could tell a re-check from a round and be honest only then. What still
     disagrees corrects the speedup to the slow, trusted per-call figure from the bracket; it sees
     large lies only (about 2 ms + 10 % of a batch beyond the largest trusted gap); it fails when the
-    batch took more than LIE_FACTOR (2) times the samples' account with that allowance granted, and
+    batch took more than LIE_FACTOR (3) times the samples' account with that allowance granted, and
     warns otherwise (corrected either way).""",
 )
 def check_timing_disagreement(ctx: DynamicContext) -> list[Finding]:
