@@ -77,6 +77,21 @@ def process_memory_bytes(device: str, pid: int | None) -> int | None:
     return None
 
 
+def device_process_bytes(device: str) -> dict[int, int] | None:
+    """Device memory NVML attributes to each process on ``device`` (pid: bytes), or None where
+    per-process accounting is unavailable."""
+    nvml = _nvml()
+    if nvml is None or not device.startswith("cuda"):
+        return None
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(physical_index(device))
+        running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # per-process accounting is unavailable in some containers
+        return None
+    found = {int(p.pid): int(p.usedGpuMemory) for p in running if p.usedGpuMemory is not None}
+    return found or None
+
+
 def driver_version() -> str | None:
     nvml = _nvml()
     if nvml is None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from kbv import wire_replies
+from kbv import telemetry, wire_replies
 from kbv.device_lock import DeviceLock
 from kbv.evaluation.context import _Context, _structure
-from kbv.worker import MemoryBudget, Worker
+from kbv.worker import MemoryBudget, Worker, WorkerFailed
 
 #: An evaluation keeps about this many copies of its inputs' bytes on the GPU at once (inputs and
 #: outputs in both workers, the float64 inputs and truth, the TF32 baseline's output, the parent's
@@ -99,6 +99,42 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
         ctx.gpu.budget.room_bytes = int(float(limits.device_memory_gb) * (1 << 30))
     else:
         ctx.gpu.budget.room_bytes = ctx.gpu.device_total_bytes or None
+
+
+def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str | None:
+    """Why a candidate's running out of device memory is kbv's failure, not the candidate's, or None.
+
+    kbv promises the candidate its device-memory limit in force (the room the reference leaves it:
+    :func:`_room_for_candidate`). When the candidate reports running out while every other process
+    on the GPU (the parent, the reference, the spares, other evaluations or programs), as NVML
+    counts them now, holds more than the GPU's total less that limit, the promise was not kept: an
+    honest candidate within its limit would have failed too. Seven level-1 references run as
+    candidates failed so on an 80 GB H100 (2026-12-06), each recorded as its ``runtime_error``. Only
+    trusted figures decide (the candidate's message merely says it ran out): a candidate that
+    claims to have run out on a GPU where its room was kept keeps its failure."""
+    if failure.role != "candidate" or "out of memory" not in failure.message.lower():
+        return None
+    limits, total = subject.limits, ctx.gpu.device_total_bytes
+    if not ctx.device.startswith("cuda") or limits is None or not limits.device_memory_gb or total <= 0:
+        return None
+    usage = telemetry.device_process_bytes(ctx.device)
+    if usage is None:
+        return None
+    mine = set(subject.members())
+    others = sum(held for pid, held in usage.items() if pid not in mine)
+    promised = float(limits.device_memory_gb) * (1 << 30)
+    if total - others >= promised:
+        return None
+    gib = 1 << 30
+    return (
+        f"the GPU ran out of memory for the candidate, and not through its own use: the other "
+        f"processes on it (kbv's parent, reference and spare workers, and anything else) held "
+        f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
+        f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it. This problem "
+        "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
+        "device_memory_gb and device_memory_alone_share); this is not the candidate's failure. The "
+        f"candidate's worker said: {failure.message.splitlines()[0][:300] if failure.message else ''}"
+    )
 
 
 def _hold_alone_for_outputs(

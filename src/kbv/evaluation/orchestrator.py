@@ -21,6 +21,7 @@ from kbv.evaluation.budget import (
     _hold_alone,
     _hold_alone_for_outputs,
     _room_for_candidate,
+    _room_not_kept,
     _side_by_side,
     timing_input_sets,
 )
@@ -179,7 +180,10 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 ctx.found.findings.extend(_findings_without_probes(ctx, timing))
         except WorkerFailed as failure:
             ctx.found.phases["total"] = time.monotonic() - started
+            short = _room_not_kept(ctx, subject, failure)  # before the workers' ends free their memory
             _end_containment(ctx, reference, subject, gpu, spares, failure)
+            if short is not None:
+                raise HarnessError(short) from failure
             if _problem_failed(failure):
                 return _problem_error_record(ctx, ref_hello, failure)
             return _failure_record(ctx, ref_hello, failure)

@@ -1,0 +1,105 @@
+"""A candidate that runs out of device memory where kbv did not keep the room its limit promises is
+kbv's failure (``HarnessError``), never the candidate's ``runtime_error``; one whose room was kept
+keeps its failure, whatever it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kbv import evaluation, telemetry
+from kbv.protocol import LimitSettings
+from kbv.worker import MemoryBudget, WorkerFailed
+
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[1]
+# The H100 of 2026-12-06 (79.18 GiB): 37_FrobeniusNorm's candidate (pid 30) ran out holding
+# 49.72 GiB beside kbv's parent (10), reference (11) and three spares (12-14).
+H100_TOTAL = int(79.18 * GIB)
+H100_USAGE = {10: 14.69, 11: 7.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 49.72}
+OOM = "CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity of 79.18 GiB"
+
+
+def _case(monkeypatch: pytest.MonkeyPatch, usage: dict[int, float] | None, limit_gb: float = 59.4):
+    monkeypatch.setattr(
+        telemetry,
+        "device_process_bytes",
+        lambda device: None if usage is None else {pid: int(gb * GIB) for pid, gb in usage.items()},
+    )
+    gpu = evaluation._GpuState(held="alone", device_total_bytes=H100_TOTAL, budget=MemoryBudget())
+    ctx = SimpleNamespace(gpu=gpu, device="cuda")
+    subject = SimpleNamespace(limits=LimitSettings(device_memory_gb=limit_gb), members=lambda: [30, 31])
+    return ctx, subject
+
+
+def test_an_oom_where_kbvs_processes_left_less_than_the_promised_room_is_kbvs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx, subject = _case(monkeypatch, H100_USAGE)
+    said = evaluation._room_not_kept(ctx, subject, WorkerFailed("runtime_error", OOM, role="candidate"))
+    assert said is not None
+    assert "held 24.5 GiB of its 79.2 GiB, leaving 54.7 GiB of the 59.4 GiB" in said
+    assert "not the candidate's failure" in said and "Tried to allocate 7.00 GiB" in said
+
+
+def test_an_oom_where_the_room_was_kept_stays_the_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same failure beside a lighter kbv (10 GiB held), a lower limit, or no way to count: the
+    candidate's failure, as before."""
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    light = {10: 4.0, 11: 6.0, 30: 70.0}
+    for usage, limit_gb in ((light, 59.4), (H100_USAGE, 40.0), (None, 59.4), (H100_USAGE, 0.0)):
+        ctx, subject = _case(monkeypatch, usage, limit_gb)
+        assert evaluation._room_not_kept(ctx, subject, failure) is None, (usage, limit_gb)
+
+
+def test_only_a_candidates_out_of_memory_on_a_gpu_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, subject = _case(monkeypatch, H100_USAGE)
+    others = [
+        WorkerFailed("runtime_error", "index out of range", role="candidate"),
+        WorkerFailed("runtime_error", OOM, role="reference"),  # _problem_failed's to decide
+        WorkerFailed("timeout", "no answer in 120 s", role="candidate"),
+    ]
+    for failure in others:
+        assert evaluation._room_not_kept(ctx, subject, failure) is None, failure.message
+    ctx.device = "cpu"
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    assert evaluation._room_not_kept(ctx, subject, failure) is None
+
+
+def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through a real evaluation (CPU, the room check forced): the candidate's out-of-memory error
+    ends it as a ``HarnessError``, not a record."""
+    from kbv import HarnessError, evaluate_paths
+    from kbv.evaluation import orchestrator
+
+    candidate = tmp_path / "oom.py"
+    candidate.write_text(
+        "import torch\n\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        f"        raise RuntimeError({OOM!r})\n"
+    )
+    said = "the GPU ran out of memory for the candidate, and not through its own use"
+    monkeypatch.setattr(orchestrator, "_room_not_kept", lambda ctx, subject, failure: said)
+    with pytest.raises(HarnessError, match="not through its own use"):
+        problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
+        evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+
+
+def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = [SimpleNamespace(pid=10, usedGpuMemory=5 * GIB), SimpleNamespace(pid=11, usedGpuMemory=None)]
+    fake = SimpleNamespace(
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetComputeRunningProcesses=lambda handle: running,
+    )
+    monkeypatch.setattr(telemetry, "_nvml", lambda: fake)
+    assert telemetry.device_process_bytes("cuda:0") == {10: 5 * GIB}  # no figure, no entry
+    assert telemetry.device_process_bytes("cpu") is None
+    running.clear()
+    assert telemetry.device_process_bytes("cuda:0") is None  # nothing counted: nothing to decide on
