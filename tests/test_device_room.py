@@ -45,11 +45,14 @@ def test_an_oom_where_kbvs_processes_left_less_than_the_promised_room_is_kbvs(
 
 
 def test_an_oom_where_the_room_was_kept_stays_the_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same failure beside a lighter kbv (10 GiB held), a lower limit, or no way to count: the
-    candidate's failure, as before."""
+    """The same failure beside a lighter kbv (10 GiB held), a lower limit, no way to count, no limit,
+    or NVML's pids from another namespace (the candidate's own use unknown): the candidate's
+    failure, as before."""
     failure = WorkerFailed("runtime_error", OOM, role="candidate")
     light = {10: 4.0, 11: 6.0, 30: 70.0}
-    for usage, limit_gb in ((light, 59.4), (H100_USAGE, 40.0), (None, 59.4), (H100_USAGE, 0.0)):
+    elsewhere = {pid + 1000: gb for pid, gb in H100_USAGE.items()}  # NVML's pids of another namespace
+    cases = ((light, 59.4), (H100_USAGE, 40.0), (None, 59.4), (H100_USAGE, 0.0), (elsewhere, 59.4))
+    for usage, limit_gb in cases:
         ctx, subject = _case(monkeypatch, usage, limit_gb)
         assert evaluation._room_not_kept(ctx, subject, failure) is None, (usage, limit_gb)
 

@@ -111,7 +111,10 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     honest candidate within its limit would have failed too. Seven level-1 references run as
     candidates failed so on an 80 GB H100 (2026-12-06), each recorded as its ``runtime_error``. Only
     trusted figures decide (the candidate's message merely says it ran out): a candidate that
-    claims to have run out on a GPU where its room was kept keeps its failure."""
+    claims to have run out on a GPU where its room was kept keeps its failure, and where NVML does
+    not list the candidate's worker (pids of another namespace) nothing is decided. A helper that
+    escaped the worker's tree (possible only without a cgroup: docs/integrity-dynamic.md) would
+    count among the others."""
     if failure.role != "candidate" or "out of memory" not in failure.message.lower():
         return None
     limits, total = subject.limits, ctx.gpu.device_total_bytes
@@ -121,6 +124,8 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     if usage is None:
         return None
     mine = set(subject.members())
+    if not mine & usage.keys():  # NVML counts pids of another namespace: the candidate's use is unknown
+        return None
     others = sum(held for pid, held in usage.items() if pid not in mine)
     promised = float(limits.device_memory_gb) * (1 << 30)
     if total - others >= promised:
