@@ -103,6 +103,8 @@ def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(
     )
     monkeypatch.setattr(telemetry, "_nvml", lambda: fake)
     assert telemetry.device_process_bytes("cuda:0") == {10: 5 * GIB}  # no figure, no entry
+    assert telemetry.process_memory_bytes("cuda:0", 10) == 5 * GIB  # what the limit poll reads
+    assert telemetry.process_memory_bytes("cuda:0", 11) is None
     assert telemetry.device_process_bytes("cpu") is None
     running.clear()
     assert telemetry.device_process_bytes("cuda:0") is None  # nothing counted: nothing to decide on

@@ -64,17 +64,7 @@ def gpu_state(device: str) -> dict[str, Any] | None:
 
 def process_memory_bytes(device: str, pid: int | None) -> int | None:
     """Device memory NVML attributes to ``pid`` (every allocation, not only PyTorch's)."""
-    nvml = _nvml()
-    if nvml is None or pid is None or not device.startswith("cuda"):
-        return None
-    try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(physical_index(device))
-        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == pid and proc.usedGpuMemory is not None:
-                return int(proc.usedGpuMemory)
-    except Exception:  # per-process accounting is unavailable in some containers
-        return None
-    return None
+    return None if pid is None else (device_process_bytes(device) or {}).get(pid)
 
 
 def device_process_bytes(device: str) -> dict[int, int] | None:

@@ -127,10 +127,10 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     if not mine & usage.keys():  # NVML counts pids of another namespace: the candidate's use is unknown
         return None
     others = sum(held for pid, held in usage.items() if pid not in mine)
-    promised = float(limits.device_memory_gb) * (1 << 30)
+    gib = 1 << 30
+    promised = float(limits.device_memory_gb) * gib
     if total - others >= promised:
         return None
-    gib = 1 << 30
     return (
         f"the GPU ran out of memory for the candidate, and not through its own use: the other "
         f"processes on it (kbv's parent, reference and spare workers, and anything else) held "
@@ -138,7 +138,7 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
         f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it. This problem "
         "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
         "device_memory_gb and device_memory_alone_share); this is not the candidate's failure. The "
-        f"candidate's worker said: {failure.message.splitlines()[0][:300] if failure.message else ''}"
+        f"candidate's worker said: {failure.message.splitlines()[0][:300]}"
     )
 
 
