@@ -483,6 +483,40 @@ def test_a_probe_that_runs_out_of_memory_is_the_candidates_runtime_error_not_a_h
         ctx.request(other, _CACHE_PROBE)
 
 
+def test_the_cache_probe_lets_go_of_each_calls_inputs_once_they_are_used(monkeypatch) -> None:
+    """The candidate's cache probe holds no more inputs than the call it runs: draws A and B are let
+    go before the mix is drawn, the mix before the outputs are handed over (on a 7 GiB-input problem
+    each is 7 GiB of the candidate's device limit). A model that kept them itself still keeps them."""
+    import weakref
+
+    drawn: list[weakref.ref] = []
+    alive: dict[str, list[bool]] = {}
+
+    def draw(state, spec, precision="fp32"):
+        tensor = torch.full((4,), float(len(drawn)))
+        drawn.append(weakref.ref(tensor))
+        return [tensor]
+
+    class Model:
+        calls = 0
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 4:
+                alive["call 4"] = [r() is not None for r in drawn]
+            return x * 2
+
+    def hand(state, out_path, groups):
+        alive["hand-over"] = [r() is not None for r in drawn]
+        return {"sizes": [len(g) for g in groups], "outputs": {}}
+
+    monkeypatch.setattr(_probes, "_probe_inputs", draw)
+    monkeypatch.setattr(_probes, "_hand", hand)
+    reply = _probes.probe_cache(SimpleNamespace(model=Model(), device=torch.device("cpu")), _CACHE_PROBE)
+    assert reply.calls == 4 and reply.outputs["sizes"] == [1, 1, 1, 1]
+    assert alive == {"call 4": [False, False, True], "hand-over": [False, False, False]}
+
+
 def test_side_stream_kernels_names_the_kernels_off_the_callers_stream() -> None:
     """Reject: a kernel the profiler saw on another stream than the marker's. Accept: every kernel
     on the marker's stream, and no verdict at all when the marker's stream is unknown."""

@@ -421,17 +421,28 @@ def probe_cache(state: Any, request: wire.ProbeCache) -> wire_replies.ProbeCache
     args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
     results = [[_snapshot(state, o) for o in _forward(state, args)]]
     new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
-    with torch.no_grad():
-        for a, b in zip(args, new_values):
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                a.copy_(b)
+    _copy_values(new_values, into=args)
     results.append([_snapshot(state, o) for o in _forward(state, args)])
     # B's own buffers are new to the model (it was only given A's): no clone, which on a problem
     # with a 7 GiB input was 7 GiB more held while the model ran (the H200's 36_RMSNorm_).
     results.append([_snapshot(state, o) for o in _forward(state, new_values)])
+    # Each draw is let go once its calls are done: A, B and the mix held together beside the four
+    # snapshots and their hand-over were 3 inputs more of the candidate's device limit (with a
+    # 7 GiB input, 37_FrobeniusNorm_ ran out there on an 80 GB H100, 2026-12-06). The mix may now
+    # reuse A's memory: a cache keyed on pointers then answers it with A's output, and is caught.
+    del args, new_values
     mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
     results.append([_snapshot(state, o) for o in _forward(state, mixed)])
+    del mixed
     return wire_replies.ProbeCacheReply(calls=len(results), outputs=_hand(state, request.out_path, results))
+
+
+def _copy_values(values: list[Any], into: list[Any]) -> None:
+    """Each tensor of ``values`` copied into the same place's tensor of ``into`` (same buffers)."""
+    with torch.no_grad():
+        for target, value in zip(into, values):
+            if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
+                target.copy_(value)
 
 
 def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
