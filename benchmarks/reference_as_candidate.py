@@ -16,6 +16,10 @@ Issue 39's acceptance evaluates in half precision, each problem several times on
 ``--precision bf16 --runs 3`` (a problem is done once its latest ``--runs`` rows of that precision
 passed).
 
+A problem the GPU is too small for under ``verified`` (kbv's ``HarnessError`` saying so: its other
+processes left the candidate less than its device limit) is settled too, and counted apart from the
+rejections: run again on a GPU with more memory with ``--retry-too-small``.
+
 Static findings that name the reference's own operators (``reference_operator``) are warnings by
 design; a ``fail`` finding or an outcome other than ``passed`` is what the lead must fix or explain.
 """
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 
 from kbv.candidates import load_candidate
+from kbv.evaluation.budget import GPU_TOO_SMALL
 from kbv.execute import make_executor
 from kbv.problems import check_importable, discover, load_problem
 from kbv.protocol import load_protocol
@@ -62,10 +67,16 @@ def candidate_source(problem_source: str, tf32: bool) -> str:
     return source
 
 
-def _done(out: Path, precision: str = "fp32", runs: int = 1) -> dict[str, int]:
+def _too_small(row: dict) -> bool:
+    """Whether a row is kbv's failure for want of device memory, not a verdict on the candidate."""
+    return row.get("outcome") == "harness_error" and GPU_TOO_SMALL in str(row.get("error", ""))
+
+
+def _done(out: Path, precision: str = "fp32", runs: int = 1, retry_too_small: bool = False) -> dict[str, int]:
     """Per problem, how many of its latest rows of ``precision`` passed in a row (at most ``runs``).
     Rows are appended, so the file keeps every earlier run; a problem whose latest row did not pass
-    starts again (after a fix, or to tell a flaky verdict)."""
+    starts again (after a fix, or to tell a flaky verdict), except one the GPU was too small for
+    (:func:`_too_small`): the same GPU would only say so again, unless ``retry_too_small``."""
     if not out.is_file():
         return {}
     passed: dict[str, int] = {}
@@ -74,13 +85,19 @@ def _done(out: Path, precision: str = "fp32", runs: int = 1) -> dict[str, int]:
             row = json.loads(line)
             if row.get("precision", "fp32") != precision:
                 continue
+            if _too_small(row) and not retry_too_small:
+                passed[row["problem"]] = runs
+                continue
             ok = row["outcome"] == "passed"
             passed[row["problem"]] = min(runs, passed.get(row["problem"], 0) + 1) if ok else 0
     return passed
 
 
 def _write(out, counts: dict, row: dict) -> None:
-    counts["failures"] += row["outcome"] != "passed"
+    if _too_small(row):
+        counts["too_small"] += 1
+    else:
+        counts["failures"] += row["outcome"] != "passed"
     out.write(json.dumps(row) + "\n")
     out.flush()
     print(
@@ -123,16 +140,21 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     ap.add_argument("--runs", type=int, default=1, help="passing runs (fresh seeds) wanted per problem")
+    ap.add_argument(
+        "--retry-too-small",
+        action="store_true",
+        help="evaluate again the problems an earlier run's GPU was too small for (on a larger GPU)",
+    )
     args = ap.parse_args()
     index, count = (int(x) for x in args.shard.split("/"))
     files = [f for k, f in enumerate(discover(args.problems)) if k % count == index]
-    done = _done(args.out, args.precision, args.runs)
+    done = _done(args.out, args.precision, args.runs, args.retry_too_small)
     todo = [f for f in files for _ in range(args.runs - done.get(f.stem, 0))]
     if args.tf32:  # where TF32 changes the numbers first: a call cut by its budget proves those
         todo.sort(key=lambda f: not uses_tf32_ops(f.read_text()))
     protocol = load_protocol("verified").with_precision(args.precision)
     started = time.monotonic()
-    counts = {"failures": 0, "left": 0}
+    counts = {"failures": 0, "too_small": 0, "left": 0}
     with tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp, args.out.open("a") as out:
         pairs = []
         for problem_path in todo:
@@ -186,8 +208,10 @@ def main() -> int:
         )
     if counts["left"]:
         print(f"budget reached; {counts['left']} problems left (run again to resume)")
-    failures = counts["failures"]
-    print(f"not passed in this call: {failures}")
+    print(f"not passed in this call: {counts['failures']}")
+    if counts["too_small"]:
+        too_small = counts["too_small"]
+        print(f"too large for this GPU under verified (kbv's HarnessError, not a verdict): {too_small}")
     return 0
 
 

@@ -101,6 +101,11 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
         ctx.gpu.budget.room_bytes = ctx.gpu.device_total_bytes or None
 
 
+#: How the ``HarnessError`` of :func:`_room_not_kept` begins: a sweep that resumes (the benchmarks'
+#: ``reference_as_candidate.py``) tells by it a problem too large for its GPU from a rejection.
+GPU_TOO_SMALL = "the GPU ran out of memory for the candidate, and not through its own use"
+
+
 def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str | None:
     """Why a candidate's running out of device memory is kbv's failure, not the candidate's, or None.
 
@@ -132,7 +137,7 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     if total - others >= promised:
         return None
     return (
-        f"the GPU ran out of memory for the candidate, and not through its own use: the other "
+        f"{GPU_TOO_SMALL}: the other "
         f"processes on it (kbv's parent, reference and spare workers, and anything else) held "
         f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
         f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it. This problem "
