@@ -127,7 +127,8 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
 }
 
 # REF_LEVEL: the KernelBench level the ref steps sweep (default level1; rows of another level go to
-# ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's)
+# ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's); REF_ARGS: more arguments, e.g.
+# "--retry-too-small" on an H200 for the problems an 80 GB card was too small for
 step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluations
     local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl"
     [ "$1" = tf32 ] && flag="--tf32"
@@ -136,7 +137,7 @@ step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluatio
     seed_from_kb "$rows"
     # shellcheck disable=SC2086
     python benchmarks/reference_as_candidate.py "$KB/$level" --device cuda $flag \
-        --budget-s "$2" --timeout 120 --out "$OUT/$rows"
+        --budget-s "$2" --timeout 120 --out "$OUT/$rows" ${REF_ARGS:-}
 }
 
 step_stability() {  # STABILITY_MATCH=NAME keeps the candidates whose file name contains NAME
