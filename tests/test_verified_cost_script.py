@@ -24,7 +24,7 @@ def _row(protocol: str, problem: str, total: float, compile_s: float = 0.0) -> d
 def test_the_report_gives_the_ratio_of_the_medians_and_the_median_of_the_ratios(tmp_path: Path) -> None:
     """Two groups of `verified` times: the ratio of the medians falls between them, the per-problem
     ratios do not move with it. Compilation is left out of both, and a problem timed under one
-    protocol only has no ratio."""
+    protocol only (a harness error under the other) is in neither ratio."""
     rows = [
         _row("standard", "a", 1.0),
         _row("verified", "a", 2.0, compile_s=0.5),
@@ -44,6 +44,7 @@ def test_the_report_gives_the_ratio_of_the_medians_and_the_median_of_the_ratios(
             "compile_s": 0.0,
             "candidates": 4,
             "peak_rss_bytes": 1,
+            "errors": [["only x candidate.py", "the GPU ran out of memory ..."]] if p == "verified" else [],
         }
         for p in ("standard", "verified")
     ]
@@ -51,6 +52,12 @@ def test_the_report_gives_the_ratio_of_the_medians_and_the_median_of_the_ratios(
     results.write_text("".join(json.dumps(r) + "\n" for r in rows + batches))
     report = cost.kernelbench_report(results, tmp_path / "report.json")
     assert report["protocols"]["verified"]["median_s"] == 3.0  # (2.0 + 4.0) / 2, compile left out of a
-    assert report["verified_over_standard"] == 3.0 / 1.0
+    # on a, b, c, d: 3.0 over 1.5; over every `standard` row (1.0 with "only") it would read 3.0
+    assert report["verified_over_standard"] == 3.0 / 1.5
+    assert report["protocols"]["standard"]["median_s"] == 1.0
+    assert (
+        report["protocols"]["verified"]["harness_errors"]
+        and not report["protocols"]["standard"]["harness_errors"]
+    )
     assert report["per_problem_ratio"] == {"problems": 4, "median": 2.0, "p95": 2.5}
     assert json.loads((tmp_path / "report.json").read_text())["per_problem_ratio"]["median"] == 2.0
