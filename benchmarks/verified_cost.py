@@ -343,7 +343,7 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def ratio_of_medians(rows: list[dict[str, Any]]) -> float | None:
     """``verified``'s median over ``standard``'s, on the problems both timed: a problem one protocol
     could not evaluate (too large for the GPU under ``verified``) would otherwise move one median
-    and not the other (on an H100 on 2026-12-06, 1.77x over every `standard` row against 2.10x on
+    and not the other (on an H100 on 2026-12-06, 1.77x over every `standard` row against 2.11x on
     the 23 problems both timed)."""
     both = [t for t in _totals(rows).values() if "standard" in t and "verified" in t]
     if not both:
