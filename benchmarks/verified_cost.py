@@ -330,14 +330,14 @@ def kernelbench_report(results: Path, out: Path) -> dict[str, Any]:
     return report
 
 
-def _totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per problem, each protocol's time without compilation."""
+def _timed_by_both(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per problem both protocols timed, each protocol's time without compilation."""
     totals: dict[str, dict[str, float]] = {}
     for r in rows:
         phases = r["phases_s"]
         total = float(phases.get("total", 0.0)) - float(phases.get("compile", 0.0))
         totals.setdefault(r["problem"], {})[r["protocol"]] = total
-    return totals
+    return [t for t in totals.values() if "standard" in t and "verified" in t]
 
 
 def ratio_of_medians(rows: list[dict[str, Any]]) -> float | None:
@@ -345,10 +345,8 @@ def ratio_of_medians(rows: list[dict[str, Any]]) -> float | None:
     could not evaluate (too large for the GPU under ``verified``) would otherwise move one median
     and not the other (on an H100 on 2026-12-06, 1.77x over every `standard` row against 2.11x on
     the 23 problems both timed)."""
-    both = [t for t in _totals(rows).values() if "standard" in t and "verified" in t]
-    if not both:
-        return None
-    standard = statistics.median(t["standard"] for t in both)
+    both = _timed_by_both(rows)
+    standard = statistics.median(t["standard"] for t in both) if both else 0.0
     return statistics.median(t["verified"] for t in both) / standard if standard else None
 
 
@@ -357,9 +355,7 @@ def per_problem_ratio(rows: list[dict[str, Any]]) -> dict[str, Any]:
     both timed: its median beside the issue's ratio of the medians, which on a sample whose
     ``verified`` times fall in two groups hangs on the one or two problems at the groups' edges
     (results/2026-12-03-h200-verified-v3-cost/)."""
-    ratios = sorted(
-        t["verified"] / t["standard"] for t in _totals(rows).values() if t.get("standard") and "verified" in t
-    )
+    ratios = sorted(t["verified"] / t["standard"] for t in _timed_by_both(rows) if t["standard"])
     return {
         "problems": len(ratios),
         "median": statistics.median(ratios) if ratios else None,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from kbv import evaluation, telemetry
+from kbv.evaluation.budget import GPU_TOO_SMALL
 from kbv.protocol import LimitSettings
 from kbv.worker import MemoryBudget, WorkerFailed
 
@@ -86,7 +87,7 @@ def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
         "    def forward(self, x):\n"
         f"        raise RuntimeError({OOM!r})\n"
     )
-    said = "the GPU ran out of memory for the candidate, and not through its own use"
+    said = f"{GPU_TOO_SMALL}: the other processes on it held 70 GiB"
     monkeypatch.setattr(orchestrator, "_room_not_kept", lambda ctx, subject, failure: said)
     with pytest.raises(HarnessError, match="not through its own use"):
         problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"

@@ -137,8 +137,8 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     if total - others >= promised:
         return None
     return (
-        f"{GPU_TOO_SMALL}: the other "
-        f"processes on it (kbv's parent, reference and spare workers, and anything else) held "
+        f"{GPU_TOO_SMALL}: the other processes on it (kbv's parent, reference and spare workers, "
+        f"and anything else) held "
         f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
         f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it. This problem "
         "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
