@@ -132,43 +132,49 @@ GPU_SINGLE_TIMEOUT_S = 600
 #: The pytest-timeout of a test marked ``gpu_batch``: the first of them runs the whole batch.
 GPU_BATCH_TEST_TIMEOUT_S = 1200
 
-#: (problem, candidate) of the selected ``gpu_batch`` tests, in collection order; then what each gave
-#: (a record, or the harness's error text).
-_gpu_batch_pairs: list[tuple[Path, Path]] = []
-_gpu_results: dict[tuple[Path, Path], Any] = {}
+#: (problem, candidate, precision) of the selected ``gpu_batch`` tests, in collection order; then
+#: what each gave (a record, or the harness's error text). Precision None is the protocol's own.
+_gpu_batch_pairs: list[tuple[Path, Path, str | None]] = []
+_gpu_results: dict[tuple[Path, Path, str | None], Any] = {}
 
 
-def gpu_batch(problem: Path, candidate: Path) -> Any:
-    """A parameter for a GPU test that asserts on ``verified_on_gpu(problem, candidate)``: the
-    session evaluates every selected such pair in one batch, as a user's batch runs."""
+def gpu_batch(problem: Path, candidate: Path, precision: str | None = None, *, id: str | None = None) -> Any:
+    """A parameter for a GPU test that asserts on ``verified_on_gpu(problem, candidate, precision)``:
+    the session evaluates every selected such pair of one precision in one batch, as a user's batch
+    runs."""
     return pytest.param(
         candidate,
-        marks=[pytest.mark.gpu_batch(problem, candidate), pytest.mark.timeout(GPU_BATCH_TEST_TIMEOUT_S)],
-        id=candidate.stem,
+        marks=[
+            pytest.mark.gpu_batch(problem, candidate, precision),
+            pytest.mark.timeout(GPU_BATCH_TEST_TIMEOUT_S),
+        ],
+        id=id or candidate.stem,
     )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    # A test that asserts on several pairs carries one ``gpu_batch`` mark for each.
     for item in session.items:
-        marker = item.get_closest_marker("gpu_batch")
-        if marker is not None:
-            pair = (Path(marker.args[0]), Path(marker.args[1]))
+        for marker in item.iter_markers("gpu_batch"):
+            precision = marker.args[2] if len(marker.args) > 2 else None
+            pair = (Path(marker.args[0]), Path(marker.args[1]), precision)
             if pair not in _gpu_batch_pairs:
                 _gpu_batch_pairs.append(pair)
 
 
-def verified_on_gpu(problem: Path, candidate: Path) -> Any:
-    """The `verified` record of (problem, candidate) on CUDA, evaluated once per test session: GPU
-    tests that assert different things of one pair share its record. The first test that asks for a
-    pair of the ``gpu_batch`` tests evaluates all of them in one batch (the next pairs' workers boot
-    while one is evaluated: about 4 s an evaluation in a batch on the H200 against 9 s alone, and
-    `pytest -m gpu` has a five-minute budget); any other pair is evaluated alone. Fresh secret seeds
-    as always; each pair still gets fresh workers."""
-    key = (Path(problem), Path(candidate))
+def verified_on_gpu(problem: Path, candidate: Path, precision: str | None = None) -> Any:
+    """The `verified` record of (problem, candidate) on CUDA in ``precision`` (None: the protocol's
+    own), evaluated once per test session: GPU tests that assert different things of one pair share
+    its record. The first test that asks for a pair of the ``gpu_batch`` tests evaluates all of them
+    of its precision in one batch (the next pairs' workers boot while one is evaluated: about 4 s an
+    evaluation in a batch on the H200 against 9 s alone, and `pytest -m gpu` has a five-minute
+    budget); any other pair is evaluated alone. Fresh secret seeds as always; each pair still gets
+    fresh workers."""
+    key = (Path(problem), Path(candidate), precision)
     if key not in _gpu_results:
         batched = key in _gpu_batch_pairs and not os.environ.get("PYTEST_XDIST_WORKER")
         if batched:
-            pending = [p for p in _gpu_batch_pairs if p not in _gpu_results]
+            pending = [p for p in _gpu_batch_pairs if p not in _gpu_results and p[2] == precision]
             _gpu_results.update(_evaluate_on_gpu(pending, timeout_s=GPU_BATCH_PAIR_TIMEOUT_S))
         else:
             _gpu_results.update(_evaluate_on_gpu([key], timeout_s=GPU_SINGLE_TIMEOUT_S))
@@ -179,9 +185,10 @@ def verified_on_gpu(problem: Path, candidate: Path) -> Any:
 
 
 def _evaluate_on_gpu(
-    pairs: list[tuple[Path, Path]], *, timeout_s: float, device: str = "cuda"
-) -> dict[tuple[Path, Path], Any]:
-    """One batch under `verified`; per pair its record, or the batch's harness errors as text."""
+    pairs: list[tuple[Path, Path, str | None]], *, timeout_s: float, device: str = "cuda"
+) -> dict[tuple[Path, Path, str | None], Any]:
+    """One batch under `verified` of pairs of one precision; per pair its record, or the batch's
+    harness errors as text."""
     from rich.console import Console
 
     from kbv.batch import run_batch
@@ -189,21 +196,22 @@ def _evaluate_on_gpu(
     from kbv.problems import check_importable, load_problem
     from kbv.protocol import load_protocol
 
+    (precision,) = {p[2] for p in pairs}
     loaded = []
-    for problem_path, candidate_path in pairs:
+    for problem_path, candidate_path, _ in pairs:
         problem = load_problem(problem_path)
         check_importable(problem)
         loaded.append((problem, load_candidate(candidate_path)))
     result = run_batch(
         loaded,
-        load_protocol("verified"),
+        load_protocol("verified").with_precision(precision),
         device=device,
         timeout_s=timeout_s,
         console=Console(quiet=True),
     )
     by_paths = {_resolved((Path(r.problem["path"]), Path(r.candidate["path"]))): r for r in result.records}
     errors = "; ".join(f"{what}: {why}" for what, why in result.errors) or "no record came back"
-    return {pair: by_paths.get(_resolved(pair), errors) for pair in pairs}
+    return {pair: by_paths.get(_resolved(pair[:2]), errors) for pair in pairs}
 
 
 def _resolved(pair: tuple[Path, Path]) -> tuple[Path, Path]:

@@ -521,9 +521,25 @@ def test_the_gpu_tests_batch_gives_each_pair_its_own_record() -> None:
     import conftest
 
     relative = FOUNDATION / ".." / "foundation" / "identity.py"
-    pairs = [(RELU, FOUNDATION / "relu_plain.py"), (RELU, relative)]
+    pairs = [(RELU, FOUNDATION / "relu_plain.py", None), (RELU, relative, None)]
     results = conftest._evaluate_on_gpu(pairs, timeout_s=240, device="cpu")
     assert set(results) == set(pairs)
     assert results[pairs[0]].outcome == "passed"
     assert results[pairs[1]].outcome == "hack_detected"  # it returns its input
     assert results[pairs[0]].candidate["path"].endswith("relu_plain.py")
+    assert results[pairs[0]].protocol["settings"].get("precision", "fp32") == "fp32"
+
+
+def test_the_gpu_tests_batch_evaluates_in_the_pairs_precision() -> None:
+    """A half-precision batch of the GPU tests (tests/conftest.py) runs the protocol in that
+    precision, and one batch never mixes precisions."""
+    import conftest
+
+    pair = (RELU, FOUNDATION / "relu_plain.py", "bf16")
+    record = conftest._evaluate_on_gpu([pair], timeout_s=240, device="cpu")[pair]
+    assert record.outcome == "passed", record.error
+    assert record.protocol["settings"]["precision"] == "bf16"
+    with pytest.raises(ValueError):
+        conftest._evaluate_on_gpu(
+            [pair, (RELU, FOUNDATION / "relu_plain.py", None)], timeout_s=240, device="cpu"
+        )
