@@ -4,6 +4,8 @@ reduction accumulated in fp16 is rejected there too."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ def _reference_as_candidate(name: str, folder: Path | None) -> Path:
 
 
 _FOLDER = Path(tempfile.mkdtemp(prefix="kbv-gpu-precision-")) if torch.cuda.is_available() else None
+if _FOLDER is not None:
+    atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)
 
 
 def _reference_pair(name: str, precision: str) -> Any:
