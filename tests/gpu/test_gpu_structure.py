@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 # In the session's batch of GPU pairs (tests/conftest.py): alone, each evaluation boots its own
-# workers, 9-16 s each against about 4 s in the batch.
+# workers: 8-17 s each on an H100 (2026-12-06), against about 4 s a pair in the batch.
 @pytest.mark.gpu_batch(TINY_MATMUL, TF32_SCOPED)
 @pytest.mark.gpu_batch(TINY_MATMUL, TF32_FLAG)
 @pytest.mark.timeout(GPU_BATCH_TEST_TIMEOUT_S)
