@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from kbv.candidates import load_candidate
-from kbv.evaluation.budget import GPU_TOO_SMALL
+from kbv.evaluation.budget import too_small_for_gpu
 from kbv.execute import make_executor
 from kbv.problems import check_importable, discover, load_problem
 from kbv.protocol import load_protocol
@@ -69,7 +69,7 @@ def candidate_source(problem_source: str, tf32: bool) -> str:
 
 def _too_small(row: dict) -> bool:
     """Whether a row is kbv's failure for want of device memory, not a verdict on the candidate."""
-    return row.get("outcome") == "harness_error" and GPU_TOO_SMALL in str(row.get("error", ""))
+    return row.get("outcome") == "harness_error" and too_small_for_gpu(str(row.get("error", "")))
 
 
 def _done(out: Path, precision: str = "fp32", runs: int = 1, retry_too_small: bool = False) -> dict[str, int]:

@@ -8,9 +8,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from kbv import evaluation, telemetry
-from kbv.evaluation.budget import GPU_TOO_SMALL
+from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT, _parent_ran_out, too_small_for_gpu
+from kbv.evaluation.context import _Found
 from kbv.protocol import LimitSettings
 from kbv.worker import MemoryBudget, WorkerFailed
 
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # 49.72 GiB beside kbv's parent (10), reference (11) and three spares (12-14).
 H100_TOTAL = int(79.18 * GIB)
 H100_USAGE = {10: 14.69, 11: 7.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 49.72}
+KBV_PROCESSES = {"kbv's parent": [10], "the reference worker": [11], "the spare workers": [12, 13, 14]}
 OOM = "CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity of 79.18 GiB"
 
 
@@ -39,10 +42,17 @@ def test_an_oom_where_kbvs_processes_left_less_than_the_promised_room_is_kbvs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ctx, subject = _case(monkeypatch, H100_USAGE)
-    said = evaluation._room_not_kept(ctx, subject, WorkerFailed("runtime_error", OOM, role="candidate"))
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES)
     assert said is not None
     assert "held 24.5 GiB of its 79.2 GiB, leaving 54.7 GiB of the 59.4 GiB" in said
     assert "not the candidate's failure" in said and "Tried to allocate 7.00 GiB" in said
+    # which of kbv's processes held the room, so the next reader knows what to cut
+    assert (
+        "kbv's parent 14.7 GiB, the reference worker 7.7 GiB, the spare workers 2.1 GiB, "
+        "the candidate 49.7 GiB, 0 other processes 0.0 GiB" in said
+    )
+    assert too_small_for_gpu(said)
 
 
 def test_an_oom_where_the_room_was_kept_stays_the_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,10 +98,76 @@ def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
         f"        raise RuntimeError({OOM!r})\n"
     )
     said = f"{GPU_TOO_SMALL}: the other processes on it held 70 GiB"
-    monkeypatch.setattr(orchestrator, "_room_not_kept", lambda ctx, subject, failure: said)
+    monkeypatch.setattr(orchestrator, "_room_not_kept", lambda ctx, subject, failure, roles: said)
     with pytest.raises(HarnessError, match="not through its own use"):
         problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
         evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+
+
+PARENT_OOM = "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+
+
+def test_the_parents_own_out_of_memory_says_where_and_who_held_the_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The figures of 39_L2Norm_ on an H100 (2026-12-07): the parent ran out judging a draw while
+    two workers held 40.7 and 8.6 GiB; torch's message did not say which was which, this one does."""
+    ctx, subject = _case(monkeypatch, {10: 24.7, 11: 40.71, 30: 8.61, 99: 0.5})
+    ctx.found = _Found(failed_phase="correctness")
+    said = _parent_ran_out(ctx, subject, torch.OutOfMemoryError(PARENT_OOM), KBV_PROCESSES)
+    assert said.startswith(PARENT_RAN_OUT) and too_small_for_gpu(said)
+    assert "during correctness" in said and "promises it 59.4 GiB of the GPU's 79.2 GiB" in said
+    assert "kbv's parent 24.7 GiB, the reference worker 40.7 GiB, the spare workers 0.0 GiB" in said
+    assert "the candidate 8.6 GiB, 1 other processes 0.5 GiB" in said
+    assert "not the candidate's failure" in said and "Tried to allocate 256.00 MiB" in said
+    assert not too_small_for_gpu("CUDA out of memory (the candidate's own words)")
+
+
+def _parent_out_of_memory_in_correctness(
+    monkeypatch: pytest.MonkeyPatch, candidate_over: dict[str, object] | None
+) -> None:
+    """The parent's judging raises torch's out-of-memory error; ``candidate_over``: the limit the
+    candidate's worker is past at that moment (its poll's answer), or None."""
+    from kbv.evaluation import orchestrator
+
+    def judging_runs_out(ctx, reference, subject):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(type(subject), "poll", lambda self: candidate_over if self is subject else None)
+        raise torch.OutOfMemoryError(PARENT_OOM)
+
+    monkeypatch.setattr(orchestrator, "_check_correctness", judging_runs_out)
+
+
+def test_an_evaluation_whose_parent_runs_out_raises_kbvs_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through a real evaluation (CPU): the parent's own out-of-memory error is a ``HarnessError``
+    naming the phase, which a batch records for the pair before it goes on to the next
+    (``is_harness_error``). As torch's own error it stopped the whole TF32 sweep at 39_L2Norm_ on
+    an H100 (2026-12-07)."""
+    from kbv import HarnessError, evaluate_paths
+    from kbv.execute._base import is_harness_error
+
+    _parent_out_of_memory_in_correctness(monkeypatch, None)
+    problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
+    honest = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    with pytest.raises(HarnessError, match="during correctness") as raised:
+        evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert too_small_for_gpu(str(raised.value)) and is_harness_error(raised.value)
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_a_candidate_past_its_limit_when_the_parent_runs_out_is_its_resource_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same out-of-memory error while the candidate's worker is past its device limit: the
+    room was the candidate's to lose, so the record is its ``resource_limit``, not kbv's error."""
+    from kbv import evaluate_paths
+
+    over = {"limit": "device_memory", "figure": 70 * GIB, "allowed": 64 * GIB, "unit": "bytes"}
+    _parent_out_of_memory_in_correctness(monkeypatch, over)
+    problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
+    honest = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    record = evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert record.outcome.value == "resource_limit"
+    assert record.error["summary"].startswith("device_memory limit exceeded: 71680.0 MiB used")
 
 
 def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmark_scripts import load_script
 
-from kbv.evaluation.budget import GPU_TOO_SMALL
+from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT
 
 sweep = load_script("reference_as_candidate")
 
@@ -32,5 +32,7 @@ def test_a_problem_too_large_for_the_gpu_is_settled_and_a_rejection_starts_again
     # on a GPU with more memory the too-large problem is evaluated again
     assert sweep._done(rows, retry_too_small=True)["37_big"] == 0
     assert sweep._too_small({"outcome": "harness_error", "error": too_small})
+    parent = f"HarnessError: {PARENT_RAN_OUT}: during correctness, with the candidate within its limits"
+    assert sweep._too_small({"outcome": "harness_error", "error": parent})  # kbv's own copies, too
     claimed = {"outcome": "runtime_error", "error": f"{GPU_TOO_SMALL} (the candidate's own words)"}
     assert not sweep._too_small(claimed)

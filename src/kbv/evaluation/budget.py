@@ -104,9 +104,32 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
 #: How the ``HarnessError`` of :func:`_room_not_kept` begins: a sweep that resumes (the benchmarks'
 #: ``reference_as_candidate.py``) tells by it a problem too large for its GPU from a rejection.
 GPU_TOO_SMALL = "the GPU ran out of memory for the candidate, and not through its own use"
+#: How the ``HarnessError`` of :func:`_parent_ran_out` begins (kbv's own copies ran the GPU out).
+PARENT_RAN_OUT = "the GPU ran out of memory in kbv's parent process, and not through the candidate's use"
 
 
-def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str | None:
+def too_small_for_gpu(error: str) -> bool:
+    """Whether a harness error says the evaluation needs a GPU with more memory (either kind)."""
+    return GPU_TOO_SMALL in error or PARENT_RAN_OUT in error
+
+
+def _holders(usage: dict[int, int], roles: dict[str, list[int]]) -> str:
+    """What each of kbv's processes held of the GPU, and everything else, for a reader who must
+    tell which part of kbv (or which leftover process) took the room: "kbv's parent 14.7 GiB, ..."."""
+    named: set[int] = set()
+    parts = []
+    for role, pids in roles.items():
+        mine = set(pids) & usage.keys()
+        named |= mine
+        parts.append(f"{role} {sum(usage[p] for p in mine) / (1 << 30):.1f} GiB")
+    rest = [p for p in usage if p not in named]
+    parts.append(f"{len(rest)} other processes {sum(usage[p] for p in rest) / (1 << 30):.1f} GiB")
+    return ", ".join(parts)
+
+
+def _room_not_kept(
+    ctx: _Context, subject: Worker, failure: WorkerFailed, roles: dict[str, list[int]] | None = None
+) -> str | None:
     """Why a candidate's running out of device memory is kbv's failure, not the candidate's, or None.
 
     kbv promises the candidate its device-memory limit in force (the room the reference leaves it:
@@ -119,7 +142,8 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
     claims to have run out on a GPU where its room was kept keeps its failure, and where NVML does
     not list the candidate's worker (pids of another namespace) nothing is decided. A helper that
     escaped the worker's tree (possible only without a cgroup: docs/integrity-dynamic.md) would
-    count among the others."""
+    count among the others. ``roles``: kbv's other processes by what they are (the parent, the
+    reference worker, the spares), so the message says which held the room."""
     if failure.role != "candidate" or "out of memory" not in failure.message.lower():
         return None
     limits, total = subject.limits, ctx.gpu.device_total_bytes
@@ -140,10 +164,34 @@ def _room_not_kept(ctx: _Context, subject: Worker, failure: WorkerFailed) -> str
         f"{GPU_TOO_SMALL}: the other processes on it (kbv's parent, reference and spare workers, "
         f"and anything else) held "
         f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
-        f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it. This problem "
+        f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it "
+        f"({_holders(usage, {**(roles or {}), 'the candidate': sorted(mine)})}). This problem "
         "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
         "device_memory_gb and device_memory_alone_share); this is not the candidate's failure. The "
         f"candidate's worker said: {failure.message.splitlines()[0][:300]}"
+    )
+
+
+def _parent_ran_out(ctx: _Context, subject: Worker, error: BaseException, roles: dict[str, list[int]]) -> str:
+    """Why kbv's parent running out of device memory (its copies of outputs and truths, its
+    judging) is kbv's failure: the candidate was within its limits (the caller checked), so an
+    honest candidate would have met the same end. The message names the phase and what each
+    process held, so a reader can tell which part of kbv needs the room."""
+    usage = telemetry.device_process_bytes(ctx.device)
+    held = _holders(usage, {**roles, "the candidate": subject.members()}) if usage else "no figures"
+    limits = subject.limits
+    promise = (
+        f"{float(limits.device_memory_gb):.1f} GiB"
+        if limits is not None and limits.device_memory_gb
+        else "the whole GPU"
+    )
+    return (
+        f"{PARENT_RAN_OUT}: during {ctx.found.failed_phase or 'the evaluation'}, with the candidate "
+        f"within its limits (its device-memory limit promises it {promise} of the GPU's "
+        f"{ctx.gpu.device_total_bytes / (1 << 30):.1f} GiB). On the GPU: {held}. This problem needs a "
+        "GPU with more memory under this protocol, or a smaller promise ([limits] device_memory_gb "
+        "and device_memory_alone_share); this is not the candidate's failure. torch said: "
+        f"{str(error).splitlines()[0][:300] if str(error) else type(error).__name__}"
     )
 
 

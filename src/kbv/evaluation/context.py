@@ -88,6 +88,8 @@ class _Found:
     # Filled at the end of the evaluation by _end_containment.
     isolation: dict[str, Any] = field(default_factory=dict)
     host_memory: dict[str, Any] = field(default_factory=dict)
+    #: The innermost phase an exception left (a harness error's message names it), "" if none did.
+    failed_phase: str = ""
 
 
 @dataclass
@@ -159,6 +161,9 @@ def _phase(ctx: _Context, name: str, work: Any) -> Any:
     started = time.monotonic()
     try:
         return work()
+    except BaseException:
+        ctx.found.failed_phase = ctx.found.failed_phase or name
+        raise
     finally:
         ctx.found.phases[name] = ctx.found.phases.get(name, 0.0) + time.monotonic() - started
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from kbv import inputs, performance, wire_replies
 from kbv.candidates import Candidate
@@ -20,6 +23,7 @@ from kbv.evaluation.budget import (
     _gpu_hold,
     _hold_alone,
     _hold_alone_for_outputs,
+    _parent_ran_out,
     _room_for_candidate,
     _room_not_kept,
     _side_by_side,
@@ -178,15 +182,17 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
                 )
             else:
                 ctx.found.findings.extend(_findings_without_probes(ctx, timing))
+        except torch.OutOfMemoryError as error:  # the parent's own copies found no room
+            ctx.found.phases["total"] = time.monotonic() - started
+            past = subject.failure_if_past_limit()  # a candidate past its limit took the room
+            if past is None:
+                said = _parent_ran_out(ctx, subject, error, _kbv_processes(reference, spares))
+                _end_containment(ctx, reference, subject, gpu, spares)
+                raise HarnessError(said) from error
+            return _ended_by_failure(ctx, ref_hello, (reference, subject), gpu, spares, past)
         except WorkerFailed as failure:
             ctx.found.phases["total"] = time.monotonic() - started
-            short = _room_not_kept(ctx, subject, failure)  # before the workers' ends free their memory
-            _end_containment(ctx, reference, subject, gpu, spares, failure)
-            if short is not None:
-                raise HarnessError(short) from failure
-            if _problem_failed(failure):
-                return _problem_error_record(ctx, ref_hello, failure)
-            return _failure_record(ctx, ref_hello, failure)
+            return _ended_by_failure(ctx, ref_hello, (reference, subject), gpu, spares, failure)
         _end_containment(ctx, reference, subject, gpu, spares)
         closing = time.monotonic()
         close_all((subject, reference))  # side by side (the ``with`` then has nothing left to close)
@@ -224,6 +230,36 @@ def worker_specs(
             warm_probes=warm,
         ),
     )
+
+
+def _ended_by_failure(
+    ctx: _Context,
+    ref_hello: wire_replies.Hello,
+    workers: tuple[Worker, Worker],
+    gpu: DeviceLock,
+    spares: Spares,
+    failure: WorkerFailed,
+) -> Record:
+    """The record of an evaluation a worker's failure ended (the problem's or the candidate's), or
+    kbv's ``HarnessError`` where the candidate ran out of the device memory kbv promised it."""
+    reference, subject = workers
+    # before the workers' ends free their memory
+    short = _room_not_kept(ctx, subject, failure, _kbv_processes(reference, spares))
+    _end_containment(ctx, reference, subject, gpu, spares, failure)
+    if short is not None:
+        raise HarnessError(short) from failure
+    if _problem_failed(failure):
+        return _problem_error_record(ctx, ref_hello, failure)
+    return _failure_record(ctx, ref_hello, failure)
+
+
+def _kbv_processes(reference: Worker, spares: Spares) -> dict[str, list[int]]:
+    """kbv's own processes on the evaluation's GPU by what they are, for a message on its memory."""
+    return {
+        "kbv's parent": [os.getpid()],
+        "the reference worker": reference.members(),
+        "the spare workers": spares.members(),
+    }
 
 
 def _end_containment(

@@ -152,6 +152,18 @@ class LimitWatch:
 
     def _raise_if_exceeded(self) -> None:
         if self.exceeded is not None:
-            raise WorkerFailed(
-                "resource_limit", _contain.describe_exceeded(self.exceeded), {**self.exceeded, **self.logs()}
-            )
+            raise self._exceeded_failure(self.exceeded)
+
+    def _exceeded_failure(self, over: dict[str, Any]) -> WorkerFailed:
+        return WorkerFailed("resource_limit", _contain.describe_exceeded(over), {**over, **self.logs()})
+
+    def failure_if_past_limit(self) -> WorkerFailed | None:
+        """Poll once now, not at the next request: past a limit the worker is killed and its
+        ``resource_limit`` failure returned, else None. For the parent that ran out of device memory
+        itself, which must know whether the candidate had taken more than its limit allows."""
+        if self.exceeded is None and self.alive():
+            over = self.poll()
+            if over is not None:
+                self.exceeded = over
+                self.kill()
+        return None if self.exceeded is None else self._exceeded_failure(self.exceeded)

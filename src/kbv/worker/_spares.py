@@ -130,6 +130,10 @@ class Spares:
                         stack.enter_context(worker.paused())
             yield
 
+    def members(self) -> list[int]:
+        """The live processes of every launched spare (what they hold of a GPU is counted by pid)."""
+        return sorted({pid for workers in self._launched.values() for w in workers for pid in w.members()})
+
     def close(self) -> None:
         for workers in self._launched.values():
             for worker in workers:
