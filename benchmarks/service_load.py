@@ -7,20 +7,22 @@ against ``kbv run``'s for the same pair.
    ``KBV_FIXTURE`` names (``--skip-slow`` leaves out those marked slow). Their problems are copied
    into one tree that the server names them in.
 2. ``kbv run``'s verdicts: the pairs through the sequential executor (``kbv.batch.run_batch``, what
-   ``kbv run`` runs), before the server starts.
+   ``kbv run`` runs), before the server starts, in a process of their own that has ended (and let go
+   of the GPU) when it does.
 3. The server on 127.0.0.1 (a token, ``--max-queue`` small enough to be reached), and ``--clients``
    threads each submitting its share of the pairs one request at a time, ``--repeat`` times over.
    A 429 is counted and retried after its ``Retry-After``.
 4. Each client polls its requests until done: latency is from the 202 to the first poll that sees
    the record. Evaluations per hour are the finished requests over the wall time from the first
-   submission to the last record.
+   submission to the last record; verdicts per hour count only those that ended in a record (not
+   kbv's harness errors). ``rows`` keeps each request's outcome, latency and phases.
 
     PYTHONPATH=$PWD/src python benchmarks/service_load.py --clients 8 --max-queue 12 --out result.json
 
 With ``--kernelbench DIR`` (a KernelBench level's folder) the pairs are instead its problems, each
 with its own ``Model`` as the candidate, mixed with every hack fixture of the device's kind (on a
 GPU, ``--device cuda``, the ``gpu_*`` ones). Besides the wall-clock rate the report gives the rate
-per hour of evaluation work without compilation: the finished evaluations over the sum of their
+per hour of evaluation work without compilation: the verdicts (records) over the sum of their
 ``total`` less ``compile`` phases (evaluations that overlap on the GPU count twice there, which
 understates the rate).
 
@@ -128,6 +130,22 @@ def problem_tree(pairs: list[tuple[Path, Path]], root: Path) -> dict[Path, str]:
 def kbv_run_verdicts(
     pairs: list[tuple[Path, Path]], protocol: str, timeout_s: float, device: str
 ) -> dict[tuple[str, str], str]:
+    """``kbv run``'s verdicts, from a process of their own: this one then holds no GPU memory (nor
+    a CUDA context) beside the server it measures next."""
+    with tempfile.TemporaryDirectory(prefix="kbv-run-verdicts-") as folder:
+        ask, answer = Path(folder) / "pairs.json", Path(folder) / "verdicts.json"
+        ask.write_text(json.dumps({"pairs": [[str(p), str(c)] for p, c in pairs], "protocol": protocol}))
+        subprocess.run(
+            [sys.executable, __file__, "--verdicts-of", str(ask), "--verdicts-to", str(answer)]
+            + ["--timeout", str(timeout_s), "--device", device],
+            check=True,
+        )
+        return {(p, c): verdict for p, c, verdict in json.loads(answer.read_text())}
+
+
+def _verdicts_in_this_process(
+    pairs: list[tuple[Path, Path]], protocol: str, timeout_s: float, device: str
+) -> list[tuple[str, str, str]]:
     from rich.console import Console
 
     from kbv.batch import run_batch
@@ -139,12 +157,14 @@ def kbv_run_verdicts(
     result = run_batch(
         loaded, load_protocol(protocol), device=device, timeout_s=timeout_s, console=Console(quiet=True)
     )
-    return {
-        (r.problem["source_sha256"], r.candidate["source_sha256"]): str(
-            getattr(r.outcome, "value", r.outcome)
+    return [
+        (
+            r.problem["source_sha256"],
+            r.candidate["source_sha256"],
+            str(getattr(r.outcome, "value", r.outcome)),
         )
         for r in result.records
-    }
+    ]
 
 
 def free_port() -> int:
@@ -246,18 +266,48 @@ def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll
 
 
 def work_without_compile(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The evaluations per hour of evaluation work less compilation: finished records over the sum
-    of their ``total`` minus ``compile`` phases (with the compile seconds, for the reader)."""
-    phases = [((r.get("record") or {}).get("phases_s") or {}) for r in results]
+    """The evaluations per hour of evaluation work less compilation: the evaluations that ended in
+    a record (a verdict) over the sum of their ``total`` minus ``compile`` phases (with the compile
+    seconds, for the reader). A harness error has no record and so no phases: counting it would add
+    an evaluation and none of its time (four did so on an H100, 2026-12-07)."""
+    phases = [r["record"].get("phases_s") or {} for r in results if r.get("record")]
     compile_s = sum(float(p.get("compile", 0.0)) for p in phases)
     work_s = sum(max(0.0, float(p.get("total", 0.0)) - float(p.get("compile", 0.0))) for p in phases)
     return {
+        "verdicts": len(phases),
         "compile_s_total": round(compile_s, 1),
         "evaluation_s_without_compile": round(work_s, 1),
-        "evaluations_per_hour_without_compile": round(len(results) / work_s * 3600, 1)
-        if work_s > 0
-        else None,
+        "evaluations_per_hour_without_compile": round(len(phases) / work_s * 3600, 1) if work_s > 0 else None,
     }
+
+
+def result_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per finished request, in the order they finished: the raw figures the report's
+    statistics come from."""
+    rows = []
+    for r in sorted(results, key=lambda r: r["finished"]):
+        record = r.get("record") or {}
+        error = record.get("error") or r.get("error")
+        rows.append(
+            {
+                "candidate": _shown(r["pair"][1]),
+                "outcome": r.get("outcome") or r["status"],
+                "latency_s": round(r["latency_s"], 2),
+                "phases_s": {k: round(float(v), 3) for k, v in (record.get("phases_s") or {}).items()},
+                "error": str(error.get("summary", error) if isinstance(error, dict) else error or "")[:400],
+            }
+        )
+    return rows
+
+
+def gpu_memory_held(device: str) -> dict[str, float] | None:
+    """GiB each process holds on ``device`` now (NVML, no CUDA context made here), or None."""
+    if not device.startswith("cuda"):
+        return None
+    from kbv import telemetry
+
+    usage = telemetry.device_process_bytes(device)
+    return {str(pid): round(held / (1 << 30), 2) for pid, held in (usage or {}).items()}
 
 
 def _shown(candidate: Path) -> str:
@@ -290,7 +340,16 @@ def main() -> None:
         help="a KernelBench level's folder: its references as candidates",
     )
     parser.add_argument("--out", default=None)
+    # kbv run's verdicts are computed by this script in a process of its own (kbv_run_verdicts)
+    parser.add_argument("--verdicts-of", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--verdicts-to", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.verdicts_of is not None:
+        asked = json.loads(args.verdicts_of.read_text())
+        pairs = [(Path(p), Path(c)) for p, c in asked["pairs"]]
+        verdicts = _verdicts_in_this_process(pairs, asked["protocol"], args.timeout, args.device)
+        args.verdicts_to.write_text(json.dumps(verdicts))
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()  # the code that runs (read before any rebase)
@@ -305,6 +364,7 @@ def main() -> None:
     started = time.monotonic()
     expected = kbv_run_verdicts(pairs, args.protocol, args.timeout, args.device)
     kbv_run_s = time.monotonic() - started
+    held_before = gpu_memory_held(args.device)  # what else holds the GPU the server will use
     port = free_port()
     server = start_server(args, work / "problems", work / "serve.sqlite", port, work / "serve.log")
     url = f"http://127.0.0.1:{port}"
@@ -368,6 +428,7 @@ def main() -> None:
         "finished": len(load.results),
         "wall_s": round(wall, 1),
         "evaluations_per_hour": round(len(load.results) / wall * 3600, 1),
+        "verdicts_per_hour": round(sum(1 for r in load.results if r.get("record")) / wall * 3600, 1),
         **work_without_compile(load.results),
         "latency_p50_s": round(percentile(latencies, 0.5), 1),
         "latency_p95_s": round(percentile(latencies, 0.95), 1),
@@ -383,6 +444,8 @@ def main() -> None:
         "passed_equal_to_kbv_run": not pass_mismatches,
         "mismatches": mismatches,
         "kbv_run_s": round(kbv_run_s, 1),
+        "gpu_memory_gib_held_before_the_server": held_before,
+        "rows": result_rows(load.results),
         "metrics_excerpt": [
             line
             for line in metrics.splitlines()
