@@ -294,7 +294,7 @@ def result_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "outcome": r.get("outcome") or r["status"],
                 "latency_s": round(r["latency_s"], 2),
                 "phases_s": {k: round(float(v), 3) for k, v in (record.get("phases_s") or {}).items()},
-                "error": str(error.get("summary", error) if isinstance(error, dict) else error or "")[:400],
+                "error": str(error.get("summary", error) if isinstance(error, dict) else error or "")[:1200],
             }
         )
     return rows
