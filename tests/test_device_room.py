@@ -151,7 +151,15 @@ def test_an_evaluation_whose_parent_runs_out_raises_kbvs_error(monkeypatch: pyte
     with pytest.raises(HarnessError, match="during correctness") as raised:
         evaluate_paths(problem, honest, protocol="verified", device="cpu")
     assert too_small_for_gpu(str(raised.value)) and is_harness_error(raised.value)
-    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+    cause = raised.value.__cause__
+    assert isinstance(cause, torch.OutOfMemoryError)
+    # the frames it left hold no tensors now (their locals are cleared): the memory is free at once
+    frames = []
+    tb = cause.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert frames[-1].f_code.co_name == "judging_runs_out" and frames[-1].f_locals == {}
 
 
 def test_a_candidate_past_its_limit_when_the_parent_runs_out_is_its_resource_limit(

@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,9 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             if past is None:
                 said = _parent_ran_out(ctx, subject, error, _kbv_processes(reference, spares))
                 _end_containment(ctx, reference, subject, gpu, spares)
+                # The finished frames' tensors (outputs and truths, GBs) go now: the device memory
+                # must be free for the next evaluation's workers, not wait on the error's readers.
+                traceback.clear_frames(error.__traceback__)
                 raise HarnessError(said) from error
             return _ended_by_failure(ctx, ref_hello, (reference, subject), gpu, spares, past)
         except WorkerFailed as failure:
