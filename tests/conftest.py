@@ -196,7 +196,10 @@ def _evaluate_on_gpu(
     from kbv.problems import check_importable, load_problem
     from kbv.protocol import load_protocol
 
-    (precision,) = {p[2] for p in pairs}
+    precisions = {p[2] for p in pairs}
+    if len(precisions) != 1:
+        raise ValueError(f"one batch runs one precision; these pairs ask for {sorted(map(str, precisions))}")
+    (precision,) = precisions
     loaded = []
     for problem_path, candidate_path, _ in pairs:
         problem = load_problem(problem_path)

@@ -539,7 +539,7 @@ def test_the_gpu_tests_batch_evaluates_in_the_pairs_precision() -> None:
     record = conftest._evaluate_on_gpu([pair], timeout_s=240, device="cpu")[pair]
     assert record.outcome == "passed", record.error
     assert record.protocol["settings"]["precision"] == "bf16"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one batch runs one precision"):
         conftest._evaluate_on_gpu(
             [pair, (RELU, FOUNDATION / "relu_plain.py", None)], timeout_s=240, device="cpu"
         )
