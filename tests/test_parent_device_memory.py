@@ -92,3 +92,55 @@ def test_a_non_finite_output_is_found_in_any_chunk(small_chunks):
         bad = finite.clone()
         bad.view(-1)[position] = math.inf
         assert not _all_finite([bad]), position  # reject, whichever chunk holds it
+
+
+class _Worker:
+    """A stub worker that answers every request at once and notes what it was asked."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def request(self, request: Any) -> str:
+        self.log.append(f"{self.name}:{type(request).__name__}")
+        return "reply"
+
+    def send_request(self, request: Any) -> str:
+        self.log.append(f"{self.name}:{type(request).__name__}")
+        return "id"
+
+    def receive_reply(self, request_id: str) -> str:
+        return "reply"
+
+
+def _probe_log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from kbv import wire
+    from kbv.integrity.dynamic import _context
+
+    log: list[str] = []
+    monkeypatch.setattr(_context, "release_cached_blocks", lambda device: log.append(f"release:{device}"))
+    candidate, reference = _Worker(log, "candidate"), _Worker(log, "reference")
+    session = SimpleNamespace(device="cuda:0", subject=candidate, reference=reference)
+    ctx = _context.DynamicContext(session)
+    spec = {"distribution": "normal", "seed": 1}
+    ctx.request(session.reference, wire.ProbeFlops(inputs=spec))
+    ctx.request(session.subject, wire.ProbeCalls(inputs=spec))
+    ctx.concurrently(
+        {
+            "kernels": (session.subject, wire.ProbeKernels(inputs=spec)),
+            "flops": (session.reference, wire.ProbeFlops(inputs=spec)),
+        }
+    )
+    return log
+
+
+def test_the_parent_hands_its_cached_blocks_back_before_each_probe_of_the_candidate(monkeypatch):
+    log = _probe_log(monkeypatch)
+    # a release right before each request to the candidate, on its device; none before the reference's
+    assert log == [
+        "reference:ProbeFlops",
+        "release:cuda:0",
+        "candidate:ProbeCalls",
+        "release:cuda:0",
+        "candidate:ProbeKernels",
+        "reference:ProbeFlops",
+    ]

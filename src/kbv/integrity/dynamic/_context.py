@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kbv import wire, wire_replies
+from kbv.devices import release_cached_blocks
 from kbv.integrity._registry import get_check
 from kbv.records import Finding
 from kbv.worker import WorkerFailed
@@ -106,7 +107,16 @@ class DynamicContext:
         return value
 
     def request(self, worker: Any, request: wire.Request) -> wire_replies.Reply:
+        self._room_for(worker)
         return self._answer(worker, lambda: worker.request(request))
+
+    def _room_for(self, worker: Any) -> None:
+        """Before a probe's calls to the candidate, hand the parent's unused cached blocks back: the
+        judged outputs of the earlier probes (two outputs' worth after the observation, 14.7 GiB for
+        KernelBench's 37_FrobeniusNorm_) would otherwise stay reserved at the candidate's peak, and an
+        80 GB card was then too small for it. The reference's own probes need no such room."""
+        if worker is self.session.subject:
+            release_cached_blocks(str(self.session.device))
 
     def _answer(self, worker: Any, receive: Any) -> wire_replies.Reply:
         try:
@@ -157,6 +167,7 @@ class DynamicContext:
         sent = []
         for key, (worker, request) in requests.items():
             if key not in self._cache:
+                self._room_for(worker)
                 sent.append((key, worker, worker.send_request(request)))
         for key, worker, request_id in sent:
             try:
@@ -241,6 +252,7 @@ class DynamicContext:
             # a core is free; beside the call they would contend with it. The candidate's reply is
             # read even when the reference failed: a reply left unread would answer the next
             # request.
+            self._room_for(sub)
             sent = sub.send_request(to_candidate), ref.send_request(to_reference)
             try:
                 refr = self._answer(ref, lambda: ref.receive_reply(sent[1]))
