@@ -4,17 +4,20 @@ keeps its failure, whatever it says."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import load_relu_candidate
 
-from kbv import evaluation, telemetry
+from kbv import evaluation, telemetry, wire
 from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT, _parent_ran_out, too_small_for_gpu
 from kbv.evaluation.context import _Found
 from kbv.protocol import LimitSettings
-from kbv.worker import MemoryBudget, WorkerFailed
+from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
+from kbv.worker._process import RequestSpan
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +101,7 @@ def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
         f"        raise RuntimeError({OOM!r})\n"
     )
     said = f"{GPU_TOO_SMALL}: the other processes on it held 70 GiB"
-    monkeypatch.setattr(orchestrator, "_room_not_kept", lambda ctx, subject, failure, roles: said)
+    monkeypatch.setattr(orchestrator, "_room_not_kept", lambda *args: said)
     with pytest.raises(HarnessError, match="not through its own use"):
         problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
         evaluate_paths(problem, candidate, protocol="verified", device="cpu")
@@ -193,3 +196,65 @@ def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(
     assert telemetry.device_process_bytes("cpu") is None
     running.clear()
     assert telemetry.device_process_bytes("cuda:0") is None  # nothing counted: nothing to decide on
+
+
+# KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07): the candidate (pid 30) ran
+# out in its first draw beside a reference computing the same draw's truth (32.7 GiB then); when its
+# failure reached the parent, the reference had handed its working memory back (1.5 GiB left), so
+# NVML showed the room as kept.
+AFTER_THE_DRAW = {10: 1.22, 11: 1.5, 12: 0.65, 13: 0.65, 14: 0.65, 30: 16.71}
+
+
+def _reference(last_span: RequestSpan | None) -> SimpleNamespace:
+    return SimpleNamespace(last_span=last_span, members=lambda: [11])
+
+
+def test_the_references_peak_beside_the_failed_draw_counts_against_the_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    failed = RequestSpan(sent_at=10.0, replied_at=11.2, device_reserved_peak=None)
+    beside = RequestSpan(sent_at=10.01, replied_at=11.0, device_reserved_peak=int(32.2 * GIB))
+    ctx, subject = _case(monkeypatch, AFTER_THE_DRAW, limit_gb=64.0)
+    subject.last_span = failed
+    reference = _reference(beside)
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, reference)
+    assert said is not None and "held 35.4 GiB of its 79.2 GiB" in said  # 1.22 + 32.2 + 3 x 0.65
+    assert "the reference worker 32.2 GiB" in said and "at its peak beside the candidate's request" in said
+    # NVML's figures alone, as before: the room looks kept, and the failure was the candidate's
+    assert evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES) is None
+
+
+def test_a_reference_peak_that_did_not_run_beside_the_failure_does_not_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    failed = RequestSpan(sent_at=10.0, replied_at=11.2, device_reserved_peak=None)
+    ctx, subject = _case(monkeypatch, AFTER_THE_DRAW, limit_gb=64.0)
+    subject.last_span = failed
+    earlier = RequestSpan(sent_at=8.0, replied_at=9.5, device_reserved_peak=int(32.2 * GIB))
+    unmeasured = RequestSpan(sent_at=10.01, replied_at=11.0, device_reserved_peak=None)  # off the GPU
+    for span in (earlier, unmeasured, None):
+        reference = _reference(span)
+        assert evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, reference) is None, span
+
+
+def test_a_worker_notes_each_requests_span_as_the_parent_saw_it(tmp_path: Path) -> None:
+    """The span of a real worker's request, its failed ones too (on the CPU no peak is reported)."""
+    honest = tmp_path / "relu.py"
+    honest.write_text("import torch\n\n\nclass ModelNew(torch.nn.ReLU):\n    pass\n")
+    spec = WorkerSpec(build_key="test-spans", device="cpu", role="candidate", budget_s=60.0)
+    with Worker(spec) as worker:
+        load_relu_candidate(worker, honest)
+        before = time.monotonic()
+        worker.request(
+            wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        )
+        span = worker.last_span
+        assert span is not None and before <= span.sent_at <= span.replied_at <= time.monotonic()
+        assert span.device_reserved_peak is None
+        with pytest.raises(WorkerFailed):
+            worker.request(
+                wire.Run(distribution="no such", seed=3, precision="native", out_path=worker.new_path("o"))
+            )
+        assert worker.last_span is not None and worker.last_span.sent_at > span.replied_at

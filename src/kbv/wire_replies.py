@@ -81,6 +81,9 @@ class Reply(_Message):
 
     worker_seconds: float = 0.0
     steps_s: dict[str, Any] | None = None
+    #: The worker's CUDA allocator's largest reservation during the request, bytes (the loop adds
+    #: it; None off the GPU). Read from the trusted reference only: kbv.evaluation.budget.
+    device_reserved_peak: int | None = None
 
     @classmethod
     def of(cls: type[_R], reply: Reply) -> _R:

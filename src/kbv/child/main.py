@@ -77,6 +77,7 @@ def main(fd: int) -> None:
             _channel.send(sock, {"ok": True, "id": envelope.id, **wire_replies.ExitReply().to_json()})
             break
         started = time.perf_counter()
+        on_gpu = _reset_device_peak()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
         if not isinstance(request, (wire.Time, wire.TruthSketches)):  # the timing phase's keep its sets
             state.timing_inputs = None
@@ -89,6 +90,8 @@ def main(fd: int) -> None:
             reply = {"ok": False, "error": _describe_error(exc, op=request.op)}
         reply["id"] = envelope.id  # the parent checks it: a reply read for another request is refused
         reply["worker_seconds"] = time.perf_counter() - started
+        if on_gpu:
+            reply["device_reserved_peak"] = int(torch.cuda.max_memory_reserved())
         _release_cached_memory(request.memory)
         if request.steps:  # a profiling run asked where the request's time went
             steps = reply["steps_s"] = reply.get("steps_s") or {}
@@ -104,6 +107,16 @@ def main(fd: int) -> None:
 #: whether it takes the probes' first-use costs while booting (argv "probes": ``WorkerSpec.warm_probes``).
 _ROLE = ""
 _WARM_PROBES = False
+
+
+def _reset_device_peak() -> bool:
+    """Start the allocator's peak afresh for a request, where this worker uses a GPU: the parent
+    reads the reference's peak to know what it held beside a candidate that ran out of memory
+    (its working memory is handed back before the reply, so NVML no longer shows it then)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    torch.cuda.reset_peak_memory_stats()
+    return True
 
 
 def _release_cached_memory(rule: wire.MemoryRule | None) -> None:

@@ -128,7 +128,11 @@ def _holders(usage: dict[int, int], roles: dict[str, list[int]]) -> str:
 
 
 def _room_not_kept(
-    ctx: _Context, subject: Worker, failure: WorkerFailed, roles: dict[str, list[int]] | None = None
+    ctx: _Context,
+    subject: Worker,
+    failure: WorkerFailed,
+    roles: dict[str, list[int]] | None = None,
+    reference: Worker | None = None,
 ) -> str | None:
     """Why a candidate's running out of device memory is kbv's failure, not the candidate's, or None.
 
@@ -143,7 +147,9 @@ def _room_not_kept(
     not list the candidate's worker (pids of another namespace) nothing is decided. A helper that
     escaped the worker's tree (possible only without a cgroup: docs/integrity-dynamic.md) would
     count among the others. ``roles``: kbv's other processes by what they are (the parent, the
-    reference worker, the spares), so the message says which held the room."""
+    reference worker, the spares), so the message says which held the room. ``reference``: its
+    allocator's peak counts where its last request ran beside the failed one
+    (:func:`_with_reference_peak`)."""
     if failure.role != "candidate" or "out of memory" not in failure.message.lower():
         return None
     limits, total = subject.limits, ctx.gpu.device_total_bytes
@@ -155,6 +161,10 @@ def _room_not_kept(
     mine = set(subject.members())
     if not mine & usage.keys():  # NVML counts pids of another namespace: the candidate's use is unknown
         return None
+    measured, usage = usage, _with_reference_peak(usage, reference, subject)
+    at_peak = (
+        " (the reference worker's at its peak beside the candidate's request)" if usage != measured else ""
+    )
     others = sum(held for pid, held in usage.items() if pid not in mine)
     gib = 1 << 30
     promised = float(limits.device_memory_gb) * gib
@@ -165,11 +175,32 @@ def _room_not_kept(
         f"and anything else) held "
         f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
         f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it "
-        f"({_holders(usage, {**(roles or {}), 'the candidate': sorted(mine)})}). This problem "
+        f"({_holders(usage, {**(roles or {}), 'the candidate': sorted(mine)})}){at_peak}. This problem "
         "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
         "device_memory_gb and device_memory_alone_share); this is not the candidate's failure. The "
         f"candidate's worker said: {failure.message.splitlines()[0][:300]}"
     )
+
+
+def _with_reference_peak(usage: dict[int, int], reference: Worker | None, subject: Worker) -> dict[int, int]:
+    """NVML's figures, the reference worker's raised to its allocator's peak during its last request
+    where that request ran beside the candidate's failed one. The reference hands its working memory
+    back before it replies, and the parent reads its reply first, so by the time the candidate's
+    failure arrives NVML no longer shows what the reference held beside it: on an H100 (2026-12-07)
+    KernelBench's 45_Average_Pooling_2D ran out in its first draw beside a reference of 32.7 GiB and
+    was recorded as the candidate's ``runtime_error``. The peak is the trusted worker's own account
+    (a candidate's is never read) and counts its allocator's reservation only, not its CUDA
+    context: it can only understate what the reference held."""
+    if reference is None:
+        return usage
+    span, failed = reference.last_span, subject.last_span
+    if span is None or failed is None or span.device_reserved_peak is None or not span.overlaps(failed):
+        return usage
+    pids = [p for p in reference.members() if p in usage] or reference.members()[:1]
+    now = sum(usage.get(p, 0) for p in pids)
+    if not pids or span.device_reserved_peak <= now:
+        return usage
+    return {**usage, pids[0]: usage.get(pids[0], 0) + span.device_reserved_peak - now}
 
 
 def _parent_ran_out(ctx: _Context, subject: Worker, error: BaseException, roles: dict[str, list[int]]) -> str:

@@ -248,7 +248,7 @@ def _ended_by_failure(
     kbv's ``HarnessError`` where the candidate ran out of the device memory kbv promised it."""
     reference, subject = workers
     # before the workers' ends free their memory
-    short = _room_not_kept(ctx, subject, failure, _kbv_processes(reference, spares))
+    short = _room_not_kept(ctx, subject, failure, _kbv_processes(reference, spares), reference)
     _end_containment(ctx, reference, subject, gpu, spares, failure)
     if short is not None:
         raise HarnessError(short) from failure

@@ -29,6 +29,22 @@ from kbv.worker._memory import MemoryBudget
 from kbv.worker._spec import WorkerFailed, WorkerSpec, cache_root, confinement_env
 
 LOG_TAIL_BYTES = 16_000
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpan:
+    """One request as the parent saw it: when it was sent and its reply read (monotonic seconds),
+    and the worker's own account of its allocator's peak (``device_reserved_peak``: trusted only
+    from a trusted worker)."""
+
+    sent_at: float
+    replied_at: float
+    device_reserved_peak: int | None
+
+    def overlaps(self, other: RequestSpan) -> bool:
+        return self.sent_at < other.replied_at and other.sent_at < self.replied_at
+
+
 #: PyTorch intra-op threads of a CPU worker, unless the user set ``OMP_NUM_THREADS``. With two
 #: threads on a shared two-core machine, an op that splits its work waits at OpenMP's barrier for a
 #: helper thread the scheduler has not run yet: the eager baseline of a 0.006 ms reduction took
@@ -67,6 +83,10 @@ class Worker(LimitWatch, IsolationReport):
         self._ops: dict[int, str] = {}
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
         self._unread: dict[int, wire_replies.Reply] = {}
+        #: When each request whose reply is unread was sent (the parent's monotonic clock), and the
+        #: span of the last request whose reply was read, a failed one's too (:class:`RequestSpan`).
+        self._sent_at: dict[int, float] = {}
+        self.last_span: RequestSpan | None = None
         self.remaining_s = spec.budget_s
         self._tag = uuid.uuid4().hex[:12]
         self._cgroup: _contain.Cgroup | None = None
@@ -203,6 +223,7 @@ class Worker(LimitWatch, IsolationReport):
         envelope = wire.Envelope(self._last_id, request)
         self._awaited.append(envelope.id)
         self._ops[envelope.id] = request.op
+        self._sent_at[envelope.id] = time.monotonic()
         return envelope
 
     def receive_reply(self, request_id: int | None = None) -> wire_replies.Reply:
@@ -217,9 +238,11 @@ class Worker(LimitWatch, IsolationReport):
         while True:
             awaited = self._awaited.popleft()
             op = self._ops.pop(awaited, "")
+            sent_at = self._sent_at.pop(awaited, time.monotonic())
             message = self._receive()
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
+            self.last_span = RequestSpan(sent_at, time.monotonic(), reply.device_reserved_peak)
             self._raise_if_failed(reply)
             if request_id is None or awaited == request_id:
                 return reply
