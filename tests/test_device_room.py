@@ -220,7 +220,10 @@ def test_the_references_peak_beside_the_failed_draw_counts_against_the_room(
     reference = _reference(beside)
     said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, reference)
     assert said is not None and "held 35.4 GiB of its 79.2 GiB" in said  # 1.22 + 32.2 + 3 x 0.65
-    assert "the reference worker 32.2 GiB" in said and "at its peak beside the candidate's request" in said
+    assert (
+        "the reference worker 32.2 GiB" in said
+        and "its peak during its request beside the candidate's" in said
+    )
     # NVML's figures alone, as before: the room looks kept, and the failure was the candidate's
     assert evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES) is None
 

@@ -163,7 +163,9 @@ def _room_not_kept(
         return None
     measured, usage = usage, _with_reference_peak(usage, reference, subject)
     at_peak = (
-        " (the reference worker's at its peak beside the candidate's request)" if usage != measured else ""
+        " (the reference worker's figure: its peak during its request beside the candidate's)"
+        if usage != measured
+        else ""
     )
     others = sum(held for pid, held in usage.items() if pid not in mine)
     gib = 1 << 30
