@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import load_relu_candidate
+from conftest import RELU, load_relu_candidate
 
 from kbv import evaluation, telemetry, wire
 from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT, _parent_ran_out, too_small_for_gpu
@@ -261,3 +261,28 @@ def test_a_worker_notes_each_requests_span_as_the_parent_saw_it(tmp_path: Path) 
                 wire.Run(distribution="no such", seed=3, precision="native", out_path=worker.new_path("o"))
             )
         assert worker.last_span is not None and worker.last_span.sent_at > span.replied_at
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_workers_reply_says_its_allocators_peak_during_the_request() -> None:
+    """What the room rule reads of the reference: its peak covers the request's own work (a 1 GiB
+    output here, handed over and so still held), where NVML after the reply shows only what is left."""
+    spec = WorkerSpec(build_key="test-peak", device="cuda", role="reference", budget_s=120.0)
+    with Worker(spec) as worker:
+        worker.start()
+        worker.request(
+            wire.Load(
+                role="reference",
+                device="cuda",
+                problem_source=RELU.read_text(),
+                sizes={"batch_size": 256, "dim": 1 << 20},
+                init_seed=1,
+            )
+        )
+        worker.request(
+            wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
+        )
+        span = worker.last_span
+        assert span is not None and span.device_reserved_peak is not None
+        assert span.device_reserved_peak >= 256 * (1 << 20) * 4  # at least the output's bytes

@@ -77,7 +77,7 @@ def main(fd: int) -> None:
             _channel.send(sock, {"ok": True, "id": envelope.id, **wire_replies.ExitReply().to_json()})
             break
         started = time.perf_counter()
-        on_gpu = _reset_device_peak()
+        _reset_device_peak()
         _handoff.release(state.handed)  # the parent copied what it was handed before this request
         if not isinstance(request, (wire.Time, wire.TruthSketches)):  # the timing phase's keep its sets
             state.timing_inputs = None
@@ -90,7 +90,7 @@ def main(fd: int) -> None:
             reply = {"ok": False, "error": _describe_error(exc, op=request.op)}
         reply["id"] = envelope.id  # the parent checks it: a reply read for another request is refused
         reply["worker_seconds"] = time.perf_counter() - started
-        if on_gpu:
+        if _gpu_in_use():
             reply["device_reserved_peak"] = int(torch.cuda.max_memory_reserved())
         _release_cached_memory(request.memory)
         if request.steps:  # a profiling run asked where the request's time went
@@ -109,21 +109,24 @@ _ROLE = ""
 _WARM_PROBES = False
 
 
-def _reset_device_peak() -> bool:
-    """Start the allocator's peak afresh for a request, where this worker uses a GPU: the parent
-    reads the reference's peak to know what it held beside a candidate that ran out of memory
-    (its working memory is handed back before the reply, so NVML no longer shows it then)."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return False
-    torch.cuda.reset_peak_memory_stats()
-    return True
+def _gpu_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _reset_device_peak() -> None:
+    """Start the allocator's peak afresh for a request, where this worker uses a GPU (a request that
+    is the first to use it starts from nothing): the parent reads the reference's peak to know what
+    it held beside a candidate that ran out of memory (its working memory is handed back before the
+    reply, so NVML no longer shows it then)."""
+    if _gpu_in_use():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _release_cached_memory(rule: wire.MemoryRule | None) -> None:
     """Hand back what the allocator keeps cached unless the parent's rule (``kbv.worker.MemoryBudget``)
     lets this worker keep it: up to ``cached_bytes_kept``, more only while the device has
     ``room_bytes`` free beside it. Without a rule, everything goes back."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if not _gpu_in_use():
         return
     kept = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     if kept <= (rule.cached_bytes_kept if rule is not None else 0):
