@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,29 @@ def extensions_dir_of(path: Path) -> Path:
     from kbv.worker.builds import build_dir
 
     return build_dir(load_candidate(path, label="prebuild").source_sha256) / "torch_extensions"
+
+
+@contextlib.contextmanager
+def reference_worker(
+    name: str, problem: Path, sizes: dict | None = None, device: str = "cpu"
+) -> Iterator[Any]:
+    """A started trusted reference worker on ``device`` with ``problem`` loaded (and its model built)."""
+    from kbv import wire
+    from kbv.worker import Worker, WorkerSpec
+
+    spec = WorkerSpec(build_key=f"test-{name}", device=device, role="reference", budget_s=120.0)
+    with Worker(spec) as worker:
+        worker.start()
+        worker.request(
+            wire.Load(
+                role="reference",
+                device=device,
+                problem_source=problem.read_text(),
+                sizes=sizes or {},
+                init_seed=1,
+            )
+        )
+        yield worker
 
 
 def load_relu_candidate(worker: Any, candidate: Path) -> Any:

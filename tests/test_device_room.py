@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import RELU, load_relu_candidate
+from conftest import RELU, load_relu_candidate, reference_worker
 
 from kbv import evaluation, telemetry, wire
 from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT, _parent_ran_out, too_small_for_gpu
@@ -268,18 +268,7 @@ def test_a_worker_notes_each_requests_span_as_the_parent_saw_it(tmp_path: Path) 
 def test_a_gpu_workers_reply_says_its_allocators_peak_during_the_request() -> None:
     """What the room rule reads of the reference: its peak covers the request's own work (a 1 GiB
     output here, handed over and so still held), where NVML after the reply shows only what is left."""
-    spec = WorkerSpec(build_key="test-peak", device="cuda", role="reference", budget_s=120.0)
-    with Worker(spec) as worker:
-        worker.start()
-        worker.request(
-            wire.Load(
-                role="reference",
-                device="cuda",
-                problem_source=RELU.read_text(),
-                sizes={"batch_size": 256, "dim": 1 << 20},
-                init_seed=1,
-            )
-        )
+    with reference_worker("peak", RELU, {"batch_size": 256, "dim": 1 << 20}, device="cuda") as worker:
         worker.request(
             wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))
         )

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import RELU, load_relu_candidate
+from conftest import RELU, load_relu_candidate, reference_worker
 
 from kbv import wire, wire_replies
 from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
@@ -28,24 +26,6 @@ def _candidate_worker(name: str, budget_s: float = 60.0) -> Worker:
 
 def _load(worker: Worker, name: str) -> wire_replies.Reply:
     return load_relu_candidate(worker, FIXTURES / name)
-
-
-@contextlib.contextmanager
-def _reference_worker(name: str, problem: Path, sizes: dict | None = None) -> Iterator[Worker]:
-    """A trusted reference worker on the CPU with ``problem`` loaded (and its model built)."""
-    spec = WorkerSpec(build_key=f"test-{name}", device="cpu", role="reference", budget_s=60.0)
-    with Worker(spec) as worker:
-        worker.start()
-        worker.request(
-            wire.Load(
-                role="reference",
-                device="cpu",
-                problem_source=problem.read_text(),
-                sizes=sizes or {},
-                init_seed=1,
-            )
-        )
-        yield worker
 
 
 def test_env_allowlist_drops_secrets(tmp_path: Path) -> None:
@@ -213,7 +193,7 @@ def test_a_draws_truth_and_baseline_error_in_one_request_match_two_separate_runs
     and only the truth is handed over."""
     from kbv.correctness import baseline_error
 
-    with _reference_worker("expected", RELU, {"batch_size": 4, "dim": 64}) as worker:
+    with reference_worker("expected", RELU, {"batch_size": 4, "dim": 64}) as worker:
         fields = {"distribution": "signed", "seed": 5, "mix_seed": None}
         reply = wire_replies.ExpectedReply.of(
             worker.request(wire.Expected(precision="fp32", out_path=worker.new_path("e"), **fields))
@@ -245,7 +225,7 @@ def test_a_forward_that_fails_in_float64_says_so(tmp_path: Path) -> None:
         "def get_init_inputs():\n"
         "    return []\n"
     )
-    with _reference_worker("expected-f64", problem) as worker, pytest.raises(WorkerFailed) as info:
+    with reference_worker("expected-f64", problem) as worker, pytest.raises(WorkerFailed) as info:
         worker.request(
             wire.Expected(distribution="original", seed=1, precision="fp32", out_path=worker.new_path("e"))
         )
