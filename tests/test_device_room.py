@@ -266,8 +266,8 @@ def test_a_worker_notes_each_requests_span_as_the_parent_saw_it(tmp_path: Path) 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_gpu_workers_reply_says_its_allocators_peak_during_the_request() -> None:
-    """What the room rule reads of the reference: its peak covers the request's own work (a 1 GiB
-    output here, handed over and so still held), where NVML after the reply shows only what is left."""
+    """What the room rule reads of the reference: its allocator's peak covers the request's own work
+    (a 1 GiB input and output here), whatever it handed back before replying."""
     with reference_worker("peak", RELU, {"batch_size": 256, "dim": 1 << 20}, device="cuda") as worker:
         worker.request(
             wire.Run(distribution="original", seed=3, precision="native", out_path=worker.new_path("o"))

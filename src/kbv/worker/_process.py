@@ -79,13 +79,12 @@ class Worker(LimitWatch, IsolationReport):
         #: (a pipelined request's reply comes before a later one's).
         self._last_id = 0
         self._awaited: deque[int] = deque()
-        #: The op of each request whose reply is still to be read: it names the reply's kind.
-        self._ops: dict[int, str] = {}
+        #: Each request whose reply is still to be read: its op (it names the reply's kind) and when
+        #: it was sent (the parent's monotonic clock, for :attr:`last_span`).
+        self._sent: dict[int, tuple[str, float]] = {}
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
         self._unread: dict[int, wire_replies.Reply] = {}
-        #: When each request whose reply is unread was sent (the parent's monotonic clock), and the
-        #: span of the last request whose reply was read, a failed one's too (:class:`RequestSpan`).
-        self._sent_at: dict[int, float] = {}
+        #: The span of the last request whose reply was read, a failed one's too (:class:`RequestSpan`).
         self.last_span: RequestSpan | None = None
         self.remaining_s = spec.budget_s
         self._tag = uuid.uuid4().hex[:12]
@@ -222,8 +221,7 @@ class Worker(LimitWatch, IsolationReport):
         self._last_id += 1
         envelope = wire.Envelope(self._last_id, request)
         self._awaited.append(envelope.id)
-        self._ops[envelope.id] = request.op
-        self._sent_at[envelope.id] = time.monotonic()
+        self._sent[envelope.id] = (request.op, time.monotonic())
         return envelope
 
     def receive_reply(self, request_id: int | None = None) -> wire_replies.Reply:
@@ -237,8 +235,7 @@ class Worker(LimitWatch, IsolationReport):
             raise wire.WireError(f"a reply was awaited for no request sent ({request_id})")
         while True:
             awaited = self._awaited.popleft()
-            op = self._ops.pop(awaited, "")
-            sent_at = self._sent_at.pop(awaited, time.monotonic())
+            op, sent_at = self._sent.pop(awaited)
             message = self._receive()
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
