@@ -235,7 +235,8 @@ class Worker(LimitWatch, IsolationReport):
             raise wire.WireError(f"a reply was awaited for no request sent ({request_id})")
         while True:
             awaited = self._awaited.popleft()
-            op, sent_at = self._sent.pop(awaited)
+            # (an id without an entry is a mixed-up one: wire.check_reply refuses its reply below)
+            op, sent_at = self._sent.pop(awaited, ("", time.monotonic()))
             message = self._receive()
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
