@@ -13,7 +13,14 @@ import torch
 from conftest import RELU, load_relu_candidate, reference_worker
 
 from kbv import evaluation, telemetry, wire
-from kbv.evaluation.budget import GPU_TOO_SMALL, PARENT_RAN_OUT, _parent_ran_out, too_small_for_gpu
+from kbv.evaluation.budget import (
+    GPU_TOO_SMALL,
+    PARENT_RAN_OUT,
+    REFERENCE_RAN_OUT,
+    _asked_bytes,
+    _parent_ran_out,
+    too_small_for_gpu,
+)
 from kbv.evaluation.context import _Found
 from kbv.protocol import LimitSettings
 from kbv.worker import MemoryBudget, Worker, WorkerFailed, WorkerSpec
@@ -71,11 +78,12 @@ def test_an_oom_where_the_room_was_kept_stays_the_candidates(monkeypatch: pytest
         assert evaluation._room_not_kept(ctx, subject, failure) is None, (usage, limit_gb)
 
 
-def test_only_a_candidates_out_of_memory_on_a_gpu_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_a_workers_out_of_memory_on_a_gpu_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx, subject = _case(monkeypatch, H100_USAGE)
     others = [
         WorkerFailed("runtime_error", "index out of range", role="candidate"),
-        WorkerFailed("runtime_error", OOM, role="reference"),  # _problem_failed's to decide
+        WorkerFailed("runtime_error", "index out of range", role="reference"),  # the problem's
+        WorkerFailed("runtime_error", OOM, role="parent"),  # _parent_ran_out's to decide
         WorkerFailed("timeout", "no answer in 120 s", role="candidate"),
     ]
     for failure in others:
@@ -105,6 +113,38 @@ def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
     with pytest.raises(HarnessError, match="not through its own use"):
         problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
         evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+
+
+def test_a_reference_running_out_is_weighed_before_it_is_the_candidates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through a real evaluation (CPU): the reference worker's out-of-memory error reaches the room
+    check, whose verdict (forced here) ends the evaluation as a ``HarnessError``; without it the
+    failure stays the candidate's, since a candidate past its limit can starve the reference."""
+    from kbv import HarnessError, evaluate_paths
+    from kbv.evaluation import orchestrator
+
+    problem = tmp_path / "starved.py"
+    problem.write_text(
+        (ROOT / "src/kbv/suite/problems/level1/1_ReLU.py")
+        .read_text()
+        .replace("return torch.relu(x)", f"raise RuntimeError({REFERENCE_OOM!r})")
+    )
+    assert REFERENCE_OOM in problem.read_text()
+    honest = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    record = evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert record.outcome.value == "runtime_error"
+    assert record.error is not None and record.error["worker"] == "reference"  # whose failure it was
+    seen: list[WorkerFailed] = []
+
+    def kbvs(ctx, subject, failure, *rest):  # type: ignore[no-untyped-def]
+        seen.append(failure)
+        return f"{REFERENCE_RAN_OUT}: it needed 48.7 GiB"
+
+    monkeypatch.setattr(orchestrator, "_room_not_kept", kbvs)
+    with pytest.raises(HarnessError, match="beside a candidate within its limit"):
+        evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert [f.role for f in seen] == ["reference"] and "Tried to allocate 32.00 GiB" in seen[0].message
 
 
 PARENT_OOM = "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
@@ -198,10 +238,9 @@ def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(
     assert telemetry.device_process_bytes("cuda:0") is None  # nothing counted: nothing to decide on
 
 
-# KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07): the candidate (pid 30) ran
-# out in its first draw beside a reference computing the same draw's truth (32.7 GiB then); when its
-# failure reached the parent, the reference had handed its working memory back (1.5 GiB left), so
-# NVML showed the room as kept.
+# A candidate (pid 30) that runs out in its first draw beside a reference computing the same draw's
+# truth (32.2 GiB at its peak): when its failure reaches the parent, the reference has handed its
+# working memory back (1.5 GiB left), so NVML alone shows the room as kept.
 AFTER_THE_DRAW = {10: 1.22, 11: 1.5, 12: 0.65, 13: 0.65, 14: 0.65, 30: 16.71}
 
 
@@ -275,3 +314,66 @@ def test_a_gpu_workers_reply_says_its_allocators_peak_during_the_request() -> No
         span = worker.last_span
         assert span is not None and span.device_reserved_peak is not None
         assert span.device_reserved_peak >= 256 * (1 << 20) * 4  # at least the output's bytes
+
+
+# KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07): the reference worker (pid
+# 11), holding its 16 GiB float32 draw, asked for 32 GiB more for the float64 copy while the
+# candidate (pid 30) held 32.74 GiB of its 64 GiB; torch's message in the reference named the others.
+REFERENCE_OOM = (
+    "CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 79.18 GiB of "
+    "which 23.20 GiB is free. Including non-PyTorch memory, this process has 16.71 GiB memory in use."
+)
+BESIDE_THE_REFERENCE = {10: 1.22, 11: 16.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 32.74}
+
+
+def _reference_failed(peak_gib: float | None = 16.0) -> SimpleNamespace:
+    peak = None if peak_gib is None else int(peak_gib * GIB)
+    return _reference(RequestSpan(sent_at=10.0, replied_at=10.6, device_reserved_peak=peak))
+
+
+def test_a_reference_that_ran_out_beside_a_candidate_within_its_limit_is_kbvs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where what the reference needed, with kbv's other processes, leaves less than the candidate's
+    promised room, an honest candidate could not have avoided it: kbv's error, not the candidate's
+    ``runtime_error`` (which 45_Average_Pooling_2D was given)."""
+    failure = WorkerFailed("runtime_error", REFERENCE_OOM, role="reference")
+    ctx, subject = _case(monkeypatch, BESIDE_THE_REFERENCE, limit_gb=64.0)
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, _reference_failed())
+    assert said is not None and said.startswith(REFERENCE_RAN_OUT) and too_small_for_gpu(said)
+    # 16.71 held + 32.00 asked; with the parent's 1.22 and the spares' 2.06: 52.0 of 79.2
+    assert "it needed 48.7 GiB (what it held, 16.7 GiB at its allocator's peak, and the 32.0 GiB" in said
+    assert "needed 52.0 GiB of its 79.2 GiB, leaving 27.2 GiB of the 64.0 GiB" in said
+    assert "the candidate held 32.7 GiB, within it" in said and "the reference worker 48.7 GiB" in said
+    assert "not the candidate's failure" in said and "Tried to allocate 32.00 GiB" in said
+    # the reference's peak counts where NVML shows less (its working memory handed back)
+    handed_back = {**BESIDE_THE_REFERENCE, 11: 1.5}
+    ctx, subject = _case(monkeypatch, handed_back, limit_gb=64.0)
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, _reference_failed(16.0))
+    assert said is not None and "what it held, 16.0 GiB at its allocator's peak" in said
+
+
+def test_a_reference_that_ran_out_where_the_room_fitted_stays_the_candidates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The candidate past its limit, a GPU with room for both (a lower promise), no reference to ask,
+    or no figures: the candidate's failure, as before."""
+    failure = WorkerFailed("runtime_error", REFERENCE_OOM, role="reference")
+    past_its_limit = {**BESIDE_THE_REFERENCE, 30: 70.0}
+    cases = (
+        (past_its_limit, 64.0, _reference_failed()),
+        ({**BESIDE_THE_REFERENCE, 30: 10.0}, 20.0, _reference_failed()),
+        (BESIDE_THE_REFERENCE, 64.0, None),
+        (None, 64.0, _reference_failed()),
+    )
+    for usage, limit_gb, reference in cases:
+        ctx, subject = _case(monkeypatch, usage, limit_gb)
+        said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, reference)
+        assert said is None, (usage, limit_gb, reference)
+
+
+def test_the_size_a_trusted_worker_asked_for_is_read_from_torchs_message() -> None:
+    assert _asked_bytes(REFERENCE_OOM) == 32 * GIB
+    assert _asked_bytes("CUDA out of memory. Tried to allocate 256.00 MiB.") == 256 << 20
+    assert _asked_bytes("CUDA out of memory. Tried to allocate 512 bytes.") == 512
+    assert _asked_bytes("out of memory") == 0  # nothing said: nothing added

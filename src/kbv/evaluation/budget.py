@@ -4,6 +4,7 @@ leaves for the candidate, the candidate's widened limit (held in the evaluation'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -104,13 +105,15 @@ def _room_for_candidate(ctx: _Context, subject: Worker) -> None:
 #: How the ``HarnessError`` of :func:`_room_not_kept` begins: a sweep that resumes (the benchmarks'
 #: ``reference_as_candidate.py``) tells by it a problem too large for its GPU from a rejection.
 GPU_TOO_SMALL = "the GPU ran out of memory for the candidate, and not through its own use"
+#: How that error begins where the trusted reference worker ran out (:func:`_starved_reference`).
+REFERENCE_RAN_OUT = "the GPU ran out of memory for the reference worker, beside a candidate within its limit"
 #: How the ``HarnessError`` of :func:`_parent_ran_out` begins (kbv's own copies ran the GPU out).
 PARENT_RAN_OUT = "the GPU ran out of memory in kbv's parent process, and not through the candidate's use"
 
 
 def too_small_for_gpu(error: str) -> bool:
-    """Whether a harness error says the evaluation needs a GPU with more memory (either kind)."""
-    return GPU_TOO_SMALL in error or PARENT_RAN_OUT in error
+    """Whether a harness error says the evaluation needs a GPU with more memory (any of its kinds)."""
+    return any(start in error for start in (GPU_TOO_SMALL, REFERENCE_RAN_OUT, PARENT_RAN_OUT))
 
 
 def _holders(usage: dict[int, int], roles: dict[str, list[int]]) -> str:
@@ -127,6 +130,13 @@ def _holders(usage: dict[int, int], roles: dict[str, list[int]]) -> str:
     return ", ".join(parts)
 
 
+#: What closes both harness errors on a GPU that cannot keep the candidate's promised room.
+_NEEDS_MORE = (
+    "This problem needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
+    "device_memory_gb and device_memory_alone_share); this is not the candidate's failure."
+)
+
+
 def _room_not_kept(
     ctx: _Context,
     subject: Worker,
@@ -134,7 +144,7 @@ def _room_not_kept(
     roles: dict[str, list[int]] | None = None,
     reference: Worker | None = None,
 ) -> str | None:
-    """Why a candidate's running out of device memory is kbv's failure, not the candidate's, or None.
+    """Why a worker's running out of device memory is kbv's failure, not the candidate's, or None.
 
     kbv promises the candidate its device-memory limit in force (the room the reference leaves it:
     :func:`_room_for_candidate`). When the candidate reports running out while every other process
@@ -149,8 +159,9 @@ def _room_not_kept(
     count among the others. ``roles``: kbv's other processes by what they are (the parent, the
     reference worker, the spares), so the message says which held the room. ``reference``: its
     allocator's peak counts where its last request ran beside the failed one
-    (:func:`_with_reference_peak`)."""
-    if failure.role != "candidate" or "out of memory" not in failure.message.lower():
+    (:func:`_with_reference_peak`); where the reference itself ran out, :func:`_starved_reference`
+    decides."""
+    if failure.role not in ("candidate", "reference") or "out of memory" not in failure.message.lower():
         return None
     limits, total = subject.limits, ctx.gpu.device_total_bytes
     if not ctx.device.startswith("cuda") or limits is None or not limits.device_memory_gb or total <= 0:
@@ -161,6 +172,10 @@ def _room_not_kept(
     mine = set(subject.members())
     if not mine & usage.keys():  # NVML counts pids of another namespace: the candidate's use is unknown
         return None
+    promised = float(limits.device_memory_gb) * (1 << 30)
+    holders = {**(roles or {}), "the candidate": sorted(mine)}
+    if failure.role == "reference":
+        return _starved_reference(failure, usage, mine, promised, total, holders, reference)
     measured, usage = usage, _with_reference_peak(usage, reference, subject)
     at_peak = (
         " (the reference worker's figure: its peak during its request beside the candidate's)"
@@ -169,7 +184,6 @@ def _room_not_kept(
     )
     others = sum(held for pid, held in usage.items() if pid not in mine)
     gib = 1 << 30
-    promised = float(limits.device_memory_gb) * gib
     if total - others >= promised:
         return None
     return (
@@ -177,11 +191,68 @@ def _room_not_kept(
         f"and anything else) held "
         f"{others / gib:.1f} GiB of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB "
         f"of the {promised / gib:.1f} GiB the candidate's device-memory limit promises it "
-        f"({_holders(usage, {**(roles or {}), 'the candidate': sorted(mine)})}){at_peak}. This problem "
-        "needs a GPU with more memory under this protocol, or a smaller promise ([limits] "
-        "device_memory_gb and device_memory_alone_share); this is not the candidate's failure. The "
+        f"({_holders(usage, holders)}){at_peak}. {_NEEDS_MORE} The "
         f"candidate's worker said: {failure.message.splitlines()[0][:300]}"
     )
+
+
+def _starved_reference(
+    failure: WorkerFailed,
+    usage: dict[int, int],
+    mine: set[int],
+    promised: float,
+    total: int,
+    holders: dict[str, list[int]],
+    reference: Worker | None,
+) -> str | None:
+    """Why the trusted reference worker's running out of device memory is kbv's failure, or None.
+
+    The candidate may hold its whole promised room while the reference computes beside it. Where
+    what the reference needed (its allocator's peak in the failed request and what it then asked
+    for, by its own trusted account) with kbv's parent, the spares and anything else leaves less
+    than that room, no candidate within its limit could have kept the reference from running out:
+    KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07) had the reference, holding
+    its 16 GiB draw, ask for 32 GiB more for the float64 copy beside a candidate of 32.7 GiB, and was
+    recorded as the candidate's ``runtime_error``. Where the room fits, or the candidate holds more
+    than its limit now, the candidate took what was not its own: the failure stays its."""
+    gib = 1 << 30
+    candidate_held = sum(usage.get(pid, 0) for pid in mine)
+    if reference is None or candidate_held > promised:
+        return None
+    pids = [p for p in reference.members() if p in usage] or reference.members()[:1]
+    if not pids:
+        return None
+    span = reference.last_span  # its failed request's: the reply that raised was read last
+    peak = span.device_reserved_peak if span is not None and span.device_reserved_peak else 0
+    held_now = sum(usage.get(p, 0) for p in pids)
+    asked = _asked_bytes(failure.message)
+    needed = {pid: held for pid, held in usage.items() if pid not in pids}
+    needed[pids[0]] = max(held_now, peak) + asked
+    others = sum(held for pid, held in needed.items() if pid not in mine)
+    if total - others >= promised:
+        return None
+    return (
+        f"{REFERENCE_RAN_OUT}: it needed {needed[pids[0]] / gib:.1f} GiB (what it held, "
+        f"{max(held_now, peak) / gib:.1f} GiB at its allocator's peak, and the {asked / gib:.1f} GiB it "
+        f"then asked for); with kbv's parent, the spare workers and anything else, the processes "
+        f"other than the candidate needed {others / gib:.1f} GiB of its {total / gib:.1f} GiB, "
+        f"leaving {(total - others) / gib:.1f} GiB of the {promised / gib:.1f} GiB the candidate's "
+        f"device-memory limit promises it, and the candidate held {candidate_held / gib:.1f} GiB, "
+        f"within it ({_holders(needed, holders)}). {_NEEDS_MORE} The reference worker said: "
+        f"{failure.message.splitlines()[0][:300]}"
+    )
+
+
+#: torch's out-of-memory message: "Tried to allocate 32.00 GiB" (c10's format_size units).
+_ASKED = re.compile(r"Tried to allocate ([0-9.]+) (bytes|KiB|MiB|GiB)")
+_UNIT_BYTES = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def _asked_bytes(message: str) -> int:
+    """The allocation a trusted worker's out-of-memory error says it asked for (0 where the message
+    does not say: that can only understate what it needed)."""
+    found = _ASKED.search(message)
+    return int(float(found.group(1)) * _UNIT_BYTES[found.group(2)]) if found else 0
 
 
 def _with_reference_peak(usage: dict[int, int], reference: Worker | None, subject: Worker) -> dict[int, int]:
@@ -221,9 +292,7 @@ def _parent_ran_out(ctx: _Context, subject: Worker, error: BaseException, roles:
     return (
         f"{PARENT_RAN_OUT}: during {ctx.found.failed_phase or 'the evaluation'}, with the candidate "
         f"within its limits (its device-memory limit promises it {promise} of the GPU's "
-        f"{ctx.gpu.device_total_bytes / (1 << 30):.1f} GiB). On the GPU: {held}. This problem needs a "
-        "GPU with more memory under this protocol, or a smaller promise ([limits] device_memory_gb "
-        "and device_memory_alone_share); this is not the candidate's failure. torch said: "
+        f"{ctx.gpu.device_total_bytes / (1 << 30):.1f} GiB). On the GPU: {held}. {_NEEDS_MORE} torch said: "
         f"{str(error).splitlines()[0][:300] if str(error) else type(error).__name__}"
     )
 

@@ -418,7 +418,8 @@ def _problem_failed(failure: WorkerFailed) -> bool:
     """Whether a failure during the evaluation is the problem's own: its code raised in the
     reference worker (``get_inputs`` or ``forward`` on some input). A reference that was killed,
     timed out or ran out of memory while the candidate ran could have been starved by the candidate,
-    so that stays the candidate's outcome."""
+    so that stays the candidate's outcome (where the GPU could not hold the reference beside the
+    candidate's promised room, ``_room_not_kept`` has made it kbv's ``HarnessError`` before)."""
     if failure.role != "reference" or failure.kind not in ("runtime_error", "import_error", "compile_error"):
         return False
     return "out of memory" not in failure.message.lower()
