@@ -122,6 +122,7 @@ def _row(name: str, tf32: bool, record) -> dict:
         "fail_findings": [(f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"],
         "structure": record.seeds.get("structure"),
         "error": (record.error or {}).get("message", "")[:1500],
+        "error_worker": (record.error or {}).get("worker"),  # which worker failed: a sweep's first question
         "phases_s": {k: round(v, 3) for k, v in record.phases_s.items()},
         "gpu": record.isolation.get("gpu"),
         "baselines": sorted((record.timing or {}).get("baselines") or {}),

@@ -128,6 +128,7 @@ def test_exception_in_forward_is_runtime_error_with_traceback() -> None:
     record = _eval("relu_raises.py")
     assert record.outcome == "runtime_error"
     assert record.error and "ValueError" in record.error["traceback"]
+    assert record.error["worker"] == "candidate"
 
 
 def test_import_failure_is_runtime_error_of_kind_import() -> None:

@@ -122,6 +122,8 @@ def _failure_record(ctx: _Context, hello: wire_replies.Hello | None, failure: Wo
         "message": _trim(failure.message),
         "traceback": _trim(str(failure.details.get("traceback", "")), 6000),
     }
+    if failure.role:  # a candidate's outcome can come from the reference's failure beside it
+        error["worker"] = failure.role
     if failure.kind == "resource_limit":  # which limit, and the figure that exceeded it
         error["limit"] = {k: failure.details.get(k) for k in ("limit", "figure", "allowed", "unit")}
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
