@@ -83,7 +83,7 @@ def test_only_a_workers_out_of_memory_on_a_gpu_is_looked_at(monkeypatch: pytest.
     others = [
         WorkerFailed("runtime_error", "index out of range", role="candidate"),
         WorkerFailed("runtime_error", "index out of range", role="reference"),  # the problem's
-        WorkerFailed("runtime_error", OOM, role="parent"),  # _parent_ran_out's to decide
+        WorkerFailed("runtime_error", OOM),  # no worker named: not a worker's room to weigh
         WorkerFailed("timeout", "no answer in 120 s", role="candidate"),
     ]
     for failure in others:
@@ -326,9 +326,9 @@ REFERENCE_OOM = (
 BESIDE_THE_REFERENCE = {10: 1.22, 11: 16.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 32.74}
 
 
-def _reference_failed(peak_gib: float | None = 16.0) -> SimpleNamespace:
-    peak = None if peak_gib is None else int(peak_gib * GIB)
-    return _reference(RequestSpan(sent_at=10.0, replied_at=10.6, device_reserved_peak=peak))
+def _reference_failed(peak_gib: float = 16.0) -> SimpleNamespace:
+    """The reference worker, its failed request's span carrying its allocator's peak."""
+    return _reference(RequestSpan(sent_at=10.0, replied_at=10.6, device_reserved_peak=int(peak_gib * GIB)))
 
 
 def test_a_reference_that_ran_out_beside_a_candidate_within_its_limit_is_kbvs(
@@ -342,7 +342,7 @@ def test_a_reference_that_ran_out_beside_a_candidate_within_its_limit_is_kbvs(
     said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, _reference_failed())
     assert said is not None and said.startswith(REFERENCE_RAN_OUT) and too_small_for_gpu(said)
     # 16.71 held + 32.00 asked; with the parent's 1.22 and the spares' 2.06: 52.0 of 79.2
-    assert "it needed 48.7 GiB (what it held, 16.7 GiB at its allocator's peak, and the 32.0 GiB" in said
+    assert "it needed 48.7 GiB (what it held, 16.7 GiB by NVML or its allocator's peak, and the 32.0" in said
     assert "needed 52.0 GiB of its 79.2 GiB, leaving 27.2 GiB of the 64.0 GiB" in said
     assert "the candidate held 32.7 GiB, within it" in said and "the reference worker 48.7 GiB" in said
     assert "not the candidate's failure" in said and "Tried to allocate 32.00 GiB" in said
@@ -350,7 +350,7 @@ def test_a_reference_that_ran_out_beside_a_candidate_within_its_limit_is_kbvs(
     handed_back = {**BESIDE_THE_REFERENCE, 11: 1.5}
     ctx, subject = _case(monkeypatch, handed_back, limit_gb=64.0)
     said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES, _reference_failed(16.0))
-    assert said is not None and "what it held, 16.0 GiB at its allocator's peak" in said
+    assert said is not None and "what it held, 16.0 GiB by NVML or its allocator's peak" in said
 
 
 def test_a_reference_that_ran_out_where_the_room_fitted_stays_the_candidates(

@@ -233,12 +233,13 @@ def _starved_reference(
         return None
     return (
         f"{REFERENCE_RAN_OUT}: it needed {needed[pids[0]] / gib:.1f} GiB (what it held, "
-        f"{max(held_now, peak) / gib:.1f} GiB at its allocator's peak, and the {asked / gib:.1f} GiB it "
-        f"then asked for); with kbv's parent, the spare workers and anything else, the processes "
-        f"other than the candidate needed {others / gib:.1f} GiB of its {total / gib:.1f} GiB, "
-        f"leaving {(total - others) / gib:.1f} GiB of the {promised / gib:.1f} GiB the candidate's "
-        f"device-memory limit promises it, and the candidate held {candidate_held / gib:.1f} GiB, "
-        f"within it ({_holders(needed, holders)}). {_NEEDS_MORE} The reference worker said: "
+        f"{max(held_now, peak) / gib:.1f} GiB by NVML or its allocator's peak, and the "
+        f"{asked / gib:.1f} GiB it then asked for); with kbv's parent, the spare workers and "
+        f"anything else, the processes other than the candidate needed {others / gib:.1f} GiB "
+        f"of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB of the "
+        f"{promised / gib:.1f} GiB the candidate's device-memory limit promises it, and the "
+        f"candidate held {candidate_held / gib:.1f} GiB, within it "
+        f"({_holders(needed, holders)}). {_NEEDS_MORE} The reference worker said: "
         f"{failure.message.splitlines()[0][:300]}"
     )
 
