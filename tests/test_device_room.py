@@ -34,6 +34,14 @@ H100_TOTAL = int(79.18 * GIB)
 H100_USAGE = {10: 14.69, 11: 7.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 49.72}
 KBV_PROCESSES = {"kbv's parent": [10], "the reference worker": [11], "the spare workers": [12, 13, 14]}
 OOM = "CUDA out of memory. Tried to allocate 7.00 GiB. GPU 0 has a total capacity of 79.18 GiB"
+# KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07): the reference worker (pid
+# 11), holding its 16 GiB float32 draw, asked for 32 GiB more for the float64 copy while the
+# candidate (pid 30) held 32.74 GiB of its 64 GiB; torch's message in the reference named the others.
+REFERENCE_OOM = (
+    "CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 79.18 GiB of "
+    "which 23.20 GiB is free. Including non-PyTorch memory, this process has 16.71 GiB memory in use."
+)
+BESIDE_THE_REFERENCE = {10: 1.22, 11: 16.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 32.74}
 
 
 def _case(monkeypatch: pytest.MonkeyPatch, usage: dict[int, float] | None, limit_gb: float = 59.4):
@@ -314,16 +322,6 @@ def test_a_gpu_workers_reply_says_its_allocators_peak_during_the_request() -> No
         span = worker.last_span
         assert span is not None and span.device_reserved_peak is not None
         assert span.device_reserved_peak >= 256 * (1 << 20) * 4  # at least the output's bytes
-
-
-# KernelBench's 45_Average_Pooling_2D with TF32 on an H100 (2026-12-07): the reference worker (pid
-# 11), holding its 16 GiB float32 draw, asked for 32 GiB more for the float64 copy while the
-# candidate (pid 30) held 32.74 GiB of its 64 GiB; torch's message in the reference named the others.
-REFERENCE_OOM = (
-    "CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 79.18 GiB of "
-    "which 23.20 GiB is free. Including non-PyTorch memory, this process has 16.71 GiB memory in use."
-)
-BESIDE_THE_REFERENCE = {10: 1.22, 11: 16.71, 12: 0.72, 13: 0.62, 14: 0.72, 30: 32.74}
 
 
 def _reference_failed(peak_gib: float = 16.0) -> SimpleNamespace:

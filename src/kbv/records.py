@@ -200,6 +200,8 @@ class Record:
     )
     seeds: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
+    # kind, summary, message, traceback; worker (whose failure: candidate or reference); limit
+    # (resource_limit); blame (problem_error)
     error: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)

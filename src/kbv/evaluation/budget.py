@@ -219,21 +219,17 @@ def _starved_reference(
     candidate_held = sum(usage.get(pid, 0) for pid in mine)
     if reference is None or candidate_held > promised:
         return None
-    pids = [p for p in reference.members() if p in usage] or reference.members()[:1]
-    if not pids:
-        return None
     span = reference.last_span  # its failed request's: the reply that raised was read last
     peak = span.device_reserved_peak if span is not None and span.device_reserved_peak else 0
-    held_now = sum(usage.get(p, 0) for p in pids)
+    _, held = _with_reference_at_least(usage, reference, peak)
     asked = _asked_bytes(failure.message)
-    needed = {pid: held for pid, held in usage.items() if pid not in pids}
-    needed[pids[0]] = max(held_now, peak) + asked
-    others = sum(held for pid, held in needed.items() if pid not in mine)
+    needed, reference_needed = _with_reference_at_least(usage, reference, held + asked)
+    others = sum(bytes_ for pid, bytes_ in needed.items() if pid not in mine)
     if total - others >= promised:
         return None
     return (
-        f"{REFERENCE_RAN_OUT}: it needed {needed[pids[0]] / gib:.1f} GiB (what it held, "
-        f"{max(held_now, peak) / gib:.1f} GiB by NVML or its allocator's peak, and the "
+        f"{REFERENCE_RAN_OUT}: it needed {reference_needed / gib:.1f} GiB (what it held, "
+        f"{held / gib:.1f} GiB by NVML or its allocator's peak, and the "
         f"{asked / gib:.1f} GiB it then asked for); with kbv's parent, the spare workers and "
         f"anything else, the processes other than the candidate needed {others / gib:.1f} GiB "
         f"of its {total / gib:.1f} GiB, leaving {(total - others) / gib:.1f} GiB of the "
@@ -260,21 +256,27 @@ def _with_reference_peak(usage: dict[int, int], reference: Worker | None, subjec
     """NVML's figures, the reference worker's raised to its allocator's peak during its last request
     where that request ran beside the candidate's failed one. The reference hands its working memory
     back before it replies, and the parent reads its reply first, so by the time the candidate's
-    failure arrives NVML no longer shows what the reference held beside it: on an H100 (2026-12-07)
-    KernelBench's 45_Average_Pooling_2D ran out in its first draw beside a reference of 32.7 GiB and
-    was recorded as the candidate's ``runtime_error``. The peak is the trusted worker's own account
-    (a candidate's is never read) and counts its allocator's reservation only, not its CUDA
-    context: it can only understate what the reference held."""
+    failure arrives NVML no longer shows what the reference held beside it. The peak is the trusted
+    worker's own account (a candidate's is never read) and counts its allocator's reservation only,
+    not its CUDA context: it can only understate what the reference held."""
     if reference is None:
         return usage
     span, failed = reference.last_span, subject.last_span
     if span is None or failed is None or span.device_reserved_peak is None or not span.overlaps(failed):
         return usage
+    return _with_reference_at_least(usage, reference, span.device_reserved_peak)[0]
+
+
+def _with_reference_at_least(
+    usage: dict[int, int], reference: Worker, floor: int
+) -> tuple[dict[int, int], int]:
+    """NVML's figures with the reference worker's raised to ``floor`` bytes where NVML shows less
+    (the excess on the first of its pids), and the reference's figure then."""
     pids = [p for p in reference.members() if p in usage] or reference.members()[:1]
     now = sum(usage.get(p, 0) for p in pids)
-    if not pids or span.device_reserved_peak <= now:
-        return usage
-    return {**usage, pids[0]: usage.get(pids[0], 0) + span.device_reserved_peak - now}
+    if not pids or floor <= now:
+        return usage, now
+    return {**usage, pids[0]: usage.get(pids[0], 0) + floor - now}, floor
 
 
 def _parent_ran_out(ctx: _Context, subject: Worker, error: BaseException, roles: dict[str, list[int]]) -> str:
