@@ -122,9 +122,10 @@ def main() -> int:
             outcomes[str(record.outcome)] = outcomes.get(str(record.outcome), 0) + 1
             flagged = [(f.check, f.severity, f.detail[:160]) for f in record.findings if f.severity != "info"]
             if record.outcome != "passed" or flagged:
+                failed = [(d.name, d.note) for d in record.distributions if d.applicable and not d.passed]
                 print(
                     f"  {candidate.name}: {record.outcome} seed={record.seeds['master']} findings={flagged} "
-                    f"dists={[(d.name, d.passed, d.note) for d in record.distributions if not d.passed]}",
+                    f"dists={failed}",
                     flush=True,
                 )
             if out:

@@ -53,6 +53,7 @@ def _draw_loop(monkeypatch: pytest.MonkeyPatch, held: str) -> tuple[list[bool], 
         device="cpu",
         gpu=_GpuState(held=held),
         found=_Found(),
+        longest_reduction=1,  # known, as after a problem's first draw
     )
     result = draws._check_distribution(ctx, None, None, "original")  # type: ignore[arg-type]
     assert result.passed

@@ -32,12 +32,12 @@ CANDIDATES = ROOT / "tests" / "fixtures" / "candidates" / "precision"
 LONG_SUM = PROBLEMS / "long_row_sum.py"
 
 #: The fp32 protocols' hashes: `standard` v1's as it was before precisions existed, `verified`'s
-#: as of v10 (v9 hashed b891652c..., v8 715559c7..., v6 f37f73f7..., v5 1d8f1c7c..., v4
+#: as of v11 (v10 hashed ccc891ae..., v9 b891652c..., v8 715559c7..., v6 f37f73f7..., v5 1d8f1c7c..., v4
 #: 11db7311..., v3 24268ea1... before and after precisions came). An fp32 record keeps its
 #: protocol hash; a deliberate change of a built-in protocol's settings updates these with its
 #: version.
 STANDARD_FP32_SHA256 = "6d50060cdd3d71494173451c5cea328b10fd9c407ed2cf39c84055f600f06ceb"
-VERIFIED_FP32_SHA256 = "ccc891ae8a50fb885b23e46676a1b617d45aef005b36f96fe23d92f976dc52d6"
+VERIFIED_FP32_SHA256 = "a3bbcc70f0acff5dc2854f1fe9a26bbec58540f3dea6c98a0107dcea8a66b0f0"
 
 
 def test_fp32_protocol_hash_is_unchanged() -> None:
@@ -48,7 +48,7 @@ def test_fp32_protocol_hash_is_unchanged() -> None:
 
 
 def test_verified_fp32_hash_is_unchanged() -> None:
-    assert VERIFIED.version == 10 and VERIFIED.sha256() == VERIFIED_FP32_SHA256
+    assert VERIFIED.version == 11 and VERIFIED.sha256() == VERIFIED_FP32_SHA256
 
 
 def test_precision_is_in_the_hash_and_reads_back() -> None:

@@ -70,15 +70,15 @@ def test_a_stored_protocol_naming_a_folded_check_reads_with_its_successor() -> N
     assert protocol.integrity.severity_for("timed_call_outputs", "fail") == "warn"
 
 
-def test_the_verified_v3_candidate_is_verified_with_spiked_added() -> None:
-    from dataclasses import replace
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "protocols" / "verified-spiked.toml"
-    candidate = load_protocol(path)
-    assert candidate.correctness.distributions == VERIFIED.correctness.distributions + ("spiked",)
-    # nothing else moves: the audit compares the two on the distribution alone
-    same = replace(candidate, name=VERIFIED.name, version=VERIFIED.version)
-    assert replace(same, correctness=VERIFIED.correctness) == VERIFIED
+def test_verified_draws_spiked_only_where_an_output_reduces_long() -> None:
+    """Version 11 adds `spiked` for outputs that reduce 256 input elements or more; `standard` and
+    its hash stay as they were (the new settings are written only when set)."""
+    settings = VERIFIED.correctness
+    assert VERIFIED.version == 11 and settings.distributions[-1] == "spiked"
+    assert settings.long_reduction_distributions == ("spiked",) and settings.long_reduction_min == 256
+    assert "long_reduction_min" not in STANDARD.to_dict()["correctness"]
+    stored = protocol_from_dict({**VERIFIED.to_dict(), "base": "standard"})
+    assert stored == VERIFIED  # a record's settings read back to the same protocol
 
 
 #: ``standard``'s hash before ``timing.unseen_inputs`` existed: records and stores keep matching it.
@@ -89,7 +89,7 @@ def test_verified_times_unseen_inputs_and_standard_stays_kernelbenchs() -> None:
     """Only ``verified`` moves: version 4 gives every timed call an input set of its own, version 5
     judges three secretly picked calls a round; ``standard`` times its one set again and again, as
     KernelBench does, with the hash it had."""
-    assert VERIFIED.version == 10 and VERIFIED.timing.unseen_inputs
+    assert VERIFIED.version == 11 and VERIFIED.timing.unseen_inputs
     assert VERIFIED.timing.judged_calls == 3
     assert STANDARD.version == 1 and not STANDARD.timing.unseen_inputs
     assert STANDARD.timing.judged_calls == 0

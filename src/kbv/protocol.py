@@ -62,6 +62,14 @@ class CorrectnessSettings:
     reduction_block: int = 0
     reduction_floor_cap: float = 1e-3
     redraw_parameters: bool = False
+    # Distributions drawn only where an output element reduces at least ``long_reduction_min`` input
+    # elements (:func:`kbv.correctness.reduction_lengths`, from the first draw's outputs); elsewhere
+    # they are recorded as not applicable, with why. ``spiked`` is there for a kernel that reads a
+    # subset of a long reduction, which hides under the floors on inputs alike everywhere; where
+    # nothing reduces, every other distribution already sees a subset, and the draw only costs time
+    # (docs/correctness.md, "Input distributions").
+    long_reduction_distributions: tuple[str, ...] = ()
+    long_reduction_min: int = 0
     # Re-runs of a failing draw on the same inputs before it counts: a failure that does not repeat
     # is a transient (see docs/correctness.md), reported by the ``transient_mismatch`` check.
     confirm_reruns: int = 2
@@ -245,6 +253,8 @@ def check_precision(precision: str) -> str:
 #: Settings added after protocols were first hashed: written (and hashed) only when set, so a
 #: protocol that leaves them off keeps the hash its records and stores already carry.
 _WRITTEN_WHEN_SET = (
+    ("correctness", "long_reduction_distributions"),
+    ("correctness", "long_reduction_min"),
     ("timing", "unseen_inputs"),
     ("timing", "judged_calls"),
     ("timing", "stop_when_futile"),
@@ -295,13 +305,19 @@ STANDARD = Protocol(
 # granted (docs/integrity-dynamic.md, "Timing disagreement on a busy machine"); before, a claimed
 # speedup more than twice the bracket's failed, and an honest thread pool per call failed on CI's
 # two cores.
+# Version 11: the ``spiked`` distribution where an output element reduces 256 input elements or more
+# (docs/correctness.md, "Input distributions"). A loss that read every other element of its inputs
+# passed every distribution of version 10 at bf16 on an H100 (96_HuberLoss, 2026-12-07,
+# results/2026-12-07-h100-bf16-audit-sweeps-acceptance/), as it had v2's in fp32 on the H200.
 VERIFIED = Protocol(
     name="verified",
-    version=10,
+    version=11,
     correctness=CorrectnessSettings(
         mode="error_model",
         reduction_block=256,
-        distributions=("original", "signed", "wide", "shifted", "blockwise", "sparse"),
+        distributions=("original", "signed", "wide", "shifted", "blockwise", "sparse", "spiked"),
+        long_reduction_distributions=("spiked",),
+        long_reduction_min=256,
         draws_per_distribution=2,
         redraw_parameters=True,
         secret_seeds=True,

@@ -143,6 +143,9 @@ class _Context:
     # Input invariants: a replayed record's own, else inferred once (see _structure).
     replay_structure: list[Any] | None = None
     structure: InputStructure | None = None
+    # How many input elements an output element reduces at most, from the first correctness draw:
+    # which of the protocol's ``long_reduction_distributions`` are drawn (kbv.evaluation.draws).
+    longest_reduction: int | None = None
     found: _Found = field(default_factory=_Found)
     gpu: _GpuState = field(default_factory=_GpuState)
     cache: _ReferenceCache = field(default_factory=_ReferenceCache)

@@ -36,6 +36,10 @@ def _check_distributions(
     settings = ctx.protocol.correctness
     results: list[DistributionResult] = []
     for distribution in settings.distributions:
+        unneeded = _without_long_reduction(ctx, distribution)
+        if unneeded is not None:
+            results.append(unneeded)
+            continue
         # A part of the correctness phase, kept apart: parameters redrawn by the reference and given
         # to the candidate (``_redrawn_state``).
         pending = _phase(
@@ -47,6 +51,29 @@ def _check_distributions(
         if pending is not None:  # (its reply was read before the first draw's, and kept for its id)
             _note_build(ctx, subject.receive_reply(pending))
     return results
+
+
+def _without_long_reduction(ctx: _Context, distribution: str) -> DistributionResult | None:
+    """A distribution drawn only for long reductions, not applicable where the first draw's outputs
+    reduce fewer input elements (nothing is built or drawn for it); None where it is drawn. Before
+    any draw the length is not known, and the distribution is drawn."""
+    settings = ctx.protocol.correctness
+    longest = ctx.longest_reduction
+    if distribution not in settings.long_reduction_distributions or longest is None:
+        return None
+    if longest >= settings.long_reduction_min:
+        return None
+    note = (
+        f"drawn only where an output element reduces at least {settings.long_reduction_min} input "
+        f"elements; here at most {longest}: not counted"
+    )
+    return DistributionResult(distribution, applicable=False, passed=False, note=note, draws=0)
+
+
+def _longest_reduction(ctx: _Context, expected: dict[str, Any]) -> int:
+    """How many input elements an output element of this problem reduces at most (1 when none)."""
+    outputs = (expected.get("truth") or expected.get("reference") or {}).get("outputs") or []
+    return max(correctness.reduction_lengths(_structure(ctx).numels, outputs), default=1)
 
 
 def _note_build(ctx: _Context, reply: wire_replies.Reply) -> None:
@@ -150,6 +177,8 @@ def _check_distribution(
         variant = used
         if ctx.gpu.output_numels is None:
             ctx.gpu.output_numels = _output_numels(expected)
+        if ctx.longest_reduction is None:
+            ctx.longest_reduction = _longest_reduction(ctx, expected)
         if ctx.gpu.on_first_outputs is not None:
             hook, ctx.gpu.on_first_outputs = ctx.gpu.on_first_outputs, None
             hook(expected)
