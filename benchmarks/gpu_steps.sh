@@ -128,12 +128,15 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
 
 # REF_LEVEL: the KernelBench level the ref steps sweep (default level1; rows of another level go to
 # ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's); REF_ARGS: more arguments, e.g.
-# "--retry-too-small" on an H200 for the problems an 80 GB card was too small for
+# "--retry-too-small" on an H200 for the problems an 80 GB card was too small for; REF_TAG: rows of
+# their own (ref_<kind>[_<level>]_<tag>.jsonl), e.g. REF_TAG=v11 REF_ARGS=--long-reductions for a
+# protocol's new distribution on the problems it applies to, which the finished sweeps' rows skip
 step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluations
     local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl"
     [ "$1" = tf32 ] && flag="--tf32"
     [ "$1" = bf16 ] && flag="--precision bf16"
     [ "$level" != level1 ] && rows="ref_$1_$level.jsonl"
+    [ -n "${REF_TAG:-}" ] && rows="${rows%.jsonl}_${REF_TAG}.jsonl"
     seed_from_kb "$rows"
     # shellcheck disable=SC2086
     python benchmarks/reference_as_candidate.py "$KB/$level" --device cuda $flag \
@@ -161,7 +164,7 @@ step_compare() {
 }
 
 # AUDIT_ARGS: more arguments for both audit steps, e.g. the protocols to compare (default
-# standard and verified): AUDIT_ARGS="--protocol verified --protocol benchmarks/protocols/verified-spiked.toml"
+# standard and verified): AUDIT_ARGS="--protocol verified --protocol my-candidate.toml"
 step_audit() {  # issue 17's GPU sample, part after part in one process: stored pairs are not evaluated again
     seed_from_kb audit.sqlite
     local k=1 rc

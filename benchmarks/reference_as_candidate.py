@@ -20,6 +20,11 @@ A problem the GPU is too small for under ``verified`` (kbv's ``HarnessError`` sa
 processes left the candidate less than its device limit) is settled too, and counted apart from the
 rejections: run again on a GPU with more memory with ``--retry-too-small``.
 
+``--long-reductions`` keeps only the problems where ``verified`` draws its long-reduction
+distributions (``spiked``): an output element reduces at least ``long_reduction_min`` input
+elements. The lengths come from shapes alone, the problem run on PyTorch's meta device; a problem
+whose shapes cannot be found that way is kept.
+
 Static findings that name the reference's own operators (``reference_operator``) are warnings by
 design; a ``fail`` finding or an outcome other than ``passed`` is what the lead must fix or explain.
 """
@@ -27,13 +32,17 @@ design; a ``fail`` finding or an outcome other than ``passed`` is what the lead 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from kbv.candidates import load_candidate
+from kbv.correctness import reduction_lengths
 from kbv.evaluation.budget import too_small_for_gpu
 from kbv.execute import make_executor
 from kbv.problems import check_importable, discover, load_problem
@@ -130,6 +139,25 @@ def _row(name: str, tf32: bool, record) -> dict:
     }
 
 
+def reduces_long(path: Path, minimum: int) -> bool:
+    """Whether an output element of the problem at ``path`` reduces at least ``minimum`` input
+    elements (:func:`kbv.correctness.reduction_lengths`), from shapes on the meta device: nothing
+    is allocated, so a 1e9-element problem costs nothing. True where the shapes cannot be found."""
+    try:
+        spec = importlib.util.spec_from_file_location(f"_kbv_shapes_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        with torch.device("meta"):
+            spec.loader.exec_module(module)
+            inputs = module.get_inputs()
+            out = module.Model(*module.get_init_inputs())(*inputs)
+    except Exception:  # noqa: BLE001 - an operator without a meta kernel: evaluate the problem
+        return True
+    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+    numels = [t.numel() for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return max(reduction_lengths(numels, outputs), default=1) >= minimum
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problems", type=Path, help="a problem file or directory (e.g. KernelBench level1)")
@@ -146,14 +174,21 @@ def main() -> int:
         action="store_true",
         help="evaluate again the problems an earlier run's GPU was too small for (on a larger GPU)",
     )
+    ap.add_argument(
+        "--long-reductions",
+        action="store_true",
+        help="only the problems where verified draws its long-reduction distributions (spiked)",
+    )
     args = ap.parse_args()
     index, count = (int(x) for x in args.shard.split("/"))
     files = [f for k, f in enumerate(discover(args.problems)) if k % count == index]
+    protocol = load_protocol("verified").with_precision(args.precision)
+    if args.long_reductions:
+        files = [f for f in files if reduces_long(f, protocol.correctness.long_reduction_min)]
     done = _done(args.out, args.precision, args.runs, args.retry_too_small)
     todo = [f for f in files for _ in range(args.runs - done.get(f.stem, 0))]
     if args.tf32:  # where TF32 changes the numbers first: a call cut by its budget proves those
         todo.sort(key=lambda f: not uses_tf32_ops(f.read_text()))
-    protocol = load_protocol("verified").with_precision(args.precision)
     started = time.monotonic()
     counts = {"failures": 0, "too_small": 0, "left": 0}
     with tempfile.TemporaryDirectory(prefix="kbv-ref-cand-") as tmp, args.out.open("a") as out:

@@ -36,3 +36,29 @@ def test_a_problem_too_large_for_the_gpu_is_settled_and_a_rejection_starts_again
     assert sweep._too_small({"outcome": "harness_error", "error": parent})  # kbv's own copies, too
     claimed = {"outcome": "runtime_error", "error": f"{GPU_TOO_SMALL} (the candidate's own words)"}
     assert not sweep._too_small(claimed)
+
+
+def _problem(tmp_path: Path, name: str, forward: str, inputs: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import torch\n\n"
+        "class Model(torch.nn.Module):\n"
+        f"    def forward(self, x):\n        return {forward}\n\n"
+        f"def get_inputs():\n    return [{inputs}]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+def test_long_reductions_are_found_from_shapes_alone(tmp_path: Path) -> None:
+    """`--long-reductions` keeps the problems where `verified` draws `spiked`: a mean over 1e9
+    elements is found on the meta device without allocating them; an elementwise op is left out,
+    and a problem whose shapes cannot be found that way is kept."""
+    mean = _problem(tmp_path, "mean", "x.mean()", "torch.rand(32768, 32768)")
+    relu = _problem(tmp_path, "relu", "torch.relu(x)", "torch.rand(32768, 32768)")
+    row_sum = _problem(tmp_path, "row_sum", "x.sum(dim=1)", "torch.rand(16, 255)")
+    opaque = _problem(tmp_path, "opaque", "torch.tensor(x.tolist()).sum()", "torch.rand(4, 4)")
+    assert sweep.reduces_long(mean, 256)
+    assert not sweep.reduces_long(relu, 256)
+    assert not sweep.reduces_long(row_sum, 256) and sweep.reduces_long(row_sum, 255)
+    assert sweep.reduces_long(opaque, 256)
