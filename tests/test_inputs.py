@@ -506,3 +506,52 @@ def test_a_parameter_no_reset_covers_is_permuted_on_its_own_device():
     assert a["scale"].device == before.device
     assert torch.equal(a["scale"].sort().values, before.sort().values)
     assert torch.equal(a["scale"], redraw_parameters(net, "original", 1)["scale"])
+
+
+def _tensors(draw: list) -> list:
+    found: list = []
+    inputs._map_tensors(draw, lambda t: found.append(t) or t)
+    return found
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_a_draw_upcast_from_the_host_is_the_draw_upcast_on_its_device(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """Where the device is short of room the reference makes a draw's float64 copy from a host copy,
+    a step at a time: the same values, dtypes, layouts and devices as ``upcast_draw``, every tensor
+    a copy, and the draw's other values as they were."""
+    monkeypatch.setattr(inputs, "HOST_UPCAST_STEP", 7)  # many steps, the last one partial
+    x = torch.rand(5, 13, device=device)
+    draw = [
+        x,
+        [x.t(), 3],  # another layout: converted whole
+        (torch.rand(2, 3, 4, 5, device=device).to(memory_format=torch.channels_last),),
+        torch.randint(0, 9, (4,), device=device),
+        torch.rand(6, device=device).bfloat16(),
+        torch.empty(0, device=device),
+        1.5,
+    ]
+    host = inputs.draw_to_host(draw)
+    assert all(t.device.type == "cpu" for t in _tensors(host))
+    made = inputs.upcast_from_host(host, device)
+    expected = inputs.upcast_draw(draw)
+    for got, want in zip(_tensors(made), _tensors(expected), strict=True):
+        assert got.dtype == want.dtype and got.device == want.device
+        assert got.stride() == want.stride() and torch.equal(got, want)
+    assert made[1][1] == 3 and made[-1] == 1.5 and isinstance(made[2], tuple)
+    originals = {t.data_ptr() for t in _tensors(draw) + _tensors(host)}
+    assert not originals & {t.data_ptr() for t in _tensors(made) if t.numel()}  # copies
+    assert inputs.draw_bytes(draw, as_float64=True) == 8 * (65 + 65 + 120 + 6 + 0) + 8 * 4

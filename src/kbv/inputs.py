@@ -334,12 +334,45 @@ def upcast_draw(args: list) -> list:
     return [_map_tensors(a, copy) for a in args]
 
 
-def draw_bytes(args: list) -> int:
-    """Bytes of every tensor of a draw, nested ones included."""
+#: Elements per step of :func:`upcast_from_host` (256 MiB of float32): the host converts one step
+#: to float64 before it is copied to the device, so the host holds a step's float64 copy, no more.
+HOST_UPCAST_STEP = 1 << 26
+
+
+def draw_to_host(args: list) -> list:
+    """Every tensor of a draw copied into the host's memory, nested ones included, the rest as is."""
+    return [_map_tensors(a, lambda t: t.to("cpu", copy=True)) for a in args]
+
+
+def upcast_from_host(args: list, device: torch.device | str) -> list:
+    """:func:`upcast_draw` of a draw held by the host (:func:`draw_to_host`), made on ``device``:
+    each floating tensor reaches it as float64 one step at a time, so a device that held the draw
+    never holds its float32 values beside their float64 copy (the caller has let the draw go).
+    Values and layouts are :func:`upcast_draw`'s: float32 values are exact in float64 wherever
+    they are converted."""
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t.to(device, copy=True)
+        wide = torch.empty_like(t, dtype=torch.float64, device=device)
+        if not (t.is_contiguous() and wide.is_contiguous()):
+            return wide.copy_(t)  # another layout: the host converts it whole
+        source, target = t.view(-1), wide.view(-1)
+        for start in range(0, t.numel(), HOST_UPCAST_STEP):
+            target[start : start + HOST_UPCAST_STEP].copy_(source[start : start + HOST_UPCAST_STEP])
+        return wide
+
+    return [_map_tensors(a, copy) for a in args]
+
+
+def draw_bytes(args: list, *, as_float64: bool = False) -> int:
+    """Bytes of every tensor of a draw, nested ones included; ``as_float64``: of its
+    :func:`upcast_draw` copy (every floating tensor counted at 8 bytes an element)."""
     sizes: list[int] = []
 
     def add(t: torch.Tensor) -> torch.Tensor:
-        sizes.append(t.numel() * t.element_size())
+        size = 8 if as_float64 and t.is_floating_point() else t.element_size()
+        sizes.append(t.numel() * size)
         return t
 
     for a in args:

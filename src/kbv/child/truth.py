@@ -31,6 +31,14 @@ from kbv.child.forward import (
 #: memory, the inputs are generated again for the baseline (the 7.5 GB-input problems' reference
 #: already needed 72 GB of the H200 for its float64 forward alone).
 SHARED_DRAW_SHARE = 1 / 16
+#: The reference makes a draw's float64 copy from a host copy of it (``kbv.inputs.upcast_from_host``)
+#: where the device has less free for it than this many times that copy (the copy, and as much
+#: again for the float64 forward's work): its float32 values are then gone from the device before
+#: the copy is made, instead of beside it. On an H100 45_Average_Pooling_2D's reference held its
+#: 16 GiB draw and asked for the 32 GiB copy beside a candidate of 16.6 GiB, and ran out
+#: (2026-12-07, benchmarks/results/2026-12-07-h100-bf16-audit-sweeps-acceptance/). Elsewhere the
+#: copy is made on the device: the host's round trip costs seconds a draw at that size.
+HOST_UPCAST_BELOW = 2.0
 
 
 def _expected(state: _State, request: wire.Expected) -> wire_replies.ExpectedReply:
@@ -47,12 +55,20 @@ def _expected(state: _State, request: wire.Expected) -> wire_replies.ExpectedRep
     draw = (request.distribution, request.seed, request.mix_seed)
     steps = _Steps(request.steps, state.device.type == "cuda")
     narrow = _make_inputs(state, draw[0], draw[1], "fp32", draw[2])
-    wide = kbv_inputs.upcast_draw(narrow)
-    args: list[Any] | None = narrow
-    if kbv_inputs.draw_bytes(narrow) > SHARED_DRAW_SHARE * _device_bytes(state):
-        args = None  # freed for the float64 forward, drawn again for the baseline
-    del narrow
-    steps.mark("inputs")
+    # None: the draw is freed for the float64 forward and drawn again for the baseline
+    args: list[Any] | None = None
+    on_host = _upcast_on_host(state, narrow)
+    if on_host:
+        host = kbv_inputs.draw_to_host(narrow)
+        del narrow  # the device's copy goes back before the float64 one is made
+        wide = kbv_inputs.upcast_from_host(host, state.device)
+        del host
+    else:
+        wide = kbv_inputs.upcast_draw(narrow)
+        if kbv_inputs.draw_bytes(narrow) <= SHARED_DRAW_SHARE * _device_bytes(state):
+            args = narrow
+        del narrow
+    steps.mark("inputs_upcast_on_host" if on_host else "inputs")
     _set_precision_flags("fp64")
     try:
         with torch.no_grad():
@@ -95,6 +111,16 @@ def _expected(state: _State, request: wire.Expected) -> wire_replies.ExpectedRep
         tf32_operators=operators,
         steps_s=steps.taken(),
     )
+
+
+def _upcast_on_host(state: _State, narrow: list[Any]) -> bool:
+    """Whether the draw's float64 copy is made from a host copy (:data:`HOST_UPCAST_BELOW`): on a
+    GPU whose free memory, with what this process's allocator holds unused, is short of it."""
+    if state.device.type != "cuda":
+        return False
+    free, _total = torch.cuda.mem_get_info(state.device)
+    unused = torch.cuda.memory_reserved(state.device) - torch.cuda.memory_allocated(state.device)
+    return free + unused < HOST_UPCAST_BELOW * kbv_inputs.draw_bytes(narrow, as_float64=True)
 
 
 def _truth_sketches(state: _State, request: wire.TruthSketches) -> wire_replies.TruthSketchesReply:
