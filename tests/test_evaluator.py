@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,40 @@ def test_unknown_protocol_and_precision_are_refused(evaluator) -> None:
     with pytest.raises(Exception, match="precision"):
         evaluator.submit("level1/1_ReLU", HONEST, precision="fp8")
     assert evaluator.queued == 0  # nothing was queued
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_next_batch_finds_its_workers_booted(monkeypatch, keep: bool) -> None:
+    """Batches that come one after another (the service's): the workers of the submissions waiting
+    for the next batch boot while the current one runs, so its first pair boots nothing. Without
+    kept spares (a single map, as ``kbv run``'s) that pair's workers start when it begins."""
+    from kbv._evaluator import Evaluator
+    from kbv.worker import _spares
+
+    taken: list[tuple[str, bool]] = []
+    real_take = _spares.Spares.take
+
+    def take(self, spec):
+        taken.append((spec.role, bool(self._launched.get(_spares._spec_key(spec)))))
+        return real_take(self, spec)
+
+    queued = threading.Event()  # the first batch looks ahead only once the second is queued
+    real_upcoming = Evaluator._upcoming
+
+    def upcoming(self):
+        queued.wait(60)
+        return real_upcoming(self)
+
+    monkeypatch.setattr(_spares.Spares, "take", take)
+    monkeypatch.setattr(Evaluator, "_upcoming", upcoming)
+    with kbv.Evaluator(device="cpu", timeout_s=240) as ev:
+        ev._executor.keep_spares = keep
+        first = ev.submit("level1/1_ReLU", HONEST)
+        while not first.running():
+            time.sleep(0.01)
+        second = ev.submit("level1/1_ReLU", HACK)
+        queued.set()
+        assert first.result().outcome == "passed"
+        assert second.result().outcome == "hack_detected"
+        assert ev.batches == 2
+    assert taken == [("reference", False), ("candidate", False), ("reference", keep), ("candidate", keep)]

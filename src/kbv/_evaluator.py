@@ -33,6 +33,9 @@ from kbv.records import Record
 ProblemLike = Problem | str | Path
 CandidateLike = Candidate | str | Path
 
+#: Waiting submissions the executor may boot workers for ahead (more than any spares' depth).
+_LOOK_AHEAD = 8
+
 #: A problem or candidate given as text holds a newline; a name or a path never does.
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")
 
@@ -125,6 +128,9 @@ class Evaluator:
         self._executor = make_executor(
             executor or "sequential", device=self.device, gpus=gpus, workers=workers, address=address
         )
+        if hasattr(self._executor, "keep_spares"):
+            # One map after another: the next batch's first pairs boot while this one runs.
+            self._executor.keep_spares = True
         self._problems: dict[str, Problem] = {}
         self._pending: list[_Job] = []
         self._cond = threading.Condition()
@@ -422,13 +428,23 @@ class Evaluator:
                 job.future.set_exception(exc or RuntimeError("the evaluation returned nothing"))
 
         pairs = [(job.problem, job.candidate) for group in waiting.values() for job in group]
-        self._executor.map(
+        executor: Any = self._executor
+        ahead = {"upcoming": self._upcoming} if getattr(executor, "keep_spares", False) else {}
+        executor.map(
             pairs,
             jobs[0].protocol,
             timeout_s=jobs[0].timeout_s,
             on_record=on_record,
             should_skip=lambda problem, candidate: False,
+            **ahead,
         )
+
+    def _upcoming(self) -> list[tuple[tuple[Problem, Candidate], Protocol]]:
+        """The submissions waiting for the next batch, first first, each with the protocol it will
+        run under: the executor boots their workers while the current batch ends."""
+        with self._cond:
+            waiting = list(self._pending[:_LOOK_AHEAD])
+        return [((job.problem, job.candidate), job.protocol.with_timeout(job.timeout_s)) for job in waiting]
 
 
 def _protocol_id(protocol: Protocol) -> str:
