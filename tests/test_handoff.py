@@ -112,6 +112,76 @@ def test_vmm_descriptions_outside_their_allocation_or_without_their_descriptor_a
         _handoff._checked_vmm(_vmm_description(**changes), fds)
 
 
+def _staged_vmm(items, allocations=None):
+    return {
+        "transport": "cuda_vmm",
+        "allocations": [{"fd_index": 0, "size": 64}, {"fd_index": 1, "size": 64}]
+        if allocations is None
+        else allocations,
+        "items": items,
+    }
+
+
+def _item(allocation, offset=0, shape=(4,)):
+    return {"dtype": "torch.float32", "shape": list(shape), "offset_bytes": offset, "allocation": allocation}
+
+
+def test_a_staged_vmm_hand_over_reads_each_item_from_the_allocation_it_names(monkeypatch) -> None:
+    """Several calls' outputs, each call's in an exported allocation of its own (``Staged``): every
+    item is copied from the allocation it names, through that allocation's descriptor, and items
+    come back in their order, None kept in place."""
+    from kbv import _vmm
+
+    imported: list[tuple[int, int, list]] = []
+
+    def import_copies(fd, size, items, device):
+        imported.append((fd, size, [offset for _, _, offset in items]))
+        return [torch.full(shape, float(fd * 100 + offset)) for _, shape, offset in items]
+
+    monkeypatch.setattr(_vmm, "import_copies", import_copies)
+    description = _staged_vmm([_item(0), None, _item(1), _item(0, offset=16)])
+    got = _handoff._from_vmm(description, [7, 9], 0)
+    assert imported == [(7, 64, [0, 16]), (9, 64, [0])]
+    assert [None if g is None else float(g[0]) for g in got] == [700.0, None, 900.0, 716.0]
+
+
+@pytest.mark.parametrize(
+    ("description", "fds", "message"),
+    [
+        (_staged_vmm([_item(2)]), [7, 9], "names no allocation"),  # past the allocations
+        (
+            _staged_vmm([{"dtype": "torch.float32", "shape": [4], "offset_bytes": 0}]),
+            [7, 9],
+            "names no allocation",
+        ),
+        (_staged_vmm([_item(True)]), [7, 9], "names no allocation"),
+        (_staged_vmm([_item(0)], allocations="x"), [7, 9], "allocations, items"),
+        (_staged_vmm([_item(0)], allocations=[5]), [7, 9], "allocations, items"),
+        (_staged_vmm([_item(1, shape=(17,))]), [7, 9], "beyond"),  # each allocation's own bounds
+        (_staged_vmm([_item(1)]), [7], "descriptor 1, but 1 came"),
+    ],
+)
+def test_a_staged_vmm_hand_over_that_names_what_is_not_there_is_refused(description, fds, message) -> None:
+    with pytest.raises(HandoffError, match=message):
+        _handoff._from_vmm(description, fds, 0)
+
+
+def test_staged_outputs_off_the_gpu_are_copied_when_each_call_returns(tmp_path) -> None:
+    """Off a GPU's exported memory, ``Staged`` keeps a plain copy of each call's outputs and hands all
+    over at the end: what a call's output becomes after the call returned is not what is handed."""
+    cpu = torch.device("cpu")
+    keep: list = []
+    staged = _handoff.Staged(cpu, str(tmp_path / "out.pt"), keep, "file")
+    first = torch.ones(3)
+    staged.add([first])
+    first.fill_(5.0)  # a candidate that rewrites its last output later
+    staged.add([torch.zeros(2), None])
+    handed = staged.handed()
+    assert handed["sizes"] == [1, 2]
+    got = receive(handed["outputs"], "cpu")
+    assert torch.equal(got[0], torch.ones(3)) and torch.equal(got[1], torch.zeros(2)) and got[2] is None
+
+
 def test_a_vmm_hand_over_for_a_cpu_evaluation_is_refused() -> None:
     with pytest.raises(HandoffError, match="CPU evaluation"):
         receive(_vmm_description(), "cpu", [17])
@@ -321,6 +391,35 @@ def test_cuda_hand_over_between_processes_copies_into_parent_memory(transport: s
         )[0]
     assert y.is_cuda and y.shape == (4, 1024) and bool((y >= 0).all())
     assert torch.equal(y, again)  # still readable after the worker is gone: the parent owns the copy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_staged_exports_each_calls_outputs_at_once_and_keeps_no_other_copy() -> None:
+    """On a GPU with exported memory, each call's outputs go into an allocation of their own as the
+    call returns: once the call's own tensors are gone, the caching allocator holds nothing of them
+    (four 64 MiB outputs, the cache probe's calls), and the parent reads every one back, each from
+    its allocation, values as they were when their call returned."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    keep: list = []
+    staged = _handoff.Staged(device, "/unused", keep, "cuda_vmm")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for k in range(4):
+        output = torch.full((16 << 20,), float(k), device=device)  # 64 MiB
+        staged.add([output, None])
+        output.fill_(-1.0)  # rewritten after its call returned: not what was handed over
+        del output
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before, k
+    handed = staged.handed()
+    assert handed["sizes"] == [2, 2, 2, 2] and len(handed["outputs"]["allocations"]) == 4
+    got = receive(handed["outputs"], f"cuda:{device.index}", _handoff.fds_to_send(keep))
+    assert [g is None for g in got] == [False, True] * 4
+    assert [float(g.min()) for g in got if g is not None] == [0.0, 1.0, 2.0, 3.0]
+    assert [float(g.max()) for g in got if g is not None] == [0.0, 1.0, 2.0, 3.0]
+    _handoff.release(keep)
+    assert keep == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -506,12 +506,19 @@ def test_the_cache_probe_lets_go_of_each_calls_inputs_once_they_are_used(monkeyp
                 alive["call 4"] = [r() is not None for r in drawn]
             return x * 2
 
-    def hand(state, out_path, groups):
-        alive["hand-over"] = [r() is not None for r in drawn]
-        return {"sizes": [len(g) for g in groups], "outputs": {}}
+    class Staged:
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def add(self, outputs: list) -> None:
+            self.sizes.append(len(outputs))
+
+        def handed(self) -> dict:
+            alive["hand-over"] = [r() is not None for r in drawn]
+            return {"sizes": self.sizes, "outputs": {}}
 
     monkeypatch.setattr(_probes, "_probe_inputs", draw)
-    monkeypatch.setattr(_probes, "_hand", hand)
+    monkeypatch.setattr(_probes, "_staged", lambda state, out_path: Staged())
     reply = _probes.probe_cache(SimpleNamespace(model=Model(), device=torch.device("cpu")), _CACHE_PROBE)
     assert reply.calls == 4 and reply.outputs["sizes"] == [1, 1, 1, 1]
     assert alive == {"call 4": [False, False, True], "hand-over": [False, False, False]}

@@ -36,6 +36,7 @@ _make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
+_Staged = _handoff.Staged
 _spin_kernel = getattr(torch.cuda, "_sleep", None)
 #: Elements per chunk of the on-device input digest (bounds its temporary memory).
 _DIGEST_CHUNK = 1 << 25
@@ -144,6 +145,11 @@ def _hand(state: Any, out_path: str | None, groups: list[list[Any]]) -> dict[str
         "sizes": [len(g) for g in groups],
         "outputs": _hand_over(flat, state.device, str(out_path), state.handed, state.handoff),
     }
+
+
+def _staged(state: Any, out_path: str | None) -> _handoff.Staged:
+    """Output lists handed over call by call (:class:`kbv.handoff.Staged`), in one reply."""
+    return _Staged(state.device, str(out_path), state.handed, state.handoff)
 
 
 def _sync(state: Any) -> None:
@@ -418,23 +424,26 @@ def probe_cache(state: Any, request: wire.ProbeCache) -> wire_replies.ProbeCache
     sampled values as A, different data). The four calls' outputs are handed over as four lists.
     """
     dist, seed_a, seed_b = request.distribution, request.seed_a, request.seed_b
+    # Each call's outputs are handed over (copied) as soon as it returns: kept as copies until the
+    # fourth call and then exported beside them, they were eight outputs at once.
+    staged = _staged(state, request.out_path)
     args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
-    results = [[_snapshot(state, o) for o in _forward(state, args)]]
+    staged.add(_forward(state, args))
     new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
     _copy_values(new_values, into=args)
-    results.append([_snapshot(state, o) for o in _forward(state, args)])
+    staged.add(_forward(state, args))
     # B's own buffers are new to the model (it was only given A's): no clone, which on a problem
     # with a 7 GiB input was 7 GiB more held while the model ran (the H200's 36_RMSNorm_).
-    results.append([_snapshot(state, o) for o in _forward(state, new_values)])
+    staged.add(_forward(state, new_values))
     # Each draw is let go once its calls are done: A, B and the mix held together beside the four
     # snapshots and their hand-over were 3 inputs more of the candidate's device limit (with a
     # 7 GiB input, 37_FrobeniusNorm_ ran out there on an 80 GB H100, 2026-12-06). The mix may now
     # reuse A's memory: a cache keyed on pointers then answers it with A's output, and is caught.
     del args, new_values
     mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
-    results.append([_snapshot(state, o) for o in _forward(state, mixed)])
+    staged.add(_forward(state, mixed))
     del mixed
-    return wire_replies.ProbeCacheReply(calls=len(results), outputs=_hand(state, request.out_path, results))
+    return wire_replies.ProbeCacheReply(calls=len(staged.sizes), outputs=staged.handed())
 
 
 def _copy_values(values: list[Any], into: list[Any]) -> None:
@@ -494,14 +503,14 @@ def probe_poison(state: Any, request: wire.ProbePoison) -> wire_replies.ProbePoi
     The outputs are handed over as ``[run 1, run 2]``. Differences between the runs and NaN where the truth is
     finite are for the parent to judge.
     """
-    runs = []
+    staged = _staged(state, request.out_path)
     for _ in range(2):
         args = _probe_inputs(state, request.inputs)
         _poison(state.device, request.output_nbytes or ())
         _sync(state)
-        runs.append([_snapshot(state, o) for o in _forward(state, args)])
+        staged.add(_forward(state, args))
         del args
-    return wire_replies.ProbePoisonReply(runs=len(runs), outputs=_hand(state, request.out_path, runs))
+    return wire_replies.ProbePoisonReply(runs=len(staged.sizes), outputs=staged.handed())
 
 
 def probe_flops(state: Any, request: wire.ProbeFlops) -> wire_replies.ProbeFlopsReply:
