@@ -309,8 +309,10 @@ def _run(state: _State, request: wire.Run) -> wire_replies.RunReply:
     if memory is not None:
         memory = _memory_after(state, memory)
     types = _type_names(outputs)
-    # A trusted reference's outputs are handed over as they are; a candidate's are copied first.
-    copies = [_handoff.plain_copy(o, state.device, copy=state.role == "candidate") for o in outputs]
+    # A trusted reference's outputs are handed over as they are; a candidate's are copied first,
+    # unless the hand-over is itself a copy (exported memory): a clone then export held 3 outputs.
+    copy = state.role == "candidate" and not (state.device.type == "cuda" and state.handoff == "cuda_vmm")
+    copies = [_handoff.plain_copy(o, state.device, copy=copy) for o in outputs]
     del args, outputs
     steps.mark("copy")
     handed = _handoff.hand_over(copies, state.device, request.out_path, state.handed, state.handoff)
