@@ -10,6 +10,7 @@ import torch
 
 from kbv import handoff as _handoff
 from kbv import wire
+from kbv._staged_handoff import Staged
 from kbv.channel import memfd_available
 from kbv.handoff import HandoffError, receive
 
@@ -171,7 +172,7 @@ def test_staged_outputs_off_the_gpu_are_copied_when_each_call_returns(tmp_path) 
     over at the end: what a call's output becomes after the call returned is not what is handed."""
     cpu = torch.device("cpu")
     keep: list = []
-    staged = _handoff.Staged(cpu, str(tmp_path / "out.pt"), keep, "file")
+    staged = Staged(cpu, str(tmp_path / "out.pt"), keep, "file")
     first = torch.ones(3)
     staged.add([first])
     first.fill_(5.0)  # a candidate that rewrites its last output later
@@ -402,7 +403,7 @@ def test_staged_exports_each_calls_outputs_at_once_and_keeps_no_other_copy() -> 
     its allocation, values as they were when their call returned."""
     device = torch.device("cuda", torch.cuda.current_device())
     keep: list = []
-    staged = _handoff.Staged(device, "/unused", keep, "cuda_vmm")
+    staged = Staged(device, "/unused", keep, "cuda_vmm")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for k in range(4):

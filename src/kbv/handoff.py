@@ -181,72 +181,6 @@ def _export_vmm(values: list[Any], device: torch.device, keep: list[Any]) -> dic
     return description
 
 
-class Staged:
-    """Several calls' outputs handed over in one reply (a probe's calls), each call's as soon as it
-    has returned. With ``cuda_vmm`` (a candidate on a GPU) each call's outputs are copied at once
-    into an exported allocation of their own and nothing else of them is kept: a plain copy of each
-    call held until all were exported beside them was twice the outputs in the candidate's memory
-    (the cache probe's four calls: eight outputs at its peak, 64 GiB for 87_conv_pointwise_2D's
-    8 GiB output, more than an 80 GB H100 left the candidate). With any other transport a plain
-    copy of each call is kept and all go in one :func:`hand_over` at the end."""
-
-    def __init__(self, device: torch.device, path: str, keep: list[Any], transport: str) -> None:
-        self.device, self.path, self.keep, self.transport = device, path, keep, transport
-        self.sizes: list[int] = []
-        self._copies: list[Any] = []
-        self._allocations: list[dict[str, int]] = []
-        self._items: list[dict[str, Any] | None] = []
-
-    def _exports(self) -> bool:
-        return self.device.type == "cuda" and self.transport == "cuda_vmm"
-
-    def add(self, outputs: list[Any]) -> None:
-        """One call's outputs, right after the call returned and was synchronised."""
-        self.sizes.append(len(outputs))
-        if not self._exports():
-            self._copies.extend(plain_copy(o, self.device) for o in outputs)
-            return
-        # The export is the copy: the call's own tensors are read once, into the allocation.
-        plain = [plain_copy(o, self.device, copy=False) for o in outputs]
-        tensors = [t for t in plain if t is not None]
-        if not tensors:
-            self._items.extend(None for _ in plain)
-            return
-        from kbv import _vmm
-
-        _synchronize()
-        exported, offsets = _vmm.export(tensors, self.device.index if self.device.index is not None else 0)
-        allocation = len(self._allocations)
-        self._allocations.append({"fd_index": len(fds_to_send(self.keep)), "size": exported.size})
-        self.keep.append(exported)
-        placed = iter(zip(tensors, offsets, strict=True))
-        for value in plain:
-            if value is None:
-                self._items.append(None)
-                continue
-            tensor, offset = next(placed)
-            self._items.append(
-                {
-                    "dtype": str(tensor.dtype),
-                    "shape": list(tensor.shape),
-                    "offset_bytes": offset,
-                    "allocation": allocation,
-                }
-            )
-
-    def handed(self) -> dict[str, Any]:
-        """``{sizes, outputs}``: the calls' output counts and their hand-over, as a probe replies."""
-        if not self._exports():
-            return {
-                "sizes": self.sizes,
-                "outputs": hand_over(self._copies, self.device, self.path, self.keep, self.transport),
-            }
-        return {
-            "sizes": self.sizes,
-            "outputs": {"transport": "cuda_vmm", "allocations": self._allocations, "items": self._items},
-        }
-
-
 def fds_to_send(keep: list[Any]) -> list[int]:
     """The descriptors of the allocations exported (or memory files written) for this reply, in
     ``fd_index`` order."""
@@ -601,7 +535,8 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _from_vmm(description: dict[str, Any], fds: list[int], device_index: int) -> list[Any]:
     """The parent's copies of a ``cuda_vmm`` hand-over: one allocation (``fd_index``, ``size``), or
-    several (``allocations``, each item naming its own: :class:`Staged`), each checked as one."""
+    several (``allocations``, each item naming its own: :class:`kbv._staged_handoff.Staged`), each
+    checked as one."""
     if "allocations" not in description:
         return _from_one_vmm(description, fds, device_index)
     allocations, items = description.get("allocations"), description.get("items")

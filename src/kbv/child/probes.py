@@ -23,6 +23,7 @@ import torch
 from kbv import handoff as _handoff
 from kbv import inputs as kbv_inputs
 from kbv import wire, wire_replies
+from kbv._staged_handoff import Staged
 from kbv.child import timing as kbv_timing
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
@@ -36,7 +37,7 @@ _make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
-_Staged = _handoff.Staged
+_Staged = Staged
 _spin_kernel = getattr(torch.cuda, "_sleep", None)
 #: Elements per chunk of the on-device input digest (bounds its temporary memory).
 _DIGEST_CHUNK = 1 << 25
@@ -147,8 +148,8 @@ def _hand(state: Any, out_path: str | None, groups: list[list[Any]]) -> dict[str
     }
 
 
-def _staged(state: Any, out_path: str | None) -> _handoff.Staged:
-    """Output lists handed over call by call (:class:`kbv.handoff.Staged`), in one reply."""
+def _staged(state: Any, out_path: str | None) -> Staged:
+    """Output lists handed over call by call (:class:`kbv._staged_handoff.Staged`), in one reply."""
     return _Staged(state.device, str(out_path), state.handed, state.handoff)
 
 
