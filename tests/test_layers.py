@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kbv.wire",
             "kbv.wire_replies",
             "kbv.handoff",
+            "kbv._staged_handoff",
             "kbv._vmm",
             "kbv.processes",
             "kbv.samples",
