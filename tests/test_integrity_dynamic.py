@@ -524,6 +524,38 @@ def test_the_cache_probe_lets_go_of_each_calls_inputs_once_they_are_used(monkeyp
     assert alive == {"call 4": [False, False, True], "hand-over": [False, False, False]}
 
 
+@pytest.mark.parametrize("hand_outputs", [True, False])
+def test_an_observation_copies_outputs_only_where_it_hands_them_over(monkeypatch, hand_outputs: bool) -> None:
+    """The candidate's observation copies its outputs right after the call and again after the
+    delay, and hands both over; the reference's hands none over and makes no copy (two outputs
+    more of its device memory, beside the candidate's observation)."""
+    copies: list[int] = []
+    real_snapshot = _probes._snapshot
+
+    def snapshot(state, value):
+        copies.append(1)
+        return real_snapshot(state, value)
+
+    monkeypatch.setattr(_probes, "_probe_inputs", lambda state, spec, precision="fp32": [torch.ones(4)])
+    monkeypatch.setattr(_probes, "_snapshot", snapshot)
+    monkeypatch.setattr(_probes, "_settle", lambda: None)
+    state = SimpleNamespace(
+        model=lambda x: x * 2, device=torch.device("cpu"), identities=None, handed=[], handoff="file"
+    )
+    request = wire.ProbeObserve(
+        inputs={"distribution": "original", "seed": 1},
+        delay_s=0.0,
+        hand_outputs=hand_outputs,
+        out_path="/nonexistent/o",
+    )
+    monkeypatch.setattr(_probes, "_hand", lambda state, out_path, groups: {"sizes": [len(g) for g in groups]})
+    reply = _probes.probe_observe(state, request)
+    if hand_outputs:
+        assert copies == [1, 1] and reply.outputs == {"sizes": [1, 1]}
+    else:
+        assert copies == [] and reply.outputs is None
+
+
 def test_side_stream_kernels_names_the_kernels_off_the_callers_stream() -> None:
     """Reject: a kernel the profiler saw on another stream than the marker's. Accept: every kernel
     on the marker's stream, and no verdict at all when the marker's stream is unknown."""
