@@ -75,9 +75,7 @@ class Staged:
         if not self._exports():
             return {
                 "sizes": self.sizes,
-                "outputs": _handoff.hand_over(
-                    self._copies, self.device, self.path, self.keep, self.transport
-                ),
+                "outputs": _hand_over(self._copies, self.device, self.path, self.keep, self.transport),
             }
         return {
             "sizes": self.sizes,

@@ -37,7 +37,6 @@ _make_draw = kbv_inputs.make_draw
 _verify_identities = kbv_timing.verify_identities
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
-_Staged = Staged
 _spin_kernel = getattr(torch.cuda, "_sleep", None)
 #: Elements per chunk of the on-device input digest (bounds its temporary memory).
 _DIGEST_CHUNK = 1 << 25
@@ -150,7 +149,7 @@ def _hand(state: Any, out_path: str | None, groups: list[list[Any]]) -> dict[str
 
 def _staged(state: Any, out_path: str | None) -> Staged:
     """Output lists handed over call by call (:class:`kbv._staged_handoff.Staged`), in one reply."""
-    return _Staged(state.device, str(out_path), state.handed, state.handoff)
+    return Staged(state.device, str(out_path), state.handed, state.handoff)
 
 
 def _sync(state: Any) -> None:
