@@ -14,6 +14,7 @@ from kbv import handoff as _handoff
 _plain_copy = _handoff.plain_copy
 _hand_over = _handoff.hand_over
 _fds_to_send = _handoff.fds_to_send
+_hand_over_copies = _handoff.hand_over_copies
 _synchronize = torch.cuda.synchronize
 
 
@@ -34,7 +35,7 @@ class Staged:
         self._items: list[dict[str, Any] | None] = []
 
     def _exports(self) -> bool:
-        return self.device.type == "cuda" and self.transport == "cuda_vmm"
+        return _hand_over_copies(self.device, self.transport)
 
     def add(self, outputs: list[Any]) -> None:
         """One call's outputs, right after the call returned and was synchronised."""

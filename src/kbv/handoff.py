@@ -93,6 +93,12 @@ def plain_copy(value: Any, device: torch.device, *, copy: bool = True) -> Any:
 TRANSPORTS = ("cuda_ipc", "cuda_vmm", "memfd", "file")
 
 
+def hand_over_copies(device: torch.device, transport: str) -> bool:
+    """Whether :func:`hand_over` copies the tensors itself (exported device memory, a candidate on
+    a GPU): a copy made before it would be a second one."""
+    return device.type == "cuda" and transport == "cuda_vmm"
+
+
 class MemoryFile:
     """A hand-over written into an anonymous memory file, kept open until the parent's next request;
     its descriptor is sent beside the reply (:func:`fds_to_send`)."""

@@ -311,7 +311,7 @@ def _run(state: _State, request: wire.Run) -> wire_replies.RunReply:
     types = _type_names(outputs)
     # A trusted reference's outputs are handed over as they are; a candidate's are copied first,
     # unless the hand-over is itself a copy (exported memory): a clone then export held 3 outputs.
-    copy = state.role == "candidate" and not (state.device.type == "cuda" and state.handoff == "cuda_vmm")
+    copy = state.role == "candidate" and not _handoff.hand_over_copies(state.device, state.handoff)
     copies = [_handoff.plain_copy(o, state.device, copy=copy) for o in outputs]
     del args, outputs
     steps.mark("copy")
