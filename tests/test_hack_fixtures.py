@@ -4,7 +4,9 @@ Each fixture declares ``KBV_FIXTURE = {"problem": ..., "expect_outcome": [...], 
 (honest ones only ``problem``). A hack passes this test when its outcome is one of the allowed
 ones, never "passed", and at least one expected check fired with severity ``fail`` (also when the
 outcome itself, incorrect or crashed, already rejects it); a fixture that names no check is one the
-outcome alone rejects (a crash, or a shortcut the error model itself finds wrong).
+outcome alone rejects (a crash, or a shortcut the error model itself finds wrong). One with
+``incorrect_suffices`` is rejected by either: its outcome ``incorrect`` need name no check, because
+which one sees it depends on where the allocator happens to put each draw's input.
 
 A fixture with ``max_speedup`` is a shortcut that ``verified`` takes away instead of naming: a
 remembered result never helps a timed call that runs on inputs no earlier call saw. It may be
@@ -82,7 +84,8 @@ def test_hack_is_caught(path: Path) -> None:
     if record.outcome == "hack_detected":
         assert all(check in record.error["summary"] for check in fails), summary
     expected = set(spec.get("expect_checks", []))
-    if expected:  # the named pattern's check fires, whatever else already rejected the candidate
+    plainly_wrong = record.outcome == "incorrect" and spec.get("incorrect_suffices", False)
+    if expected and not plainly_wrong:  # the named check fires, whatever else already rejected it
         assert fails & expected, f"none of {sorted(expected)} failed; {summary}"
     for check in spec.get("expect_warn", []):
         assert check in {f.check for f in record.findings}, f"{check} did not fire; {summary}"

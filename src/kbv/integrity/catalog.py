@@ -6,7 +6,8 @@ fixture declares them itself. Every candidate fixture that a test evaluates end 
 ``KBV_FIXTURE = {...}`` (docs/integrity-dynamic.md, "Fixtures"), read here without importing it:
 
 - ``expect_checks``: the checks of which at least one must fail it (``tests/test_hack_fixtures.py``,
-  ``tests/gpu/test_gpu_hacks.py``): the fixture is one the check must reject;
+  ``tests/gpu/test_gpu_hacks.py``): the fixture is one the check must reject (with
+  ``incorrect_suffices``, a plain ``incorrect`` outcome rejects it too);
 - ``expect_findings`` and ``expect_warn``: checks that must report it, at any severity;
 - ``max_speedup`` (with ``passed`` among its outcomes): a shortcut ``verified`` takes away rather
   than names (results remembered from earlier calls, docs/timing.md); it declares no check;
