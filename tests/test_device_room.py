@@ -51,7 +51,7 @@ def _case(monkeypatch: pytest.MonkeyPatch, usage: dict[int, float] | None, limit
         lambda device: None if usage is None else {pid: int(gb * GIB) for pid, gb in usage.items()},
     )
     gpu = evaluation._GpuState(held="alone", device_total_bytes=H100_TOTAL, budget=MemoryBudget())
-    ctx = SimpleNamespace(gpu=gpu, device="cuda")
+    ctx = SimpleNamespace(gpu=gpu, device="cuda", found=_Found())
     subject = SimpleNamespace(limits=LimitSettings(device_memory_gb=limit_gb), members=lambda: [30, 31])
     return ctx, subject
 
@@ -172,6 +172,46 @@ def test_the_parents_own_out_of_memory_says_where_and_who_held_the_gpu(
     assert "the candidate 8.6 GiB, 1 other processes 0.5 GiB" in said
     assert "not the candidate's failure" in said and "Tried to allocate 256.00 MiB" in said
     assert not too_small_for_gpu("CUDA out of memory (the candidate's own words)")
+
+
+# 21_Sigmoid's `first_rows` mutant at bf16 on an H100 (2026-12-07): NVML listed 61.6 GiB of the
+# 79.2 in kbv's processes and the candidate, and torch saw 5.5 GiB free: 12.1 GiB in no listed one.
+SIGMOID_USAGE = {10: 30.66, 11: 27.7, 12: 0.9, 13: 0.85, 14: 0.85, 30: 0.6}
+PARENT_SPLIT = {"allocated": int(24.0 * GIB), "reserved": int(30.0 * GIB), "free": int(5.53 * GIB)}
+
+
+def test_kbvs_out_of_memory_errors_say_the_phase_and_what_the_parents_figure_and_the_gpu_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next cut needs to know which copies took the room: the phase that ran out, the parent's
+    tensors against its allocator's cache, and memory no listed process holds (figures read after
+    the failure); without a CUDA context in the parent, the phase alone."""
+    from kbv.evaluation import budget
+
+    failure = WorkerFailed("runtime_error", OOM, role="candidate")
+    ctx, subject = _case(monkeypatch, SIGMOID_USAGE, limit_gb=64.0)
+    ctx.found = _Found(failed_phase="integrity")
+    monkeypatch.setattr(budget, "allocator_figures", lambda device: {**PARENT_SPLIT, "total": H100_TOTAL})
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES)
+    assert said is not None and said.startswith(GPU_TOO_SMALL)
+    assert "It ran out during integrity; of kbv's parent's figure, 24.0 GiB were tensors in use and " in said
+    assert "6.0 GiB its allocator's cache; 12.1 GiB of the GPU were held by no process NVML lists." in said
+    # everything accounted for: no unlisted figure
+    listed = {**PARENT_SPLIT, "free": H100_TOTAL - int(sum(SIGMOID_USAGE.values()) * GIB)}
+    monkeypatch.setattr(budget, "allocator_figures", lambda device: {**listed, "total": H100_TOTAL})
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES)
+    assert said is not None and "allocator's cache." in said and "no process NVML lists" not in said
+    monkeypatch.setattr(budget, "allocator_figures", lambda device: None)
+    said = evaluation._room_not_kept(ctx, subject, failure, KBV_PROCESSES)
+    assert said is not None and "It ran out during integrity. This problem needs" in said
+    # the reference's and the parent's own out-of-memory errors carry the same figures
+    monkeypatch.setattr(budget, "allocator_figures", lambda device: {**PARENT_SPLIT, "total": H100_TOTAL})
+    ctx, subject = _case(monkeypatch, BESIDE_THE_REFERENCE, limit_gb=64.0)
+    starved = WorkerFailed("runtime_error", REFERENCE_OOM, role="reference")
+    said = evaluation._room_not_kept(ctx, subject, starved, KBV_PROCESSES, _reference_failed())
+    assert said is not None and "It ran out during the evaluation; of kbv's parent's figure, 24.0" in said
+    said = _parent_ran_out(ctx, subject, torch.OutOfMemoryError(PARENT_OOM), KBV_PROCESSES)
+    assert "were tensors in use and 6.0 GiB its allocator's cache" in said
 
 
 def _parent_out_of_memory_in_correctness(
@@ -375,3 +415,23 @@ def test_the_size_a_trusted_worker_asked_for_is_read_from_torchs_message() -> No
     assert _asked_bytes("CUDA out of memory. Tried to allocate 256.00 MiB.") == 256 << 20
     assert _asked_bytes("CUDA out of memory. Tried to allocate 512 bytes.") == 512
     assert _asked_bytes("out of memory") == 0  # nothing said: nothing added
+
+
+def test_the_parents_allocator_figures_are_absent_on_the_cpu() -> None:
+    from kbv.devices import allocator_figures
+
+    assert allocator_figures("cpu") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_parents_allocator_figures_tell_tensors_from_cache_on_a_gpu() -> None:
+    from kbv.devices import allocator_figures
+
+    held = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    figures = allocator_figures("cuda")
+    assert figures is not None and figures["allocated"] >= held.numel()
+    assert figures["allocated"] <= figures["reserved"] and figures["free"] < figures["total"]
+    del held
+    cached = allocator_figures("cuda")
+    assert cached is not None and cached["reserved"] - cached["allocated"] >= 256 << 20

@@ -64,6 +64,25 @@ def release_cached_blocks(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def allocator_figures(device: str) -> dict[str, int] | None:
+    """This process's view of ``device``: its allocator's bytes in tensors (``allocated``) and
+    reserved with its cache (``reserved``), and the driver's ``free`` and ``total``. None on the
+    CPU or before this process has a CUDA context (asking would make one)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "allocated": int(torch.cuda.memory_allocated(device)),
+        "reserved": int(torch.cuda.memory_reserved(device)),
+        "free": int(free),
+        "total": int(total),
+    }
+
+
 def cpu_name() -> str:
     """What a record calls this machine's CPU (``device.name``)."""
     import platform
