@@ -74,13 +74,12 @@ def allocator_figures(device: str) -> dict[str, int] | None:
 
     if not torch.cuda.is_initialized():
         return None
-    free, total = torch.cuda.mem_get_info(device)
-    return {
-        "allocated": int(torch.cuda.memory_allocated(device)),
-        "reserved": int(torch.cuda.memory_reserved(device)),
-        "free": int(free),
-        "total": int(total),
-    }
+    try:  # read while a failure is being explained: a context in an error state gives no figures
+        free, total = torch.cuda.mem_get_info(device)
+        allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    except RuntimeError:
+        return None
+    return {"allocated": int(allocated), "reserved": int(reserved), "free": int(free), "total": int(total)}
 
 
 def cpu_name() -> str:
