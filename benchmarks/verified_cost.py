@@ -271,6 +271,8 @@ def _appending(results: Path, protocol: str) -> Any:
             ],
             "error": (record.error or {}).get("message", "")[-600:] if record.error else None,
             "bytes": problem_bytes(problem.path),
+            # kbv's parent's most reserved GPU memory per phase (GPU only): where its copies go
+            "parent_peak_bytes": record.memory.get("parent_device_peak_bytes") or {},
         }
         with open(results, "a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
@@ -322,12 +324,24 @@ def kernelbench_report(results: Path, out: Path) -> dict[str, Any]:
             # pairs that gave no row: the harness failed (on an 80 GB card, a problem too large
             # for it under `verified`), so they are in neither the medians nor the ratios
             "harness_errors": [str(e)[:300] for b in batches for e in b.get("errors", [])],
+            "parent_peak_by_phase": parent_peak_by_phase(mine),
         }
     report["largest_problem_bytes"] = largest
     report["verified_over_standard"] = ratio_of_medians(report["rows"])
     report["per_problem_ratio"] = per_problem_ratio(report["rows"])
     out.write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def parent_peak_by_phase(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per phase, the most kbv's parent reserved on the GPU over the rows, GiB, and the problem
+    where it did (rows without the figure, the CPU's and older ones, count for nothing)."""
+    most: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for phase, peak in (r.get("parent_peak_bytes") or {}).items():
+            if peak > most.get(phase, {}).get("bytes", -1):
+                most[phase] = {"bytes": peak, "gib": round(peak / 2**30, 2), "problem": r["problem"]}
+    return dict(sorted(most.items()))
 
 
 def _timed_by_both(rows: list[dict[str, Any]]) -> list[dict[str, float]]:

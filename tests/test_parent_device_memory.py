@@ -5,6 +5,7 @@ memory in the parent and beside it: results/2026-12-06-h100-service-bf16-memory/
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import weakref
@@ -145,3 +146,32 @@ def test_the_parent_hands_its_cached_blocks_back_before_each_probe_of_the_candid
         "candidate:ProbeKernels",
         "reference:ProbeFlops",
     ]
+
+
+def test_the_parents_peak_reservation_is_counted_toward_every_phase_open_while_it_was_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Peaks since the last mark (a fake allocator's) go to the phases open between the marks: an
+    inner phase's peak counts toward the outer one, a later phase's does not count toward an
+    earlier one, and nothing is recorded where there is no CUDA context (None)."""
+    from kbv.evaluation import context
+
+    peaks = iter([5, 7, 30, 12, 9, 40, 3, 8])
+    monkeypatch.setattr(context, "reserved_peak_since_last_mark", lambda device: next(peaks))
+    ctx = SimpleNamespace(found=_Found(), device="cuda")
+    # marks: correctness starts (5, nothing open), probe starts (7: correctness), probe ends (30:
+    # both), correctness ends (12: correctness); integrity starts (9: nothing), ends (40: integrity)
+    context._phase(ctx, "correctness", lambda: context._phase(ctx, "probe:cache", lambda: None))
+    with context._phase_entered(ctx, "integrity", contextlib.nullcontext()):
+        pass
+    assert ctx.found.parent_peaks == {"correctness": 30, "probe:cache": 30, "integrity": 40}
+    assert ctx.found.open_phases == []
+    # a failing phase still closes its count, and the phase that failed is named
+    with pytest.raises(RuntimeError):
+        context._phase(ctx, "timing", lambda: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    assert ctx.found.failed_phase == "timing" and ctx.found.open_phases == []
+
+    monkeypatch.setattr(context, "reserved_peak_since_last_mark", lambda device: None)
+    cpu = SimpleNamespace(found=_Found(), device="cpu")
+    context._phase(cpu, "correctness", lambda: None)
+    assert cpu.found.parent_peaks == {}

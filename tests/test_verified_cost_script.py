@@ -61,3 +61,16 @@ def test_the_report_gives_the_ratio_of_the_medians_and_the_median_of_the_ratios(
     )
     assert report["per_problem_ratio"] == {"problems": 4, "median": 2.0, "p95": 2.5}
     assert json.loads((tmp_path / "report.json").read_text())["per_problem_ratio"]["median"] == 2.0
+
+
+def test_the_report_gives_the_parents_largest_gpu_reservation_per_phase_and_where() -> None:
+    rows = [
+        {**_row("verified", "a", 2.0), "parent_peak_bytes": {"correctness": 3 << 30, "probe:cache": 1 << 30}},
+        {**_row("verified", "b", 2.0), "parent_peak_bytes": {"correctness": 2 << 30, "probe:cache": 5 << 30}},
+        _row("verified", "older", 2.0),  # a row from before the figure: counts for nothing
+    ]
+    assert cost.parent_peak_by_phase(rows) == {
+        "correctness": {"bytes": 3 << 30, "gib": 3.0, "problem": "a"},
+        "probe:cache": {"bytes": 5 << 30, "gib": 5.0, "problem": "b"},
+    }
+    assert cost.parent_peak_by_phase([_row("standard", "a", 1.0)]) == {}

@@ -82,6 +82,22 @@ def allocator_figures(device: str) -> dict[str, int] | None:
     return {"allocated": int(allocated), "reserved": int(reserved), "free": int(free), "total": int(total)}
 
 
+def reserved_peak_since_last_mark(device: str) -> int | None:
+    """The most this process's allocator reserved on ``device`` since the previous call, the peak
+    then reset (host-side counters: no synchronisation). None on the CPU or before this process has
+    a CUDA context. Nothing else in the parent reads the peak counters, so resetting them here
+    spoils no other figure."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    peak = int(torch.cuda.max_memory_reserved(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
 def cpu_name() -> str:
     """What a record calls this machine's CPU (``device.name``)."""
     import platform

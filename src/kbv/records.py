@@ -179,6 +179,9 @@ class MemorySection(TypedDict, total=False):
     # Host memory, on the CPU as on the GPU: candidate host peak / reference host peak (> 1: the
     # candidate's process held more host memory than the reference's). None when a peak is unknown.
     host_ratio: float | None
+    # The most kbv's own parent process reserved on the GPU in each phase, bytes (GPU only): where
+    # kbv's copies of outputs and truths take the room a candidate is promised.
+    parent_device_peak_bytes: dict[str, int]
 
 
 @dataclass

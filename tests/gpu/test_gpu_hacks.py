@@ -59,6 +59,11 @@ def test_honest_passes_on_gpu(path: Path) -> None:
     # no honest fixture queues work on a stream of its own: the profiler must not say so
     streams = [f.detail for f in record.findings if f.check == "side_stream_kernels"]
     assert not streams, streams
+    # where kbv's parent held the GPU, phase by phase (its copies of outputs and truths)
+    peaks = record.memory.get("parent_device_peak_bytes") or {}
+    probes = [v for k, v in peaks.items() if k.startswith("probe:")]
+    assert {"correctness", "timing", "integrity"} <= peaks.keys() and probes, peaks
+    assert peaks["correctness"] > 0 and peaks["integrity"] >= max(probes), peaks
 
 
 SUITE = ROOT / "src" / "kbv" / "suite"

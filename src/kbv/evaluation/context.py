@@ -13,6 +13,7 @@ import torch
 
 from kbv import inputs
 from kbv.candidates import Candidate
+from kbv.devices import reserved_peak_since_last_mark
 from kbv.evaluation.cache import ExpectedCache
 from kbv.problems import Problem, ProblemError
 from kbv.problems.structure import InputStructure, input_structure
@@ -90,6 +91,10 @@ class _Found:
     host_memory: dict[str, Any] = field(default_factory=dict)
     #: The innermost phase an exception left (a harness error's message names it), "" if none did.
     failed_phase: str = ""
+    #: The most kbv's parent reserved on the GPU in each phase, bytes (:func:`_peaks_within`); the
+    #: phases open now, innermost last.
+    parent_peaks: dict[str, int] = field(default_factory=dict)
+    open_phases: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -155,7 +160,7 @@ class _Context:
 def _phase_entered(ctx: _Context, name: str, manager: Any) -> Iterator[None]:
     """``with manager``, the time its entry took counted as the phase ``name``."""
     started = time.monotonic()
-    with manager:
+    with _peaks_within(ctx, name), manager:
         ctx.found.phases[name] = ctx.found.phases.get(name, 0.0) + time.monotonic() - started
         yield
 
@@ -163,12 +168,39 @@ def _phase_entered(ctx: _Context, name: str, manager: Any) -> Iterator[None]:
 def _phase(ctx: _Context, name: str, work: Any) -> Any:
     started = time.monotonic()
     try:
-        return work()
+        with _peaks_within(ctx, name):
+            return work()
     except BaseException:
         ctx.found.failed_phase = ctx.found.failed_phase or name
         raise
     finally:
         ctx.found.phases[name] = ctx.found.phases.get(name, 0.0) + time.monotonic() - started
+
+
+@contextlib.contextmanager
+def _peaks_within(ctx: _Context, name: str) -> Iterator[None]:
+    """Count the parent's GPU reservation while ``name`` runs toward its peak (``record.memory``'s
+    ``parent_device_peak_bytes``). At each phase's start and end the peak since the last such mark
+    goes to every phase open in between, so a phase inside another counts toward both. Why: which
+    of kbv's copies to cut for an 80 GB card was guessed from the code; this says where the
+    parent's memory goes in every GPU evaluation, also where everything fits."""
+    _mark_peak(ctx)
+    ctx.found.open_phases.append(name)
+    try:
+        yield
+    finally:
+        try:
+            _mark_peak(ctx)
+        finally:
+            ctx.found.open_phases.remove(name)
+
+
+def _mark_peak(ctx: _Context) -> None:
+    peak = reserved_peak_since_last_mark(ctx.device)
+    if peak is None:
+        return
+    for name in ctx.found.open_phases:
+        ctx.found.parent_peaks[name] = max(ctx.found.parent_peaks.get(name, 0), peak)
 
 
 def _structure(ctx: _Context) -> InputStructure:

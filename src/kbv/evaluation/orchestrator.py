@@ -36,6 +36,7 @@ from kbv.evaluation.context import (
     STANDARD_SEED,
     HarnessError,
     _Context,
+    _peaks_within,
     _phase,
     _phase_entered,
     _Seeds,
@@ -314,6 +315,8 @@ class Session:
     rebuild: Any  # () -> None: rebuild both models with the probe distribution's parameters
     transients: list[dict[str, Any]] = field(default_factory=list)  # draws whose failure did not repeat
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
+    # (name) -> a context manager that counts the parent's GPU reservation toward the probe's peak
+    within_phase: Any = contextlib.nullcontext
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
     # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
@@ -383,6 +386,7 @@ def _dynamic_findings(
         rebuild=lambda: _build_pair(ctx, reference, subject, base),
         transients=ctx.found.transients,
         side_by_side=_side_by_side(ctx),
+        within_phase=lambda name: _peaks_within(ctx, f"probe:{name}"),
     )
     try:
         result = dynamic.run_dynamic_checks(session)

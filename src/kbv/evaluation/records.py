@@ -89,7 +89,7 @@ def _record(
         # kbv.performance built these sections in the record's layout (kbv.records.TimingSection, ...).
         timing=cast(TimingSection, timing),
         speedup=speedup,
-        memory=cast(MemorySection, {**memory, **ctx.found.host_memory}),
+        memory=cast(MemorySection, {**memory, **ctx.found.host_memory, **_parent_peaks(ctx)}),
         seeds={
             "master": ctx.seeds.master,
             "fixed": ctx.seeds.fixed,
@@ -107,6 +107,12 @@ def _record(
         isolation=ctx.found.isolation,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _parent_peaks(ctx: _Context) -> dict[str, Any]:
+    """``parent_device_peak_bytes``: the most kbv's parent reserved on the GPU in each phase
+    (``kbv.evaluation.context._peaks_within``); nothing on the CPU."""
+    return {"parent_device_peak_bytes": dict(ctx.found.parent_peaks)} if ctx.found.parent_peaks else {}
 
 
 def _failure_record(ctx: _Context, hello: wire_replies.Hello | None, failure: WorkerFailed) -> Record:

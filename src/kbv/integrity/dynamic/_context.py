@@ -95,8 +95,10 @@ class DynamicContext:
         """A probe's result, computed at most once (a failure :meth:`concurrently` stored is raised)."""
         if key not in self._cache:
             started = time.monotonic()
+            within = getattr(self.session, "within_phase", contextlib.nullcontext)
             try:
-                self._cache[key] = compute()
+                with within(key):
+                    self._cache[key] = compute()
             finally:
                 phases = getattr(self.session, "phases", None)
                 if phases is not None:
