@@ -269,6 +269,69 @@ def test_a_candidate_past_its_limit_when_the_parent_runs_out_is_its_resource_lim
     assert record.error["summary"].startswith("device_memory limit exceeded: 71680.0 MiB used")
 
 
+def _parent_out_of_memory_copying_the_candidates_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's copy of the candidate's hand-over raises torch's out-of-memory error, as the
+    copies of KernelBench's 63_conv_standard_2D did in its cache probe on an H100 (2026-12-07)."""
+    from kbv import handoff
+
+    receive = handoff.receive
+
+    def no_room_for_the_candidates(description, device, fds=None, *, bounded=False):  # type: ignore[no-untyped-def]
+        if bounded:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return receive(description, device, fds, bounded=bounded)
+
+    monkeypatch.setattr(handoff, "receive", no_room_for_the_candidates)
+
+
+def test_the_parent_running_out_copying_an_honest_hand_over_is_kbvs_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An honest candidate's outputs, no more elements than the reference's: the parent's own
+    shortage, kbv's ``HarnessError``. Wrapped as the hand-over's failure it was the honest
+    candidate's ``runtime_error``."""
+    from kbv import HarnessError, evaluate_paths
+
+    _parent_out_of_memory_copying_the_candidates_outputs(monkeypatch)
+    problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
+    honest = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    with pytest.raises(HarnessError, match="during correctness") as raised:
+        evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert str(raised.value).startswith(PARENT_RAN_OUT)
+
+
+def test_the_parent_running_out_copying_an_oversized_hand_over_is_the_candidates_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hand-over that claims more elements than the outputs hold made the parent's shortage: the
+    candidate's ``runtime_error``, never a harness error in place of its verdict."""
+    from kbv import evaluate_paths, handoff
+
+    _parent_out_of_memory_copying_the_candidates_outputs(monkeypatch)
+    monkeypatch.setattr(handoff, "claimed_elements", lambda description: 10**12)
+    problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
+    honest = ROOT / "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    record = evaluate_paths(problem, honest, protocol="verified", device="cpu")
+    assert record.outcome.value == "runtime_error"
+    assert "handed over 1,000,000,000,000 elements for 1 call(s)" in record.error["message"]
+
+
+def test_a_probes_hand_over_may_hold_each_of_its_calls_outputs() -> None:
+    """The cache probe hands four calls' outputs over at once: up to four times the outputs'
+    elements is honest, one more is not; before any output count is known, nothing is decided."""
+    from kbv.evaluation.orchestrator import _oversized_handover
+
+    ctx = SimpleNamespace(gpu=evaluation._GpuState(output_numels=[100, 20]))
+    subject = SimpleNamespace(logs=lambda: {}, last_handover=(480, 4))
+    assert _oversized_handover(ctx, subject) is None
+    subject.last_handover = (481, 4)
+    failure = _oversized_handover(ctx, subject)
+    assert failure is not None and failure.kind == "runtime_error" and failure.role == "candidate"
+    assert "out of memory" not in failure.message  # not weighed again as the room's
+    ctx.gpu.output_numels = None
+    assert _oversized_handover(ctx, subject) is None
+
+
 def test_nvml_per_process_figures_are_read_per_pid_and_absent_without_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

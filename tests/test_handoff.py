@@ -146,6 +146,33 @@ def test_a_staged_vmm_hand_over_reads_each_item_from_the_allocation_it_names(mon
     assert [None if g is None else float(g[0]) for g in got] == [700.0, None, 900.0, 716.0]
 
 
+def test_the_parents_own_shortage_copying_a_hand_over_is_not_the_workers_failure(
+    monkeypatch, tmp_path
+) -> None:
+    """torch's out-of-memory error is a ``RuntimeError``: raised while the parent copies a hand-over
+    it passes through as itself, for the caller to weigh, where any other error reading the
+    worker's memory is the worker's (``HandoffError``)."""
+    from kbv import _vmm
+
+    for error, expected in (
+        (torch.OutOfMemoryError("CUDA out of memory"), torch.OutOfMemoryError),
+        (RuntimeError("invalid handle"), HandoffError),
+    ):
+        monkeypatch.setattr(_vmm, "import_copies", lambda *args, e=error: (_ for _ in ()).throw(e))
+        with pytest.raises(expected):
+            _handoff._from_vmm(_staged_vmm([_item(0)]), [7, 9], 0)
+        monkeypatch.setattr(torch, "load", lambda *args, e=error, **kwargs: (_ for _ in ()).throw(e))
+        (tmp_path / "out.pt").write_bytes(b"")
+        with pytest.raises(expected):
+            receive({"transport": "file", "path": str(tmp_path / "out.pt")}, "cpu")
+
+
+def test_the_elements_a_hand_over_claims_are_read_from_its_items_malformed_ones_counting_none() -> None:
+    items = [_item(0, shape=(4, 3)), None, {"shape": [-1, 2]}, {"shape": "x"}, "junk", _item(1, shape=(5,))]
+    assert _handoff.claimed_elements({"transport": "cuda_vmm", "items": items}) == 17
+    assert _handoff.claimed_elements({"items": "x"}) == 0 and _handoff.claimed_elements(None) == 0
+
+
 @pytest.mark.parametrize(
     ("description", "fds", "message"),
     [

@@ -291,7 +291,11 @@ def receive(
     Every descriptor is checked before use; a CUDA handle (or the exported allocation behind one of
     ``fds``, the descriptors that came with the reply) is opened, the tensor copied into memory the
     parent owns, and the handle closed before this returns, so nothing the worker does later can
-    change what is judged. Raises :class:`HandoffError` for anything malformed.
+    change what is judged. Raises :class:`HandoffError` for anything malformed, and torch's
+    ``OutOfMemoryError`` as it is where the parent has no room for its copies: torch's error is a
+    ``RuntimeError``, and wrapped with the rest it made the parent's own shortage a candidate's
+    ``runtime_error`` (KernelBench's 63_conv_standard_2D, honest, in its cache probe on an H100,
+    2026-12-07). Whose failure that is, the caller decides (:func:`claimed_elements`).
     """
     if not isinstance(description, dict):
         raise HandoffError("the worker's outputs are not described")
@@ -318,12 +322,28 @@ def receive(
     raise HandoffError(f"unknown hand-over transport {transport!r}")
 
 
+def claimed_elements(description: Any) -> int:
+    """The elements a hand-over's description says it holds, summed over its items (0 for what is
+    malformed: :func:`receive` refuses that anyway). Read before copying, so that the parent
+    running out of room for a candidate's hand-over can tell an honest one from one that claims
+    more than the outputs asked for."""
+    items = description.get("items") if isinstance(description, dict) else None
+    total = 0
+    for item in items if isinstance(items, list) else []:
+        shape = _ints(item.get("shape")) if isinstance(item, dict) else None
+        if shape is not None:
+            total += math.prod(shape)
+    return total
+
+
 def _from_file(description: dict[str, Any], device: str) -> list[Any]:
     path = description.get("path")
     if not isinstance(path, str):
         raise HandoffError("the worker's hand-over names no file")
     try:
         loaded = torch.load(path, map_location=device, weights_only=True)
+    except torch.OutOfMemoryError:
+        raise  # the parent's own room: never the worker's failure (see receive)
     except Exception as exc:  # written by a hostile or broken worker
         raise HandoffError(f"the worker's outputs could not be read ({exc})") from exc
     finally:
@@ -415,6 +435,8 @@ def _from_cuda(item: Any, device_index: int, bounded: bool = False) -> torch.Ten
     try:
         view = _open_cuda(storage, device_index, dtype, shape, stride, offset, bounded=bounded)
         return _clone(view, memory_format=torch.contiguous_format)
+    except torch.OutOfMemoryError:
+        raise  # the parent's own room: never the worker's failure (see receive)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise HandoffError(f"the worker's CUDA handle could not be opened ({exc})") from exc
 
@@ -576,6 +598,8 @@ def _from_one_vmm(description: dict[str, Any], fds: list[int], device_index: int
 
     try:
         copies = iter(_vmm.import_copies(fd, size, present, device_index))
+    except torch.OutOfMemoryError:
+        raise  # the parent's own room: never the worker's failure (see receive)
     except (_vmm.VmmError, RuntimeError, ValueError) as exc:
         raise HandoffError(f"the worker's exported device memory could not be opened ({exc})") from exc
     return [None if item is None else next(copies) for item in items]

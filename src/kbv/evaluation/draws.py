@@ -161,6 +161,8 @@ def _check_distribution(
             # passes between them; the parent judges once both have answered.
             run = subject.send_request(_forward(subject, variant, seed, "native"))
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
+            if expected is not None and ctx.gpu.output_numels is None:  # before the candidate's
+                ctx.gpu.output_numels = _output_numels(expected)  # hand-over is copied (_oversized_handover)
             outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
         else:
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)

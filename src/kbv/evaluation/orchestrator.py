@@ -188,6 +188,8 @@ def _evaluate_in_workers(ctx: _Context, spares: Spares, started: float) -> Recor
             ctx.found.phases["total"] = time.monotonic() - started
             past = subject.failure_if_past_limit()  # a candidate past its limit took the room
             if past is None:
+                past = _oversized_handover(ctx, subject)
+            if past is None:
                 said = _parent_ran_out(ctx, subject, error, _kbv_processes(reference, spares))
                 _end_containment(ctx, reference, subject, gpu, spares)
                 # The finished frames' tensors (outputs and truths, GBs) go now: the device memory
@@ -256,6 +258,23 @@ def _ended_by_failure(
     if _problem_failed(failure):
         return _problem_error_record(ctx, ref_hello, failure)
     return _failure_record(ctx, ref_hello, failure)
+
+
+def _oversized_handover(ctx: _Context, subject: Worker) -> WorkerFailed | None:
+    """The candidate's failure where the parent ran out copying a hand-over that claimed more
+    elements than its calls' outputs hold (the reference's, as the first correctness draw counted
+    them): an honest candidate hands over no more, so the parent's shortage was made by the
+    candidate, and must not earn it a harness error in place of a verdict. None otherwise, and
+    before any output count is known."""
+    claimed, calls = subject.last_handover
+    honest = calls * sum(ctx.gpu.output_numels or [])
+    if not honest or claimed <= honest:
+        return None
+    message = (
+        f"the candidate handed over {claimed:,} elements for {calls} call(s) whose outputs hold "
+        f"{honest:,}, and kbv's parent had no room to copy them"
+    )
+    return WorkerFailed("runtime_error", message, subject.logs(), role="candidate")
 
 
 def _kbv_processes(reference: Worker, spares: Spares) -> dict[str, list[int]]:

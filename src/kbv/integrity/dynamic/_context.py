@@ -136,13 +136,15 @@ class DynamicContext:
         """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
         # a probe_observe, probe_cache or probe_poison reply: {sizes, outputs}
         described = getattr(reply, "outputs", None) or {}
+        sizes = described.get("sizes")
         try:
-            flat = worker.receive_outputs(described.get("outputs"))
+            flat = worker.receive_outputs(
+                described.get("outputs"), len(sizes) if isinstance(sizes, list) else 1
+            )
         except WorkerFailed as exc:
             if _out_of_memory(exc):
                 raise
             raise _ProbeFailed(exc.message) from exc
-        sizes = described.get("sizes")
         if (
             not isinstance(sizes, list)
             or not all(isinstance(n, int) and n >= 0 for n in sizes)
