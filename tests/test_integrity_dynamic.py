@@ -367,7 +367,11 @@ def test_caching_probe_judges_each_call_against_its_own_values() -> None:
         "outputs": [[torch.ones(2)], [torch.zeros(2)], [torch.ones(2)], [torch.ones(2)]],
         "specs": specs,
     }
-    ctx.judge = lambda outputs, spec: {"passed": bool(outputs[0].sum() > 0), "max_abs_err": 1.0}
+    ctx.expected = lambda spec: {}
+    ctx.judge = lambda outputs, spec, expected=None: {
+        "passed": bool(outputs[0].sum() > 0),
+        "max_abs_err": 1.0,
+    }
     findings = dynamic.check_caching(ctx)
     assert findings[0].severity == "fail" and "same buffers, new contents" in findings[0].detail
 
@@ -381,7 +385,11 @@ def test_a_candidate_wrong_in_correctness_and_now_and_then_right_is_not_called_a
     for correct, severity in ((False, "info"), (True, "fail")):
         ctx = _ctx(correct=correct)
         ctx._cache["cache"] = {"outputs": outputs, "specs": specs}
-        ctx.judge = lambda outputs, spec: {"passed": verdicts["passed"](outputs, spec), "max_abs_err": 1.0}
+        ctx.expected = lambda spec: {}
+        ctx.judge = lambda outputs, spec, expected=None: {
+            "passed": verdicts["passed"](outputs, spec),
+            "max_abs_err": 1.0,
+        }
         (finding,) = dynamic.check_caching(ctx)
         assert finding.severity == severity, (correct, finding)
 
@@ -628,7 +636,7 @@ class _ObservingWorker:
         self.send_request(request)
         return self.receive_reply()
 
-    def receive_outputs(self, outputs: list) -> list:
+    def receive_outputs(self, outputs: list, calls: int = 1) -> list:
         return [torch.zeros(3) for _ in outputs]
 
 
@@ -824,3 +832,59 @@ def test_the_cpu_poison_is_what_the_next_allocations_of_its_sizes_find() -> None
     )
     big, small = map(float, out.stdout.split())
     assert big > 0.99 and small > 0.99, out.stdout
+
+
+def _evaluated_without_a_kept_truth(monkeypatch: pytest.MonkeyPatch, candidate: str) -> tuple[object, int]:
+    """A CPU evaluation whose cache of reference outputs keeps nothing, as a GPU's does for a
+    float64 truth over its 8 GiB (a 1.6e9-element output's is 12 GiB): the record, and how many
+    answers the reference computed after the correctness draws."""
+    from pathlib import Path
+
+    from kbv.api import evaluate_paths
+    from kbv.evaluation import orchestrator
+    from kbv.evaluation import reference as _reference
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setitem(orchestrator.EXPECTED_CACHE_BYTES, "cpu", 0)
+    asked: list[str] = []
+    send = _reference._send_expected
+
+    def counted(ctx, *args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(ctx.found.open_phases[-1] if ctx.found.open_phases else "")
+        return send(ctx, *args, **kwargs)
+
+    monkeypatch.setattr(_reference, "_send_expected", counted)
+    problem = root / "src/kbv/suite/problems/level1/1_ReLU.py"
+    record = evaluate_paths(problem, root / candidate, protocol="verified", device="cpu")
+    return record, sum(phase != "correctness" for phase in asked)
+
+
+def test_probes_ask_for_each_draws_truth_once_where_the_cache_cannot_keep_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no truth is kept, the probes ask the reference for each of their draws once: three
+    for the cache probe's four calls (its B repeats), one for the poison probe's look at sizes and
+    one for its check. Before, twelve (the observation's look-ahead computed four and dropped them,
+    each judged call asked again); on an H100 each is a 12 GiB float64 truth, and `integrity` took
+    7.3-13.2 s of a 1.6e9-element evaluation (2026-12-07). Both fixtures: an honest candidate
+    passes, and the caching and unwritten-output hacks are still rejected."""
+    record, asked = _evaluated_without_a_kept_truth(
+        monkeypatch, "src/kbv/suite/candidates/honest_cpu/1_ReLU.py"
+    )
+    assert record.outcome.value == "passed" and asked <= 5, (record.outcome, asked)
+    for hack in ("cache_shape.py", "unwritten_empty.py"):
+        rejected, _ = _evaluated_without_a_kept_truth(monkeypatch, f"tests/fixtures/candidates/hacks/{hack}")
+        assert rejected.outcome.value in ("incorrect", "hack_detected"), (hack, rejected.outcome)
+
+
+def test_a_probes_calls_on_one_draw_are_judged_against_one_answer() -> None:
+    asked: list[int] = []
+    session = SimpleNamespace(
+        reference_outputs=lambda spec: asked.append(spec["seed"]) or {"seed": spec["seed"]},
+        judge=lambda got, expected: {"passed": got["outputs"][0] == expected["seed"]},
+    )
+    ctx = dynamic.DynamicContext(session)
+    specs = [{"seed": 1}, {"seed": 2}, {"seed": 2}, {"seed": 1, "mix_seed": 2}]
+    verdicts = ctx.judge_each([[1], [2], [3], [1]], specs)
+    assert [v["passed"] for v in verdicts] == [True, True, False, True]
+    assert asked == [1, 2, 1]

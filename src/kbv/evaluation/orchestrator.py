@@ -336,6 +336,8 @@ class Session:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per probe, added to the record
     # (name) -> a context manager that counts the parent's GPU reservation toward the probe's peak
     within_phase: Any = contextlib.nullcontext
+    # () -> whether the evaluation's cache keeps a draw's reference answers (not a truth too large)
+    expected_kept: Any = lambda: True
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
     # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
@@ -406,6 +408,7 @@ def _dynamic_findings(
         transients=ctx.found.transients,
         side_by_side=_side_by_side(ctx),
         within_phase=lambda name: _peaks_within(ctx, f"probe:{name}"),
+        expected_kept=lambda: _expected_kept(ctx),
     )
     try:
         result = dynamic.run_dynamic_checks(session)
@@ -413,6 +416,14 @@ def _dynamic_findings(
         speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
     finally:
         ctx.found.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
+
+
+def _expected_kept(ctx: _Context) -> bool:
+    """Whether the evaluation's cache of reference outputs keeps a draw's answers: its float64
+    truth (8 bytes an output element, as the first correctness draw counted them) within the
+    cache's budget. Unknown counts keep."""
+    truth_bytes = 8 * sum(ctx.gpu.output_numels or [])
+    return truth_bytes <= ctx.cache.expected.budget_bytes
 
 
 def _probe_base(ctx: _Context) -> str:
