@@ -112,10 +112,18 @@ step_inputs() {
 }
 
 # SERVICE_LIMIT: how many of level 1's problems the service load takes (default 20), beside every
-# GPU hack fixture
+# GPU hack fixture; SERVICE_COLD=1: the service first on a cache of its own (fresh builds compiled
+# on the host's cores, baselines measured), then kbv run
 step_service() {  # kbv serve under load: verified evaluations per hour, latency, verdicts against kbv run's
+    local cold=""
+    if [ -n "${SERVICE_COLD:-}" ]; then
+        cold="--service-first"
+        KBV_CACHE_DIR=$(mktemp -d /tmp/kbvc-cold.XXXX)
+        export KBV_CACHE_DIR
+    fi
+    # shellcheck disable=SC2086
     python benchmarks/service_load.py --device cuda --kernelbench "$KB/level1" --limit "${SERVICE_LIMIT:-20}" \
-        --clients 4 --max-queue 8 --timeout 120 --out "$OUT/service.json"
+        --clients 4 --max-queue 8 --timeout 120 --out "$OUT/service.json" $cold
 }
 
 step_acceptance() {  # issue 11's target: the bundled GPU candidates and fixtures in <= 5 minutes

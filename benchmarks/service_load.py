@@ -7,15 +7,21 @@ against ``kbv run``'s for the same pair.
    ``KBV_FIXTURE`` names (``--skip-slow`` leaves out those marked slow). Their problems are copied
    into one tree that the server names them in.
 2. ``kbv run``'s verdicts: the pairs through the sequential executor (``kbv.batch.run_batch``, what
-   ``kbv run`` runs), before the server starts, in a process of their own that has ended (and let go
-   of the GPU) when it does.
+   ``kbv run`` runs), in a process of their own that has ended (and let go of the GPU) when it
+   does: before the server starts, so that the service finds the builds and the baselines cached
+   (the steady state of a service that has seen each problem), or with ``--service-first`` after
+   it has stopped, so that on a fresh cache the service builds the CUDA sources on the host's
+   cores and measures its baselines itself (``compile_s_total`` says how long it compiled). The
+   report is written again with the comparison.
 3. The server on 127.0.0.1 (a token, ``--max-queue`` small enough to be reached), and ``--clients``
    threads each submitting its share of the pairs one request at a time, ``--repeat`` times over.
    A 429 is counted and retried after its ``Retry-After``.
 4. Each client polls its requests until done: latency is from the 202 to the first poll that sees
    the record. Evaluations per hour are the finished requests over the wall time from the first
    submission to the last record; verdicts per hour count only those that ended in a record (not
-   kbv's harness errors). ``rows`` keeps each request's outcome, latency and phases.
+   kbv's harness errors). ``rows`` keeps each request's outcome, latency and phases. Each finished
+   request prints a line, and the load's figures are written to ``--out`` before the comparison
+   (with ``--service-first``, before ``kbv run`` starts: a run cut there keeps them).
 
     PYTHONPATH=$PWD/src python benchmarks/service_load.py --clients 8 --max-queue 12 --out result.json
 
@@ -259,6 +265,9 @@ def client_thread(url: str, jobs: list[tuple[str, Path, Path]], load: Load, poll
                                 "pair": (problem, candidate),
                             }
                         )
+                        done = len(load.results)
+                    outcome = found.get("outcome") or found["status"]
+                    print(f"finished {done}: {outcome} {_shown(candidate)}", flush=True)
                 else:
                     still.append((request_id, sent, problem, candidate))
             pending = still
@@ -320,6 +329,72 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
+def _load_report(
+    args: argparse.Namespace,
+    commit: str,
+    pairs: list[tuple[Path, Path]],
+    jobs: list[Any],
+    load: Load,
+    wall: float,
+    metrics: str,
+    held_before: dict[str, float] | None,
+) -> dict[str, Any]:
+    """The service's figures: what the load measured, before any comparison with ``kbv run``."""
+    latencies = [r["latency_s"] for r in load.results]
+    outcomes: dict[str, int] = {}
+    for r in load.results:
+        outcomes[str(r.get("outcome") or r["status"])] = (
+            outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
+        )
+    return {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
+        "device": args.device,
+        "kernelbench": str(args.kernelbench) if args.kernelbench else None,
+        "commit": commit,
+        "pairs": len(pairs),
+        "requests": len(jobs),
+        "clients": args.clients,
+        "protocol": args.protocol,
+        "executor": f"local, {args.workers} CPU slots" if args.workers else "sequential",
+        "order": "the service, then kbv run" if args.service_first else "kbv run, then the service",
+        "finished": len(load.results),
+        "wall_s": round(wall, 1),
+        "evaluations_per_hour": round(len(load.results) / wall * 3600, 1),
+        "verdicts_per_hour": round(sum(1 for r in load.results if r.get("record")) / wall * 3600, 1),
+        **work_without_compile(load.results),
+        "latency_p50_s": round(percentile(latencies, 0.5), 1),
+        "latency_p95_s": round(percentile(latencies, 0.95), 1),
+        "latency_mean_s": round(statistics.fmean(latencies), 1) if latencies else None,
+        "queue_bound": args.max_queue,
+        "max_queued_seen": load.max_queued_seen,
+        "max_unfinished_seen": load.max_unfinished_seen,
+        "http_errors": load.errors[:20],
+        "answers_429": load.rejected_429,
+        "retry_after_s": sorted(set(load.retry_after)),
+        "outcomes": outcomes,
+        "gpu_memory_gib_held_before_the_server": held_before,
+        "rows": result_rows(load.results),
+        "metrics_excerpt": [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("kbv_serve_") and "_created" not in line and "_bucket" not in line
+        ],
+    }
+
+
+def _kbv_run(args: argparse.Namespace, pairs: list[tuple[Path, Path]]) -> tuple[dict[Any, str], float]:
+    """``kbv run``'s verdicts on the pairs, and the seconds they took."""
+    started = time.monotonic()
+    expected = kbv_run_verdicts(pairs, args.protocol, args.timeout, args.device)
+    return expected, time.monotonic() - started
+
+
+def _write(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -340,6 +415,12 @@ def main() -> None:
         help="a KernelBench level's folder: its references as candidates",
     )
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--service-first",
+        action="store_true",
+        help="serve before kbv run: on a fresh cache the service builds and measures its baselines "
+        "itself (the cold rate); by default kbv run comes first and leaves both cached",
+    )
     # kbv run's verdicts are computed by this script in a process of its own (kbv_run_verdicts)
     parser.add_argument("--verdicts-of", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--verdicts-to", type=Path, default=None, help=argparse.SUPPRESS)
@@ -361,9 +442,7 @@ def main() -> None:
     else:
         pairs = collect_pairs(args.skip_slow)[: args.limit or None]
     names = problem_tree(pairs, work / "problems")
-    started = time.monotonic()
-    expected = kbv_run_verdicts(pairs, args.protocol, args.timeout, args.device)
-    kbv_run_s = time.monotonic() - started
+    expected, kbv_run_s = ({}, 0.0) if args.service_first else _kbv_run(args, pairs)
     held_before = gpu_memory_held(args.device)  # what else holds the GPU the server will use
     port = free_port()
     server = start_server(args, work / "problems", work / "serve.sqlite", port, work / "serve.log")
@@ -389,6 +468,10 @@ def main() -> None:
     wall = max(r["finished"] for r in load.results) - started
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=300)
+    report = _load_report(args, commit, pairs, jobs, load, wall, metrics, held_before)
+    _write(args, report)  # the load's figures, before kbv run's verdicts: a cut run keeps them
+    if args.service_first:
+        expected, kbv_run_s = _kbv_run(args, pairs)
 
     from kbv.candidates import load_candidate
     from kbv.problems import load_problem
@@ -408,53 +491,16 @@ def main() -> None:
             mismatches.append(line)
             if (result.get("outcome") == "passed") != (expected.get(key) == "passed"):
                 pass_mismatches.append(line)
-    latencies = [r["latency_s"] for r in load.results]
-    outcomes: dict[str, int] = {}
-    for r in load.results:
-        outcomes[str(r.get("outcome") or r["status"])] = (
-            outcomes.get(str(r.get("outcome") or r["status"]), 0) + 1
-        )
-    report = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
-        "device": args.device,
-        "kernelbench": str(args.kernelbench) if args.kernelbench else None,
-        "commit": commit,
-        "pairs": len(pairs),
-        "requests": len(jobs),
-        "clients": args.clients,
-        "protocol": args.protocol,
-        "executor": f"local, {args.workers} CPU slots" if args.workers else "sequential",
-        "finished": len(load.results),
-        "wall_s": round(wall, 1),
-        "evaluations_per_hour": round(len(load.results) / wall * 3600, 1),
-        "verdicts_per_hour": round(sum(1 for r in load.results if r.get("record")) / wall * 3600, 1),
-        **work_without_compile(load.results),
-        "latency_p50_s": round(percentile(latencies, 0.5), 1),
-        "latency_p95_s": round(percentile(latencies, 0.95), 1),
-        "latency_mean_s": round(statistics.fmean(latencies), 1) if latencies else None,
-        "queue_bound": args.max_queue,
-        "max_queued_seen": load.max_queued_seen,
-        "max_unfinished_seen": load.max_unfinished_seen,
-        "http_errors": load.errors[:20],
-        "answers_429": load.rejected_429,
-        "retry_after_s": sorted(set(load.retry_after)),
-        "outcomes": outcomes,
-        "verdicts_equal_to_kbv_run": not mismatches,
-        "passed_equal_to_kbv_run": not pass_mismatches,
-        "mismatches": mismatches,
-        "kbv_run_s": round(kbv_run_s, 1),
-        "gpu_memory_gib_held_before_the_server": held_before,
-        "rows": result_rows(load.results),
-        "metrics_excerpt": [
-            line
-            for line in metrics.splitlines()
-            if line.startswith("kbv_serve_") and "_created" not in line and "_bucket" not in line
-        ],
-    }
+    report.update(
+        {
+            "verdicts_equal_to_kbv_run": not mismatches,
+            "passed_equal_to_kbv_run": not pass_mismatches,
+            "mismatches": mismatches,
+            "kbv_run_s": round(kbv_run_s, 1),
+        }
+    )
     print(json.dumps(report, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    _write(args, report)
     if pass_mismatches or load.errors or len(load.results) != len(jobs):
         if args.out:  # beside the report, so it comes back from a device call with it
             shutil.copy(work / "serve.log", Path(args.out).with_suffix(".serve.log"))

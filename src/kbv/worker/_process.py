@@ -106,8 +106,7 @@ class Worker(LimitWatch, IsolationReport):
         self._given: set[tuple[int, int]] = set()
         #: Descriptors of exported device memory that came with the last reply (``kbv.handoff``).
         self._fds: list[int] = []
-        #: The last hand-over read (:meth:`receive_outputs`): the elements its description claimed,
-        #: and for how many calls' outputs.
+        #: The last hand-over read: the elements it claimed, for how many calls' outputs.
         self.last_handover: tuple[int, int] = (0, 1)
         self._private_net = False
         self._exit_asked = False  # an ``exit`` request sent, its reply not read yet
@@ -282,10 +281,9 @@ class Worker(LimitWatch, IsolationReport):
         raise WorkerFailed(kind, str(error.get("message", "")), {**error, **self.logs()}, role=self.spec.role)
 
     def receive_outputs(self, description: Any, calls: int = 1) -> list[Any]:
-        """The parent's own copies of the tensors a reply handed over (``kbv.worker._handoff``), on
-        the evaluation's device: ``calls`` calls' outputs. Something unreadable is the worker's
-        failure; the parent running out of room for its copies raises torch's ``OutOfMemoryError``,
-        with :attr:`last_handover` saying what the worker claimed to hand over."""
+        """The parent's own copies of ``calls`` calls' outputs a reply handed over, on the device.
+        Something unreadable is the worker's failure; the parent with no room for its copies raises
+        torch's ``OutOfMemoryError`` (:attr:`last_handover`: what the worker claimed)."""
         from kbv import (
             handoff as _handoff,  # torch: not needed before a worker has answered (fast usage errors)
         )
