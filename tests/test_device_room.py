@@ -118,9 +118,19 @@ def test_an_evaluation_whose_room_was_not_kept_raises_and_records_nothing(
     )
     said = f"{GPU_TOO_SMALL}: the other processes on it held 70 GiB"
     monkeypatch.setattr(orchestrator, "_room_not_kept", lambda *args: said)
-    with pytest.raises(HarnessError, match="not through its own use"):
+    with pytest.raises(HarnessError, match="not through its own use") as raised:
         problem = ROOT / "src/kbv/suite/problems/level1/1_ReLU.py"
         evaluate_paths(problem, candidate, protocol="verified", device="cpu")
+    # the frames the worker's failure left hold none of the draw's tensors: the parent's device
+    # memory is free for the next evaluation, not kept by the error (20 GiB on an H100)
+    tb = raised.value.__cause__.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert len(frames) > 1 and all(frame.f_locals == {} for frame in frames[1:]), [
+        (f.f_code.co_name, sorted(f.f_locals)) for f in frames
+    ]
 
 
 def test_a_reference_running_out_is_weighed_before_it_is_the_candidates(

@@ -254,6 +254,10 @@ def _ended_by_failure(
     short = _room_not_kept(ctx, subject, failure, _kbv_processes(reference, spares), reference)
     _end_containment(ctx, reference, subject, gpu, spares, failure)
     if short is not None:
+        # The frames the failure left (a draw's outputs and float64 truth) go now, as for the
+        # parent's own out-of-memory error: held by the error, they kept 20 GiB of the GPU into
+        # the next evaluation on an H100 (2026-12-07, 36_RMSNorm_ then 47_Sum).
+        traceback.clear_frames(failure.__traceback__)
         raise HarnessError(short) from failure
     if _problem_failed(failure):
         return _problem_error_record(ctx, ref_hello, failure)
