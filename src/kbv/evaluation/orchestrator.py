@@ -342,6 +342,8 @@ class Session:
     within_phase: Any = contextlib.nullcontext
     # () -> whether the evaluation's cache keeps a draw's reference answers (not a truth too large)
     expected_kept: Any = lambda: True
+    # () -> the outputs' element counts the first correctness draw found, or None before it
+    output_numels: Any = lambda: None
     # Whether both workers may run a probe's forward at once: not where the evaluation holds its GPU
     # alone and two forwards would not fit beside each other (_side_by_side).
     side_by_side: bool = True
@@ -413,13 +415,20 @@ def _dynamic_findings(
         side_by_side=_side_by_side(ctx),
         within_phase=lambda name: _peaks_within(ctx, f"probe:{name}"),
         expected_kept=lambda: _expected_kept(ctx),
+        output_numels=lambda: ctx.gpu.output_numels,
     )
     try:
         result = dynamic.run_dynamic_checks(session)
         ctx.found.findings.extend(integrity.apply_severity(result.findings, ctx.protocol.integrity))
         speedup.update(result.corrections.get("speedup") or {})  # the record's speedup is the trusted one
     finally:
-        ctx.found.phases.update({f"probe:{name}": seconds for name, seconds in session.phases.items()})
+        ctx.found.phases.update({_probe_phase(name): seconds for name, seconds in session.phases.items()})
+
+
+def _probe_phase(name: str) -> str:
+    """A dynamic session's phase as the record names it: a check's seconds (``check:NAME``, its
+    probes' included) as they are, a probe's as ``probe:NAME``."""
+    return name if name.startswith("check:") else f"probe:{name}"
 
 
 def _expected_kept(ctx: _Context) -> bool:

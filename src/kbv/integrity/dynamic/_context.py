@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -133,29 +134,16 @@ class DynamicContext:
             ) from exc
 
     def handed(self, worker: Any, reply: wire_replies.Reply) -> list[list[Any]]:
-        """The output lists a probe handed over (``sizes`` says how to split them), as the parent's copies."""
-        # a probe_observe, probe_cache or probe_poison reply: {sizes, outputs}
+        """The output lists a probe handed over (``sizes`` says how to split them), as the parent's
+        copies, all read now."""
+        calls = self.handed_calls(worker, reply)
+        return [calls[k] for k in range(len(calls))]
+
+    def handed_calls(self, worker: Any, reply: wire_replies.Reply) -> HandedCalls:
+        """A probe's calls' outputs (a probe_observe, probe_cache or probe_poison reply: {sizes,
+        outputs}), each call's read when a check asks for it (:class:`HandedCalls`)."""
         described = getattr(reply, "outputs", None) or {}
-        sizes = described.get("sizes")
-        try:
-            flat = worker.receive_outputs(
-                described.get("outputs"), len(sizes) if isinstance(sizes, list) else 1
-            )
-        except WorkerFailed as exc:
-            if _out_of_memory(exc):
-                raise
-            raise _ProbeFailed(exc.message) from exc
-        if (
-            not isinstance(sizes, list)
-            or not all(isinstance(n, int) and n >= 0 for n in sizes)
-            or sum(sizes) != len(flat)
-        ):
-            raise _ProbeFailed("the worker's probe outputs do not match their description")
-        groups, position = [], 0
-        for n in sizes:
-            groups.append(flat[position : position + n])
-            position += n
-        return groups
+        return HandedCalls(worker, described.get("outputs"), described.get("sizes"))
 
     def handed_one(self, worker: Any, reply: wire_replies.Reply) -> list[Any]:
         """The one output list a probe handed over (:meth:`handed`)."""
@@ -215,20 +203,6 @@ class DynamicContext:
         holds them already: a float64 truth too large for the evaluation's cache is computed
         again by every call of :meth:`expected`)."""
         return self.session.judge(_wrap(outputs), self.expected(spec) if expected is None else expected)
-
-    def judge_each(self, outputs: list[list[Any]], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Each output list judged against its spec, the reference's answers to each distinct spec
-        asked for once and held only while its outputs are judged (the cache probe's calls repeat
-        a draw: its B twice)."""
-        verdicts: list[dict[str, Any] | None] = [None] * len(outputs)
-        for i, spec in enumerate(specs):
-            if verdicts[i] is not None:
-                continue
-            expected = self.expected(spec)
-            for j in range(i, len(outputs)):
-                if specs[j] == spec:
-                    verdicts[j] = self.judge(outputs[j], spec, expected)
-        return [v for v in verdicts if v is not None]
 
     def distribution(self) -> str:
         """The probe distribution: signed inputs where correctness ran them (identity-on-ReLU must
@@ -359,7 +333,7 @@ class DynamicContext:
                     out_path=sub.new_path("probe-cache"),
                 ),
             )
-            return {"outputs": self.handed(sub, reply), "specs": specs}
+            return {"outputs": self.handed_calls(sub, reply), "specs": specs}
 
         return self.once("cache", compute)
 
@@ -367,18 +341,111 @@ class DynamicContext:
         def compute() -> dict[str, Any]:
             spec = self.draw(1)
             sub = self.session.subject
-            # Blocks of exactly the outputs' sizes are what the CPU heap hands back to ``torch.empty``.
-            sizes = [
-                int(t.numel() * t.element_size())
-                for t in self.expected(spec)["truth"]["outputs"]
-                if isinstance(t, torch.Tensor)
-            ]
             reply = self.request(
-                sub, wire.ProbePoison(inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=sizes)
+                sub,
+                wire.ProbePoison(
+                    inputs=spec, out_path=sub.new_path("probe-poison"), output_nbytes=self._truth_nbytes(spec)
+                ),
             )
-            return {"spec": spec, "runs": self.handed(sub, reply)}
+            return {"spec": spec, "runs": self.handed_calls(sub, reply)}
 
         return self.once("poison", compute)
+
+    def _truth_nbytes(self, spec: dict[str, Any]) -> list[int]:
+        """The bytes of ``spec``'s float64 truth, output by output: blocks of exactly these sizes are
+        what the CPU heap hands back to ``torch.empty`` (``kbv.child.probes._poison``). Where the
+        evaluation's cache cannot keep a draw's answers they are counted from the outputs' element
+        counts, not asked for: asking would compute a float64 truth (12 GiB for a 1.6e9-element
+        output) only to read its sizes."""
+        counted = getattr(self.session, "output_numels", lambda: None)()
+        if counted and not getattr(self.session, "expected_kept", lambda: True)():
+            return [8 * int(n) for n in counted]
+        return [
+            int(t.numel() * t.element_size())
+            for t in self.expected(spec)["truth"]["outputs"]
+            if isinstance(t, torch.Tensor)
+        ]
+
+
+#: Hand-overs described item by item, whose items a read can take one call's of: a GPU's exported
+#: memory and IPC handles. A file is read once, whole (and removed as it is read).
+_ITEM_TRANSPORTS = ("cuda_vmm", "cuda_ipc")
+
+
+class HandedCalls(Sequence[list[Any]]):
+    """The outputs of a probe's calls, call ``k``'s read as ``calls[k]``: copied into the parent's
+    memory at each read and not kept here, so a check that reads one call at a time holds one
+    call's outputs. The cache probe's four calls held at once were 32 GiB of an 80 GB H100's for
+    87_conv_pointwise_2D, and kbv's parent ran out (2026-12-07). Where the hand-over is a file (a
+    candidate on the CPU) it is read once, whole, and kept.
+
+    A read is valid only until the worker's next reply: the descriptors that came with this one
+    are closed then, and their numbers may be reused. A later read is kbv's error, raised."""
+
+    def __init__(self, worker: Any, description: Any, sizes: Any) -> None:
+        if not isinstance(sizes, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes
+        ):
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+        self.worker, self.description, self.sizes = worker, description, list(sizes)
+        self._reply = getattr(worker, "last_span", None)
+        self._whole: list[Any] | None = None
+        items = description.get("items") if isinstance(description, dict) else None
+        self._items = items if description_by_item(description) else None
+        if self._items is not None and len(self._items) != sum(self.sizes):
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @overload
+    def __getitem__(self, k: int) -> list[Any]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[list[Any]]: ...
+
+    def __getitem__(self, k: int | slice) -> list[Any] | list[list[Any]]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(len(self))[k]]
+        k = range(len(self))[k]  # an IndexError past the end, as a list's
+        start = sum(self.sizes[:k])
+        if self._items is None:
+            whole = self._read_whole()
+            return whole[start : start + self.sizes[k]]
+        part = self._receive({**self.description, "items": self._items[start : start + self.sizes[k]]}, 1)
+        if len(part) != self.sizes[k]:
+            raise _ProbeFailed("the worker's probe outputs do not match their description")
+        return part
+
+    def _read_whole(self) -> list[Any]:
+        if self._whole is None:
+            whole = self._receive(self.description, len(self.sizes))
+            if len(whole) != sum(self.sizes):
+                raise _ProbeFailed("the worker's probe outputs do not match their description")
+            self._whole = whole
+        return self._whole
+
+    def _receive(self, description: Any, calls: int) -> list[Any]:
+        if getattr(self.worker, "last_span", None) is not self._reply:
+            raise RuntimeError(
+                "kbv read a probe's hand-over after the worker's next reply: its descriptors are "
+                "closed (a harness error, not the candidate's)"
+            )
+        try:
+            return list(self.worker.receive_outputs(description, calls))
+        except WorkerFailed as exc:
+            if _out_of_memory(exc):
+                raise
+            raise _ProbeFailed(exc.message) from exc
+
+
+def description_by_item(description: Any) -> bool:
+    """Whether a hand-over's items can be read one call's at a time (:data:`_ITEM_TRANSPORTS`)."""
+    return (
+        isinstance(description, dict)
+        and description.get("transport") in _ITEM_TRANSPORTS
+        and isinstance(description.get("items"), list)
+    )
 
 
 def _wrap(outputs: list[Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ runs the checks that need no probe against what the evaluation recorded. At the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
     findings: list[Finding] = []
     failed_probes: set[str] = set()
     for check in checks:
+        started = time.monotonic()
         try:
             findings.extend(check.run(ctx))
         except _ReferenceProbeFailed as exc:
@@ -86,7 +88,17 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
         finally:
             for probe in [p for p, reader in last_reader.items() if reader == check.name]:
                 ctx.release(probe)
+            _count_seconds(session, f"check:{check.name}", time.monotonic() - started)
     return DynamicResult(findings, dict(ctx.corrections))
+
+
+def _count_seconds(session: Any, name: str, seconds: float) -> None:
+    """A check's seconds, its probes' and the reference's answers it asked for included, in the
+    session's phases (the record's ``check:NAME``): where ``integrity`` goes beyond the probes'
+    own calls, such as judging their outputs."""
+    phases = getattr(session, "phases", None)
+    if phases is not None:
+        phases[name] = phases.get(name, 0.0) + seconds
 
 
 def findings_without_probes(timing: dict[str, Any] | None, transients: list[dict[str, Any]]) -> list[Finding]:

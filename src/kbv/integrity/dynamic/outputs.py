@@ -4,6 +4,7 @@ outputs left unwritten, runs that disagree, and draws whose failure did not repe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,16 +35,9 @@ from kbv.records import Finding
 )
 def check_caching(ctx: DynamicContext) -> list[Finding]:
     probe = ctx.cache_probe()
-    labels = [
-        "fresh buffers (control)",
-        "same buffers, new contents",
-        "new buffers, same contents",
-        "same sampled values, other data",
-    ]
-    repeated = _repeated_output(ctx, probe["outputs"], probe["specs"], labels)
+    verdicts, repeated = _cache_calls_judged(ctx, probe["outputs"], probe["specs"])
     if repeated:  # evidence of a cache even when the candidate is wrong everywhere
         return [_finding("caching_probe", repeated)]
-    verdicts = ctx.judge_each(probe["outputs"], probe["specs"])
     if not verdicts or not verdicts[0]["passed"]:
         note = (
             (verdicts[0].get("note") or f"max_abs_err {_fmt(verdicts[0].get('max_abs_err'))}")
@@ -60,7 +54,7 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
             ]
         return [_finding("caching_probe", f"control call was not correct ({note}); no verdict", "info")]
     bad = [
-        f"{labels[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip()
+        f"{_CACHE_LABELS[i]}: max_abs_err {_fmt(v.get('max_abs_err'))} {v.get('note') or ''}".strip()
         for i, v in enumerate(verdicts)
         if i and not v["passed"]
     ]
@@ -83,27 +77,92 @@ def check_caching(ctx: DynamicContext) -> list[Finding]:
     )
 
 
-def _repeated_output(
-    ctx: DynamicContext, outputs: list[Any], specs: list[dict[str, Any]], labels: list[str]
+_CACHE_LABELS = (
+    "fresh buffers (control)",
+    "same buffers, new contents",
+    "new buffers, same contents",
+    "same sampled values, other data",
+)
+
+
+def _cache_calls_judged(
+    ctx: DynamicContext, calls: Sequence[list[Any]], specs: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Each call judged against its own draw's answers, and the first call that repeats an earlier
+    one's output (:func:`_repeat_of_an_earlier_call`), read one call at a time: the parent holds
+    one call's outputs and one draw's answers (asked for once per draw: B's two calls share
+    them), not the four calls' outputs at once (:class:`kbv.integrity.dynamic._context.HandedCalls`)."""
+    verdicts: list[dict[str, Any]] = []
+    marks: list[tuple[Any, ...]] = []
+    held: tuple[dict[str, Any], dict[str, Any]] | None = None
+    for i in range(len(calls)):
+        outputs = calls[i]
+        marks.append(_fingerprint(outputs))
+        if held is None or held[0] != specs[i]:
+            held = None  # the last draw's answers go before the next draw's are asked for
+            held = (specs[i], ctx.expected(specs[i]))
+        verdicts.append(ctx.judge(outputs, specs[i], held[1]))
+        repeated = _repeat_of_an_earlier_call(ctx, i, (outputs, held[1], verdicts[i]), calls, specs, marks)
+        if repeated:
+            return verdicts, repeated
+        del outputs
+    return verdicts, None
+
+
+def _repeat_of_an_earlier_call(
+    ctx: DynamicContext,
+    i: int,
+    judged: tuple[list[Any], dict[str, Any], dict[str, Any]],
+    calls: Sequence[list[Any]],
+    specs: list[dict[str, Any]],
+    marks: list[tuple[Any, ...]],
 ) -> str | None:
-    """A call that returned, bit for bit, an earlier call's output for other input values, where the
-    reference's answers to the two differ: it came from a cache, not from the inputs. A discrete
-    output (integer or bool, such as argmax indices) that repeats and is right for its own inputs
-    is no evidence: indices of other inputs are often the same."""
-    for i in range(1, len(outputs)):
-        for j in range(i):
-            if specs[i] == specs[j] or not _bitwise_equal(outputs[i], outputs[j]) or _uniform(outputs[i]):
-                continue  # a uniform output (all zeros, say) is a constant, which correctness judges
-            truths = ctx.expected(specs[i])["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]
-            if _bitwise_equal(*truths) or _apart_by_less_than_output_ulps(outputs[i], *truths):
-                continue  # the reference cannot tell these inputs apart either, in this precision
-            if _discrete(outputs[i]) and ctx.judge(outputs[i], specs[i])["passed"]:
-                continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
-            return (
-                f"call {i + 1} ({labels[i]}) returned exactly the output of call {j + 1} ({labels[j]}) "
-                "for different input values"
-            )
+    """Call ``i`` (``judged``: its outputs, the reference's answers to its draw and its verdict)
+    returned, bit for bit, an earlier call's output for other input values, where the reference's
+    answers to the two differ: it came from a cache, not from the inputs. A discrete output
+    (integer or bool, such as argmax indices) that repeats and is right for its own inputs is no
+    evidence: indices of other inputs are often the same. Equal fingerprints (``marks``) only point
+    at a repeat: the earlier call is read again and compared bit for bit."""
+    outputs, expected, verdict = judged
+    for j in range(i):
+        if specs[i] == specs[j] or marks[i] != marks[j]:
+            continue
+        if _uniform(outputs):  # a uniform output (all zeros, say) is a constant, which correctness judges
+            return None
+        if not _bitwise_equal(outputs, calls[j]):
+            continue
+        truths = expected["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]
+        if _bitwise_equal(*truths) or _apart_by_less_than_output_ulps(outputs, *truths):
+            continue  # the reference cannot tell these inputs apart either, in this precision
+        if _discrete(outputs) and verdict["passed"]:
+            continue  # indices (argmax) repeat honestly; floating outputs of other inputs do not
+        return (
+            f"call {i + 1} ({_CACHE_LABELS[i]}) returned exactly the output of call {j + 1} "
+            f"({_CACHE_LABELS[j]}) for different input values"
+        )
     return None
+
+
+#: Elements a fingerprint's chunk widens to int64 at once (a 256 MiB temporary).
+_MARK_CHUNK = 1 << 25
+
+
+def _fingerprint(outputs: list[Any]) -> tuple[Any, ...]:
+    """Per output its dtype, shape and the sum of its bytes read as 16-bit integers (8-bit where
+    their count is odd), exact in int64: outputs equal bit for bit always share it, so only those
+    that share it need comparing (a sum an adversary can match only earns that comparison)."""
+    marks: list[Any] = []
+    for value in outputs:
+        if not isinstance(value, torch.Tensor):
+            marks.append(None)
+            continue
+        raw = value.detach().contiguous().reshape(-1).view(torch.uint8)
+        words = raw.view(torch.int16) if raw.numel() % 2 == 0 else raw
+        total = torch.zeros((), dtype=torch.int64, device=words.device)
+        for start in range(0, words.numel(), _MARK_CHUNK):  # one read back, not one a chunk
+            total += words[start : start + _MARK_CHUNK].sum(dtype=torch.int64)
+        marks.append((str(value.dtype), tuple(value.shape), int(total)))
+    return tuple(marks)
 
 
 #: Units in the last place of the output's dtype within which two truths are one answer: where the
@@ -189,9 +248,11 @@ def check_unwritten_output(ctx: DynamicContext) -> list[Finding]:
     expected = ctx.expected(probe["spec"])  # once: a truth the cache cannot keep is computed anew
     truth = expected["truth"]["outputs"]
     findings = []
-    for k, run in enumerate(probe["runs"]):
+    for k in range(len(probe["runs"])):  # one run's outputs held at a time (HandedCalls)
+        run = probe["runs"][k]
         nans = _nan_where_finite(run, truth)
         verdict = ctx.judge(run, probe["spec"], expected)
+        del run
         if nans:
             findings.append(
                 _finding(
@@ -224,12 +285,14 @@ def check_nondeterminism(ctx: DynamicContext) -> list[Finding]:
     runs = probe["runs"]
     if len(runs) < 2:
         return []
-    cand_diff = _max_diff(runs[0], runs[1])
+    cand_diff = _max_diff(runs[0], runs[1])  # the two runs held only for their difference
     ref_runs = ctx.reference_runs(probe["spec"], "fp32", repeats=2)
     ref_diff = _max_diff(ref_runs[0], ref_runs[1])
+    del ref_runs
     if cand_diff <= ref_diff:
         return []
-    passed = [ctx.judge(r, probe["spec"])["passed"] for r in runs]
+    expected = ctx.expected(probe["spec"])
+    passed = [ctx.judge(runs[k], probe["spec"], expected)["passed"] for k in range(len(runs))]
     severity = "warn" if all(passed) else "fail"
     return [
         _finding(
