@@ -883,8 +883,10 @@ class _Reads(list):
     """A probe's calls as a check reads them: fresh tensors at each read, the reads noted, and how
     many outputs of earlier reads were still alive when each read came (what the parent held)."""
 
-    def __init__(self, calls: list[list[torch.Tensor]]) -> None:
+    def __init__(self, calls: list[list[torch.Tensor]], asked: list | None = None) -> None:
         super().__init__(calls)
+        self.asked = asked if asked is not None else []  # the reference's answers asked for so far
+        self.asked_at_read: list[int] = []
         self.reads: list[int] = []
         self.alive_at_read: list[int] = []
         self._alive = 0
@@ -894,6 +896,7 @@ class _Reads(list):
 
         self.reads.append(k)
         self.alive_at_read.append(self._alive)
+        self.asked_at_read.append(len(self.asked))
         copies = [t.clone() for t in super().__getitem__(k)]
         for t in copies:
             self._alive += 1
@@ -913,6 +916,7 @@ def _judging_ctx(asked: list[int], truths: dict | None = None) -> dynamic.Dynami
         return (truths or {}).get(key, torch.full((4,), 3.0 if key[1] else float(key[0])))
 
     session = SimpleNamespace(
+        device="cpu",
         correct=True,
         reference_outputs=lambda spec: asked.append(spec["seed"]) or {"truth": {"outputs": [truth(spec)]}},
         judge=lambda got, expected: {
@@ -931,11 +935,14 @@ def test_the_cache_probes_calls_are_read_and_judged_one_at_a_time_against_one_an
     reference asked once per draw (B's two calls share its answer)."""
     asked: list[int] = []
     ctx = _judging_ctx(asked)
-    calls = _Reads([[torch.full((4,), v)] for v in (1.0, 2.0, 2.0, 3.0)])
+    calls = _Reads([[torch.full((4,), v)] for v in (1.0, 2.0, 2.0, 3.0)], asked)
     ctx._cache["cache"] = {"outputs": calls, "specs": _CACHE_SPECS}
     assert dynamic.check_caching(ctx) == []
     assert calls.reads == [0, 1, 2, 3] and calls.alive_at_read == [0, 0, 0, 0]
     assert asked == [1, 2, 1]
+    # each draw's answer asked for before its first call is read: the reference works while the
+    # parent holds none of the probe's outputs
+    assert calls.asked_at_read == [1, 2, 2, 3]
 
 
 def test_a_call_that_repeats_an_earlier_ones_bits_is_a_cache_found_by_reading_that_call_again() -> None:
@@ -1016,3 +1023,21 @@ def test_a_file_hand_over_is_read_once_whole() -> None:
     short = dynamic._context.HandedCalls(_HandingWorker("file"), {"transport": "file", "path": "x"}, [2, 2])
     with pytest.raises(dynamic._ProbeFailed):
         short[0]
+
+
+@pytest.mark.parametrize(
+    "device, kept, released", [("cuda:0", False, 1), ("cuda:0", True, 0), ("cpu", False, 0)]
+)
+def test_the_parents_unused_blocks_go_back_before_the_reference_computes_an_answer_too_large_to_keep(
+    monkeypatch: pytest.MonkeyPatch, device: str, kept: bool, released: int
+) -> None:
+    """The reference makes a draw's float64 copy through the host, seconds a draw, where the device
+    has less free than twice the copy; the parent's cached blocks count as taken. Before an answer
+    the cache cannot keep (computed anew), they are handed back; a kept one costs nothing."""
+    handed_back: list[str] = []
+    monkeypatch.setattr(dynamic._context, "release_cached_blocks", handed_back.append)
+    session = SimpleNamespace(
+        device=device, expected_kept=lambda: kept, reference_outputs=lambda spec: {"seed": spec["seed"]}
+    )
+    assert dynamic.DynamicContext(session).expected({"seed": 3}) == {"seed": 3}
+    assert handed_back == [device] * released

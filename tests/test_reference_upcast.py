@@ -70,6 +70,42 @@ def test_the_truth_made_from_a_host_copy_is_the_truth(
     for on_host in (False, True):
         monkeypatch.setattr(truth, "_upcast_on_host", lambda state, narrow, on_host=on_host: on_host)
         request = wire.Expected(distribution="spiked", seed=11, out_path=str(tmp_path / f"truth-{on_host}"))
-        errors.append(truth._expected(state, request).baseline_error)
+        reply = truth._expected(state, request)
+        assert reply.upcast_on_host == on_host  # the parent counts those seconds (below)
+        errors.append(reply.baseline_error)
     assert errors[0] == errors[1]
     assert errors[0]["outputs"][0]["norm"] > 0  # a real comparison: float32 against float64
+
+
+def test_the_record_counts_the_seconds_of_answers_whose_copy_went_through_the_host() -> None:
+    """On an H100 a 1.6e9-element problem's `integrity` took 10 s more in one run than in the next
+    (2026-12-07), the reference's answers seconds each where its float64 copy goes through the
+    host: the record says how long those took (``phases_s["reference:upcast_on_host"]``), and
+    nothing where none did."""
+    from kbv import wire_replies
+    from kbv.evaluation import reference as _reference
+    from kbv.worker._process import RequestSpan
+
+    def answered(on_host: bool) -> dict:
+        reply = wire_replies.ExpectedReply(
+            types=[],
+            truth_types=[],
+            baseline_outputs=[],
+            baseline_error={},
+            outputs={},
+            upcast_on_host=on_host,
+        )
+        worker = types.SimpleNamespace(
+            receive_reply=lambda request_id: reply,
+            receive_outputs=lambda description: [],
+            last_span=RequestSpan(10.0, 12.5, None),
+        )
+        ctx = types.SimpleNamespace(
+            cache=types.SimpleNamespace(expected=types.SimpleNamespace(put=lambda key, value: None)),
+            found=types.SimpleNamespace(phases={}),
+        )
+        _reference._expected_reply(ctx, worker, _reference._Asked(("k",), 1, False))
+        return ctx.found.phases
+
+    assert answered(True) == {"reference:upcast_on_host": 2.5}
+    assert answered(False) == {}

@@ -155,6 +155,8 @@ class ExpectedReply(Reply):
     baseline_error: dict[str, Any]
     outputs: dict[str, Any]  # the truth's hand-over (kbv.handoff)
     tf32_operators: dict[str, Any] | None = None
+    #: Whether the draw's float64 copy was made from a host copy (kbv.child.truth.HOST_UPCAST_BELOW)
+    upcast_on_host: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

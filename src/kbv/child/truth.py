@@ -109,6 +109,7 @@ def _expected(state: _State, request: wire.Expected) -> wire_replies.ExpectedRep
         baseline_error=error,
         outputs=handed,
         tf32_operators=operators,
+        upcast_on_host=on_host,
         steps_s=steps.taken(),
     )
 

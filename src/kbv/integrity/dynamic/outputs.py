@@ -96,11 +96,13 @@ def _cache_calls_judged(
     marks: list[tuple[Any, ...]] = []
     held: tuple[dict[str, Any], dict[str, Any]] | None = None
     for i in range(len(calls)):
+        if held is None or held[0] != specs[i]:
+            # asked for before the call's outputs are read, and after the last draw's answers
+            # went: the parent then holds nothing of the probe while the reference works
+            held = None
+            held = (specs[i], ctx.expected(specs[i]))
         outputs = calls[i]
         marks.append(_fingerprint(outputs))
-        if held is None or held[0] != specs[i]:
-            held = None  # the last draw's answers go before the next draw's are asked for
-            held = (specs[i], ctx.expected(specs[i]))
         verdicts.append(ctx.judge(outputs, specs[i], held[1]))
         repeated = _repeat_of_an_earlier_call(ctx, i, (outputs, held[1], verdicts[i]), calls, specs, marks)
         if repeated:
