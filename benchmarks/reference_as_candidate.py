@@ -129,6 +129,11 @@ def _row(name: str, tf32: bool, record) -> dict:
             if d.applicable and not d.passed
         ],
         "fail_findings": [(f.check, f.detail[:200]) for f in record.findings if f.severity == "fail"],
+        # checks kbv could not make (the reference failed the check's probe): a pass is only as good
+        # as the checks it made
+        "not_checked": [
+            (f.check, f.detail[:200]) for f in record.findings if f.detail.startswith("not checked")
+        ],
         "structure": record.seeds.get("structure"),
         "error": (record.error or {}).get("message", "")[:1500],
         "error_worker": (record.error or {}).get("worker"),  # which worker failed: a sweep's first question

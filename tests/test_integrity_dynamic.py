@@ -1041,3 +1041,23 @@ def test_the_parents_unused_blocks_go_back_before_the_reference_computes_an_answ
     )
     assert dynamic.DynamicContext(session).expected({"seed": 3}) == {"seed": 3}
     assert handed_back == [device] * released
+
+
+@pytest.mark.parametrize("failure", [dynamic._ReferenceProbeFailed, dynamic._ProbeFailed])
+def test_a_probe_that_failed_is_run_once_and_its_failure_reaches_every_reader(failure: type) -> None:
+    """Seven checks read the observation: where the reference failed it on an H100 (2026-12-07),
+    each ran it again, 3.8 s of one evaluation. Kept, the failure reaches every reader, and the
+    probe ran once."""
+    ran: list[int] = []
+
+    def compute() -> None:
+        ran.append(1)
+        raise failure("out of memory")
+
+    ctx = _ctx()
+    for _ in range(3):
+        with pytest.raises(failure, match="out of memory"):
+            ctx.once("observe", compute)
+    assert ran == [1]
+    ctx.once("other", lambda: 7)  # a probe that succeeded: computed once too, returned each time
+    assert ctx.once("other", lambda: 1 / 0) == 7

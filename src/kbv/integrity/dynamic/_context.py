@@ -93,13 +93,20 @@ class DynamicContext:
 
     # -- plumbing -------------------------------------------------------------------------------
     def once(self, key: str, compute: Any) -> Any:
-        """A probe's result, computed at most once (a failure :meth:`concurrently` stored is raised)."""
+        """A probe's result, computed at most once: a probe's failure is kept and raised to every
+        reader (as one :meth:`concurrently` stored)."""
         if key not in self._cache:
             started = time.monotonic()
             within = getattr(self.session, "within_phase", contextlib.nullcontext)
             try:
                 with within(key):
                     self._cache[key] = compute()
+            except (_ProbeFailed, _ReferenceProbeFailed) as exc:
+                # Kept, as concurrently() keeps it: each later reader raises it again instead of
+                # running the probe again (seven checks read the observation; a reference that
+                # failed it on an H100 ran it seven times, 3.8 s, 2026-12-07).
+                self._cache[key] = exc
+                raise
             finally:
                 phases = getattr(self.session, "phases", None)
                 if phases is not None:
