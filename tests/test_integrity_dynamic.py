@@ -14,6 +14,7 @@ from kbv.integrity import dynamic
 from kbv.integrity._registry import list_checks
 from kbv.integrity.dynamic import outputs as outputs_mod
 from kbv.protocol import VERIFIED
+from kbv.worker import WorkerFailed
 
 
 def _ctx(**session_fields) -> dynamic.DynamicContext:
@@ -695,19 +696,61 @@ def test_the_reference_answers_the_cache_probes_draws_while_the_candidate_waits_
     ] == 101
 
 
-def test_a_gpu_held_alone_for_two_forwards_that_do_not_fit_observes_one_worker_after_the_other() -> None:
+def test_a_gpu_held_alone_for_two_forwards_that_do_not_fit_observes_one_worker_after_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Not side by side: the candidate's observation, delay and look included, ends before the
-    reference's starts, and nothing of the reference runs while the candidate holds its outputs."""
+    reference's starts, and nothing of the reference runs while the candidate holds its outputs.
+    The parent keeps only what the checks read of the candidate's outputs and hands its unused
+    blocks back before the reference observes: on an H100 the reference failed its observation
+    of 38_L1Norm_'s 8.6 GB input (2026-12-07)."""
     log: list = []
+    monkeypatch.setattr(
+        dynamic._context, "release_cached_blocks", lambda device: log.append(("parent", "release"))
+    )
     session = _observing_session("cuda", False, log)
-    dynamic.DynamicContext(session).observe()
+    observed = dynamic.DynamicContext(session).observe()
     assert log == [
+        ("parent", "release"),  # room for the candidate's call, as before every one
         ("candidate", "send", "probe_observe"),
         ("candidate", "reply"),
+        ("parent", "release"),
         ("reference", "send", "probe_observe"),
         ("reference", "reply"),
     ]
     assert not session.subject.sent[0].deferred
+    assert observed["late_diff"] == 0.0 and observed["first_tensors"] == [True]
+
+
+@pytest.mark.parametrize(
+    "device, message, to_evaluation",
+    [
+        ("cuda", "CUDA out of memory. Tried to allocate 8.00 GiB", True),
+        ("cpu", "CUDA out of memory. Tried to allocate 8.00 GiB", False),
+        ("cuda", "the problem's forward raised ValueError", False),
+    ],
+)
+def test_a_reference_out_of_device_memory_in_a_probe_goes_to_the_evaluation_not_to_not_checked(
+    device: str, message: str, to_evaluation: bool
+) -> None:
+    """Where the reference runs out of device memory inside a probe, the evaluation decides whose
+    failure that is (kbv's ``HarnessError`` beside a candidate within its limit, else the
+    candidate's): left as the checks' ``not checked``, a candidate holding the GPU would pass them
+    unexamined. Any other failure of the reference leaves those checks ``not checked``."""
+    log: list = []
+    session = _observing_session(device, False, log)
+
+    def out_of_memory(request_id: int | None = None) -> wire_replies.Reply:
+        raise WorkerFailed("runtime_error", message, {}, role="reference")
+
+    session.reference.receive_reply = out_of_memory
+    ctx = dynamic.DynamicContext(session)
+    if to_evaluation:
+        with pytest.raises(WorkerFailed, match="out of memory"):
+            dynamic.check_output_type(ctx)
+    else:
+        with pytest.raises(dynamic._ReferenceProbeFailed):
+            dynamic.check_output_type(ctx)
 
 
 def _digest_word_by_word(words: torch.Tensor) -> int:

@@ -120,6 +120,18 @@ class DynamicContext:
         self._room_for(worker)
         return self._answer(worker, lambda: worker.request(request))
 
+    def _reference_failed(self, failure: WorkerFailed) -> Exception:
+        """What the trusted reference's failure inside a probe becomes: the checks that need that
+        probe are ``not checked`` (info), kbv's gap and never the candidate's fault, except where
+        the reference ran out of device memory. That failure goes to the evaluation, which decides
+        whose it is (``kbv.evaluation.budget._starved_reference``): kbv's ``HarnessError`` where the
+        candidate kept within its limit, the candidate's failure where it held more. Left as
+        ``not checked``, a candidate could hold the GPU until the reference's probes ran out and
+        pass the checks they serve unexamined."""
+        if self.on_cuda and _out_of_memory(failure):
+            return failure
+        return _ReferenceProbeFailed(f"{failure.kind}: {failure.message.strip()[-300:]}")
+
     def _room_for(self, worker: Any) -> None:
         """Before a probe's calls to the candidate, hand the parent's unused cached blocks back: the
         judged outputs of the earlier probes (two outputs' worth after the observation, 14.7 GiB for
@@ -133,7 +145,7 @@ class DynamicContext:
             return receive()  # type: ignore[no-any-return]
         except WorkerFailed as exc:
             if worker is self.session.reference:
-                raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+                raise self._reference_failed(exc) from exc
             if exc.kind in _REFUSE or _out_of_memory(exc):
                 raise
             raise _ProbeFailed(
@@ -192,7 +204,7 @@ class DynamicContext:
         try:
             return list(self.session.reference_runs(spec, precision, repeats))
         except WorkerFailed as exc:
-            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+            raise self._reference_failed(exc) from exc
 
     def expected(self, spec: dict[str, Any]) -> dict[str, Any]:
         """What the evaluation's judge needs for one input spec (computed once per evaluation): the
@@ -208,7 +220,7 @@ class DynamicContext:
         try:
             return dict(self.session.reference_outputs(spec))
         except WorkerFailed as exc:
-            raise _ReferenceProbeFailed(f"{exc.kind}: {exc.message.strip()[-300:]}") from exc
+            raise self._reference_failed(exc) from exc
 
     def judge(
         self, outputs: list[Any], spec: dict[str, Any], expected: dict[str, Any] | None = None
@@ -255,8 +267,12 @@ class DynamicContext:
                 # candidate's observation (with its delay) ends before the reference's starts.
                 cand = self.request(sub, to_candidate)
                 first, late = self.handed(sub, cand)
+                looked = _looked(first, late)
+                del first, late  # what the checks read of them is kept; the reference needs the room
+                if self.on_cuda:
+                    release_cached_blocks(str(self.session.device))
                 refr = self.request(ref, to_reference)
-                return self._observed(spec, delay_s, cand, refr, first, late)
+                return self._observed(spec, delay_s, cand, refr, looked)
             # Each observation counts its own process's threads and children, and the reference's
             # runs beside the candidate's; on a GPU, so do the reference's answers to the cache
             # probe's draws. On the CPU those answers fill the look's delay instead (below), where
@@ -285,7 +301,7 @@ class DynamicContext:
             late = self.handed_one(sub, late_reply)
             observed = wire_replies.ProbeObserveReply.of(cand)
             cand = replace(observed, activity={**observed.activity, "after_delay": late_reply.after_delay})
-            return self._observed(spec, delay_s, cand, refr, first, late)
+            return self._observed(spec, delay_s, cand, refr, _looked(first, late))
 
         return self.once("observe", compute)
 
@@ -295,19 +311,10 @@ class DynamicContext:
         delay_s: float,
         cand: wire_replies.Reply,
         refr: wire_replies.Reply,
-        first: list[Any],
-        late: list[Any],
+        looked: dict[str, Any],
     ) -> dict[str, Any]:
-        """The observations as the checks read them. Only the difference of the outputs is kept:
-        the outputs themselves would hold device memory all phase."""
-        return {
-            "spec": spec,
-            "delay_s": delay_s,
-            "candidate": cand,
-            "reference": refr,
-            "late_diff": _max_diff(first, late),
-            "first_tensors": [isinstance(t, torch.Tensor) for t in first],
-        }
+        """The observations as the checks read them (``looked``: :func:`_looked`)."""
+        return {"spec": spec, "delay_s": delay_s, "candidate": cand, "reference": refr, **looked}
 
     def cache_specs(self) -> list[dict[str, Any]]:
         """The cache probe's four calls' inputs: two draws the candidate has never seen (a cache must
@@ -460,6 +467,13 @@ def description_by_item(description: Any) -> bool:
         and description.get("transport") in _ITEM_TRANSPORTS
         and isinstance(description.get("items"), list)
     )
+
+
+def _looked(first: list[Any], late: list[Any]) -> dict[str, Any]:
+    """What the checks read of the observed call's outputs and of the look after the delay: their
+    difference and which were tensors. The outputs themselves would hold device memory all phase."""
+    tensors = [isinstance(t, torch.Tensor) for t in first]
+    return {"late_diff": _max_diff(first, late), "first_tensors": tensors}
 
 
 def _wrap(outputs: list[Any]) -> dict[str, Any]:
