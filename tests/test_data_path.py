@@ -251,6 +251,16 @@ def test_the_phases_and_each_probe_are_in_the_record_and_printed() -> None:
     assert line.startswith("time: total") and "correctness" in line
     # A probe is printed from 0.05 s on; on the CPU the observation may take less.
     assert "(probes: observe 0.1" in phases_line({**phases, "probe:observe": 0.1})
+    # Each check's seconds are in the record too; the slowest (from 0.5 s) are named, slowest first.
+    checks = {k for k in phases if k.startswith("check:")}
+    assert {"check:caching_probe", "check:unwritten_output", "check:output_type"} <= checks
+    assert sum(phases[k] for k in checks) <= phases["integrity"] + 1e-6
+    quick = {**{k: 0.01 for k in checks}, "total": 1.0}
+    assert "slowest checks" not in phases_line(quick)
+    slow = {**quick, "check:caching_probe": 10.4, "check:unwritten_output": 0.6, "check:output_type": 0.7}
+    assert phases_line(slow).endswith(
+        "(slowest checks: caching_probe 10.4, output_type 0.7, unwritten_output 0.6)"
+    )
 
 
 @pytest.mark.skipif(

@@ -107,7 +107,8 @@ PHASE_ORDER = (
 
 def phases_line(phases: dict[str, float]) -> str:
     """Where an evaluation's time went, from the record's ``phases_s``: the phases, then the
-    seconds of each integrity probe (the first check that needs a shared probe pays for it)."""
+    seconds of each integrity probe (the first check that needs a shared probe pays for it), then
+    the slowest checks (at most three, from :data:`SLOW_CHECK_S` on)."""
     if not phases:
         return ""
     main = [f"{name} {phases[name]:.1f}" for name in PHASE_ORDER if phases.get(name)]
@@ -116,8 +117,23 @@ def phases_line(phases: dict[str, float]) -> str:
         for name, seconds in phases.items()
         if name.startswith("probe:") and seconds >= 0.05
     ]
+    slow = sorted(
+        ((seconds, name.split(":", 1)[1]) for name, seconds in phases.items() if name.startswith("check:")),
+        reverse=True,
+    )
+    checks = [f"{name} {seconds:.1f}" for seconds, name in slow[:3] if seconds >= SLOW_CHECK_S]
     total = f"total {phases['total']:.1f} s: " if "total" in phases else ""
-    return f"time: {total}" + ", ".join(main) + (f" (probes: {', '.join(probes)})" if probes else "")
+    return (
+        f"time: {total}"
+        + ", ".join(main)
+        + (f" (probes: {', '.join(probes)})" if probes else "")
+        + (f" (slowest checks: {', '.join(checks)})" if checks else "")
+    )
+
+
+#: A check's seconds (``check:NAME``, its probes and the reference's answers it asked for included)
+#: from which ``kbv explain`` names it among the slowest: where ``integrity`` went beyond the probes.
+SLOW_CHECK_S = 0.5
 
 
 #: Below this width free text (a distribution's note, a timing warning) is printed under its table,
