@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 import torch
 
@@ -120,17 +120,17 @@ class DynamicContext:
         self._room_for(worker)
         return self._answer(worker, lambda: worker.request(request))
 
-    def _reference_failed(self, failure: WorkerFailed) -> Exception:
-        """What the trusted reference's failure inside a probe becomes: the checks that need that
-        probe are ``not checked`` (info), kbv's gap and never the candidate's fault, except where
-        the reference ran out of device memory. That failure goes to the evaluation, which decides
-        whose it is (``kbv.evaluation.budget._starved_reference``): kbv's ``HarnessError`` where the
-        candidate kept within its limit, the candidate's failure where it held more. Left as
-        ``not checked``, a candidate could hold the GPU until the reference's probes ran out and
-        pass the checks they serve unexamined."""
+    def _reference_failed(self, failure: WorkerFailed) -> NoReturn:
+        """Raise what the trusted reference's failure inside a probe becomes: the checks that need
+        that probe are ``not checked`` (info), kbv's gap and never the candidate's fault, except
+        where the reference ran out of device memory. That failure goes to the evaluation as it
+        is, which decides whose it is (``kbv.evaluation.budget._starved_reference``): kbv's
+        ``HarnessError`` where the candidate kept within its limit, the candidate's failure where
+        it held more. Left as ``not checked``, a candidate could hold the GPU until the reference's
+        probes ran out and pass the checks they serve unexamined."""
         if self.on_cuda and _out_of_memory(failure):
-            return failure
-        return _ReferenceProbeFailed(f"{failure.kind}: {failure.message.strip()[-300:]}")
+            raise failure
+        raise _ReferenceProbeFailed(f"{failure.kind}: {failure.message.strip()[-300:]}") from failure
 
     def _room_for(self, worker: Any) -> None:
         """Before a probe's calls to the candidate, hand the parent's unused cached blocks back: the
@@ -145,7 +145,7 @@ class DynamicContext:
             return receive()  # type: ignore[no-any-return]
         except WorkerFailed as exc:
             if worker is self.session.reference:
-                raise self._reference_failed(exc) from exc
+                self._reference_failed(exc)
             if exc.kind in _REFUSE or _out_of_memory(exc):
                 raise
             raise _ProbeFailed(
@@ -204,7 +204,7 @@ class DynamicContext:
         try:
             return list(self.session.reference_runs(spec, precision, repeats))
         except WorkerFailed as exc:
-            raise self._reference_failed(exc) from exc
+            self._reference_failed(exc)
 
     def expected(self, spec: dict[str, Any]) -> dict[str, Any]:
         """What the evaluation's judge needs for one input spec (computed once per evaluation): the
@@ -220,7 +220,7 @@ class DynamicContext:
         try:
             return dict(self.session.reference_outputs(spec))
         except WorkerFailed as exc:
-            raise self._reference_failed(exc) from exc
+            self._reference_failed(exc)
 
     def judge(
         self, outputs: list[Any], spec: dict[str, Any], expected: dict[str, Any] | None = None
