@@ -45,6 +45,7 @@ from kbv.candidates import load_candidate
 from kbv.correctness import reduction_lengths
 from kbv.evaluation.budget import too_small_for_gpu
 from kbv.execute import make_executor
+from kbv.integrity.dynamic import NOT_CHECKED
 from kbv.problems import check_importable, discover, load_problem
 from kbv.protocol import load_protocol
 from kbv.protocol_audit._sources import uses_tf32_ops
@@ -132,7 +133,7 @@ def _row(name: str, tf32: bool, record) -> dict:
         # checks kbv could not make (the reference failed the check's probe): a pass is only as good
         # as the checks it made
         "not_checked": [
-            (f.check, f.detail[:200]) for f in record.findings if f.detail.startswith("not checked")
+            (f.check, f.detail[:200]) for f in record.findings if f.detail.startswith(NOT_CHECKED)
         ],
         "structure": record.seeds.get("structure"),
         "error": (record.error or {}).get("message", "")[:1500],

@@ -1104,3 +1104,38 @@ def test_a_probe_that_failed_is_run_once_and_its_failure_reaches_every_reader(fa
     assert ran == [1]
     ctx.once("other", lambda: 7)  # a probe that succeeded: computed once too, returned each time
     assert ctx.once("other", lambda: 1 / 0) == 7
+
+
+def test_checks_whose_probe_the_reference_failed_are_named_not_checked_and_each_is_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two checks reading one probe the reference failed: each gets an info finding that starts
+    with ``NOT_CHECKED`` (what the honest sweep's rows list), the probe runs once, and each check's
+    seconds are in the session's phases as ``check:NAME``."""
+    from kbv.integrity import _registry
+    from kbv.integrity.dynamic import _run
+
+    ran: list[int] = []
+
+    def failing() -> None:
+        ran.append(1)
+        raise dynamic._ReferenceProbeFailed("runtime_error: the forward raised")
+
+    def reader(ctx: dynamic.DynamicContext) -> list:
+        ctx.once("observe", failing)
+        return []
+
+    checks = [
+        _registry.Check(name, "dynamic", "fail", "reads the observation", reader, needs_probe=True)
+        for name in ("output_type", "input_mutation")
+    ]
+    monkeypatch.setattr(_run, "ordered_checks", lambda kind: checks)
+    session = SimpleNamespace(device="cpu", rebuild=lambda: None, phases={})
+    result = dynamic.run_dynamic_checks(session)
+    assert [(f.check, f.severity.value) for f in result.findings] == [
+        ("output_type", "info"),
+        ("input_mutation", "info"),
+    ]
+    assert all(f.detail.startswith(dynamic.NOT_CHECKED) for f in result.findings)
+    assert ran == [1]
+    assert {"check:output_type", "check:input_mutation", "observe"} <= set(session.phases)

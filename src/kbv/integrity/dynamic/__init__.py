@@ -19,6 +19,7 @@ plausibility) and ``containment`` (the evaluation's end); ``_run`` runs them.
 from __future__ import annotations
 
 from kbv.integrity.dynamic._context import (
+    NOT_CHECKED,
     OBSERVE_DELAY_S,
     DynamicContext,
     _max_diff,
@@ -82,6 +83,7 @@ from kbv.integrity.dynamic.timing import (
 __all__ = [
     "DEFAULT_GPU_PEAK",
     "LIE_FACTOR",
+    "NOT_CHECKED",
     "OBSERVE_DELAY_S",
     "PEAKS",
     "SUSPICIOUS_SPEEDUP",

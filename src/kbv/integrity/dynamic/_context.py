@@ -108,9 +108,7 @@ class DynamicContext:
                 self._cache[key] = exc
                 raise
             finally:
-                phases = getattr(self.session, "phases", None)
-                if phases is not None:
-                    phases[key] = phases.get(key, 0.0) + time.monotonic() - started
+                count_seconds(self.session, key, time.monotonic() - started)
         value = self._cache[key]
         if isinstance(value, Exception):
             raise value
@@ -155,8 +153,7 @@ class DynamicContext:
     def handed(self, worker: Any, reply: wire_replies.Reply) -> list[list[Any]]:
         """The output lists a probe handed over (``sizes`` says how to split them), as the parent's
         copies, all read now."""
-        calls = self.handed_calls(worker, reply)
-        return [calls[k] for k in range(len(calls))]
+        return list(self.handed_calls(worker, reply))
 
     def handed_calls(self, worker: Any, reply: wire_replies.Reply) -> HandedCalls:
         """A probe's calls' outputs (a probe_observe, probe_cache or probe_poison reply: {sizes,
@@ -185,9 +182,8 @@ class DynamicContext:
                 self._cache[key] = self._answer(worker, lambda w=worker, i=request_id: w.receive_reply(i))
             except (_ProbeFailed, _ReferenceProbeFailed) as exc:
                 self._cache[key] = exc
-        phases = getattr(self.session, "phases", None)
-        if phases is not None and sent:
-            phases["+".join(k for k, _, _ in sent)] = time.monotonic() - started
+        if sent:
+            count_seconds(self.session, "+".join(k for k, _, _ in sent), time.monotonic() - started)
 
     def release(self, key: str) -> None:
         """Drop a probe's results once no later check reads them (their outputs hold device memory)."""
@@ -386,6 +382,19 @@ class DynamicContext:
             for t in self.expected(spec)["truth"]["outputs"]
             if isinstance(t, torch.Tensor)
         ]
+
+
+def count_seconds(session: Any, name: str, seconds: float) -> None:
+    """Add ``seconds`` to the session's phase ``name`` (a probe's, ``observe``; a check's,
+    ``check:NAME``), where the session keeps phases (a test's fake may not)."""
+    phases = getattr(session, "phases", None)
+    if phases is not None:
+        phases[name] = phases.get(name, 0.0) + seconds
+
+
+#: What a check's info finding says where the reference failed the probe it needs: kbv's gap,
+#: never the candidate's fault (sweeps list such checks as not made).
+NOT_CHECKED = "not checked"
 
 
 #: Hand-overs described item by item, whose items a read can take one call's of: a GPU's exported

@@ -14,7 +14,14 @@ from typing import Any
 
 from kbv import wire
 from kbv.integrity._registry import Check, ordered_checks
-from kbv.integrity.dynamic._context import DynamicContext, _finding, _ProbeFailed, _ReferenceProbeFailed
+from kbv.integrity.dynamic._context import (
+    NOT_CHECKED,
+    DynamicContext,
+    _finding,
+    _ProbeFailed,
+    _ReferenceProbeFailed,
+    count_seconds,
+)
 from kbv.integrity.dynamic.containment import ContainmentContext
 from kbv.records import Finding
 
@@ -76,7 +83,7 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
         try:
             findings.extend(check.run(ctx))
         except _ReferenceProbeFailed as exc:
-            detail = f"not checked: the reference failed this check's probe ({exc})"
+            detail = f"{NOT_CHECKED}: the reference failed this check's probe ({exc})"
             findings.append(_finding(check.name, detail, "info"))
         except _ProbeFailed as exc:
             message = str(exc)
@@ -88,17 +95,10 @@ def run_dynamic_checks(session: Any) -> DynamicResult:
         finally:
             for probe in [p for p, reader in last_reader.items() if reader == check.name]:
                 ctx.release(probe)
-            _count_seconds(session, f"check:{check.name}", time.monotonic() - started)
+            # its probes and the reference's answers it asked for included: where ``integrity``
+            # goes beyond the probes' own calls, such as judging their outputs
+            count_seconds(session, f"check:{check.name}", time.monotonic() - started)
     return DynamicResult(findings, dict(ctx.corrections))
-
-
-def _count_seconds(session: Any, name: str, seconds: float) -> None:
-    """A check's seconds, its probes' and the reference's answers it asked for included, in the
-    session's phases (the record's ``check:NAME``): where ``integrity`` goes beyond the probes'
-    own calls, such as judging their outputs."""
-    phases = getattr(session, "phases", None)
-    if phases is not None:
-        phases[name] = phases.get(name, 0.0) + seconds
 
 
 def findings_without_probes(timing: dict[str, Any] | None, transients: list[dict[str, Any]]) -> list[Finding]:
