@@ -17,10 +17,12 @@ import torch
 
 from kbv import error_stats
 from kbv.evaluation import draws
+from kbv.evaluation.budget import GPU_TOO_SMALL
 from kbv.evaluation.context import _Found, _GpuState
 from kbv.evaluation.reference import _all_finite
 from kbv.integrity.dynamic.outputs import _nan_where_finite
 from kbv.protocol import VERIFIED
+from kbv.worker import WorkerFailed
 
 
 class _Output:
@@ -175,3 +177,71 @@ def test_the_parents_peak_reservation_is_counted_toward_every_phase_open_while_i
     cpu = SimpleNamespace(found=_Found(), device="cpu")
     context._phase(cpu, "correctness", lambda: None)
     assert cpu.found.parent_peaks == {}
+
+
+class _OutOfRoomOnce:
+    """A candidate worker whose first draw beside the reference runs out of device memory."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def send_request(self, request: Any) -> int:
+        self.sent += 1
+        return self.sent
+
+    def receive_reply(self, request_id: int) -> Any:
+        raise WorkerFailed("runtime_error", "create returned CUresult 2 (out of memory)", role="candidate")
+
+    def new_path(self, stem: str) -> str:
+        return stem
+
+
+def _overlapped_loop(monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_room: bool) -> SimpleNamespace:
+    """One distribution's draws side by side with stub workers, the candidate's first running out of
+    device memory; what the loop did: the draws run alone, the releases, the context."""
+    alone_runs: list[int] = []
+    released: list[str] = []
+    monkeypatch.setattr(draws._reference, "_usable_reference", lambda ctx, ref, variant, seed: ({}, variant))
+    monkeypatch.setattr(draws, "_run", lambda worker, variant, seed, precision: alone_runs.append(seed) or {})
+    monkeypatch.setattr(draws, "_judge_draw", lambda ctx, got, expected: {"passed": True})
+    monkeypatch.setattr(draws, "_output_numels", lambda expected: [1])
+    monkeypatch.setattr(draws, "release_cached_blocks", released.append)
+    monkeypatch.setattr(draws, "_room_for_candidate", lambda ctx, subject: None)
+    reason = GPU_TOO_SMALL if kbv_held_the_room else None
+    monkeypatch.setattr(draws, "_room_not_kept", lambda ctx, subject, failure, reference=None: reason)
+    ctx = SimpleNamespace(
+        protocol=VERIFIED,
+        seeds=SimpleNamespace(draw=lambda distribution, k: 1000 + k),
+        device="cuda",
+        gpu=_GpuState(held=held, drawing=True),
+        found=_Found(),
+        longest_reduction=1,
+    )
+    subject = _OutOfRoomOnce()
+    result = draws._check_distribution(ctx, None, subject, "original")  # type: ignore[arg-type]
+    return SimpleNamespace(result=result, alone_runs=alone_runs, released=released, ctx=ctx, subject=subject)
+
+
+def test_a_candidate_out_of_room_beside_the_references_draw_runs_it_again_alone(monkeypatch):
+    """Where kbv's processes held the room (the reference at its peak beside the draw), the draw is
+    run again after the reference has answered, and the rest follow one after the other."""
+    done = _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", True)
+    per_distribution = VERIFIED.correctness.draws_per_distribution
+    assert done.result.passed
+    assert done.subject.sent == 1, "only the first draw ran beside the reference"
+    assert done.alone_runs == [1000 + k for k in range(per_distribution)]
+    assert done.ctx.gpu.drawing is False
+    assert "the correctness draws one after the other from original draw 0 on" in done.ctx.gpu.held
+    assert done.ctx.gpu.held.startswith("alone")
+    assert done.released, "the parent kept its cached blocks for the draw run again"
+
+
+def test_a_candidate_out_of_its_own_room_keeps_its_failure(monkeypatch):
+    with pytest.raises(WorkerFailed, match="out of memory"):
+        _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", False)
+
+
+def test_a_shared_gpu_does_not_run_a_draw_again(monkeypatch):
+    """Beside other evaluations the room may be theirs: the decision stays the orchestrator's."""
+    with pytest.raises(WorkerFailed, match="out of memory"):
+        _overlapped_loop(monkeypatch, "shared with other evaluations outside the timing phase", True)

@@ -11,7 +11,7 @@ from kbv import correctness, wire, wire_replies
 from kbv.channel import memfd_available
 from kbv.devices import release_cached_blocks
 from kbv.evaluation import reference as _reference
-from kbv.evaluation.budget import _output_numels, _room_for_candidate
+from kbv.evaluation.budget import _output_numels, _room_for_candidate, _room_not_kept
 from kbv.evaluation.context import _Context, _phase, _structure
 from kbv.evaluation.requests import _forward, _received, _run
 from kbv.records import DistributionResult
@@ -155,7 +155,7 @@ def _check_distribution(
             outputs, first = ahead.answers(ctx, reference, subject)
             ahead = None
             expected, used = _reference._usable_reference(ctx, reference, variant, seed, first=first)
-        elif draws_overlap(ctx.device):
+        elif ctx.gpu.drawing:
             # The candidate runs its draw while the reference computes the baseline and the truth of
             # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
             # passes between them; the parent judges once both have answered.
@@ -163,7 +163,8 @@ def _check_distribution(
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
             if expected is not None and ctx.gpu.output_numels is None:  # before the candidate's
                 ctx.gpu.output_numels = _output_numels(expected)  # hand-over is copied (_oversized_handover)
-            outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
+            # (a pending build's reply first); None: run again below, alone
+            outputs = _overlapped_outputs(ctx, (reference, subject), run, f"{distribution} draw {k}")
         else:
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
         if expected is None:
@@ -210,6 +211,42 @@ def _check_distribution(
         note = f"reference not finite on {distribution}; used the domain-preserving variant {variant}"
         result.note = (note + "; " + result.note).strip("; ")
     return result
+
+
+def _overlapped_outputs(
+    ctx: _Context, workers: tuple[Worker, Worker], run: int, label: str
+) -> dict[str, Any] | None:
+    """The candidate's outputs of a draw it ran beside the reference's, or None where it ran out of
+    device memory in room kbv's own processes held (:func:`kbv.evaluation.budget._room_not_kept`)
+    on a GPU the evaluation holds alone: from then on the draws go one after the other
+    (:func:`_draws_apart`) and the caller runs this one again, alone. Beside the reference's peak
+    an honest candidate can find no room that it would have once the reference has answered: on
+    an H100 36_RMSNorm_'s candidate had 17.4 GiB beside a reference of 28.9 GiB (35.9 at its peak)
+    and the parent's copy of the float64 truth, where one after the other would leave it about 44
+    (2026-12-07, benchmarks/results/2026-12-07-h100-probe-reads-cost-tf32/). Overlapping saves the
+    candidate's seconds a draw, so the draws stay side by side until that happens."""
+    reference, subject = workers
+    try:
+        return _received(subject, subject.receive_reply(run))
+    except WorkerFailed as failure:
+        alone = ctx.gpu.held.startswith("alone")
+        if not alone or _room_not_kept(ctx, subject, failure, reference=reference) is None:
+            raise
+        _draws_apart(ctx, subject, label)
+        return None
+
+
+def _draws_apart(ctx: _Context, subject: Worker, label: str) -> None:
+    """The rest of the correctness draws one after the other: the reference keeps no more cached
+    than the candidate's room allows (:func:`_room_for_candidate`), the parent hands its cached
+    blocks back, and the record's ``isolation.gpu`` says from which draw."""
+    ctx.gpu.drawing = False
+    _room_for_candidate(ctx, subject)
+    release_cached_blocks(ctx.device)
+    ctx.gpu.held += (
+        f"; the correctness draws one after the other from {label} on (the candidate ran out of "
+        "device memory beside the reference's draw, in room kbv's processes held)"
+    )
 
 
 def draws_ahead(ctx: _Context) -> bool:
