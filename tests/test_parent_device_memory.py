@@ -18,7 +18,7 @@ import torch
 from kbv import error_stats
 from kbv.evaluation import draws
 from kbv.evaluation.budget import GPU_TOO_SMALL
-from kbv.evaluation.context import _Found, _GpuState
+from kbv.evaluation.context import _Found, _GpuState, _ReferenceCache
 from kbv.evaluation.reference import _all_finite
 from kbv.integrity.dynamic.outputs import _nan_where_finite
 from kbv.protocol import VERIFIED
@@ -180,28 +180,46 @@ def test_the_parents_peak_reservation_is_counted_toward_every_phase_open_while_i
 
 
 class _OutOfRoomOnce:
-    """A candidate worker whose first draw beside the reference runs out of device memory."""
+    """A candidate worker whose first draw beside the reference runs out of device memory (or, where
+    the reference is the one, answers it)."""
 
-    def __init__(self) -> None:
-        self.sent = 0
+    def __init__(self, fails: bool) -> None:
+        self.sent, self.fails = 0, fails
 
     def send_request(self, request: Any) -> int:
         self.sent += 1
         return self.sent
 
     def receive_reply(self, request_id: int) -> Any:
-        raise WorkerFailed("runtime_error", "create returned CUresult 2 (out of memory)", role="candidate")
+        if self.fails:
+            raise WorkerFailed(
+                "runtime_error", "create returned CUresult 2 (out of memory)", role="candidate"
+            )
+        return None
 
     def new_path(self, stem: str) -> str:
         return stem
 
 
-def _overlapped_loop(monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_room: bool) -> SimpleNamespace:
-    """One distribution's draws side by side with stub workers, the candidate's first running out of
-    device memory; what the loop did: the draws run alone, the releases, the context."""
+def _overlapped_loop(
+    monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_room: bool, who: str = "candidate"
+) -> SimpleNamespace:
+    """One distribution's draws side by side with stub workers, the first draw of ``who`` running
+    out of device memory; what the loop did: the draws run alone, the releases, the context."""
     alone_runs: list[int] = []
     released: list[str] = []
-    monkeypatch.setattr(draws._reference, "_usable_reference", lambda ctx, ref, variant, seed: ({}, variant))
+    asked: list[int] = []
+
+    def usable_reference(ctx: Any, ref: Any, variant: str, seed: int) -> tuple[dict, str]:
+        asked.append(seed)
+        if who == "reference" and len(asked) == 1:
+            raise WorkerFailed(
+                "runtime_error", "CUDA out of memory. Tried to allocate 32.00 GiB", role="reference"
+            )
+        return {}, variant
+
+    monkeypatch.setattr(draws._reference, "_usable_reference", usable_reference)
+    monkeypatch.setattr(draws, "_received", lambda worker, reply: {})
     monkeypatch.setattr(draws, "_run", lambda worker, variant, seed, precision: alone_runs.append(seed) or {})
     monkeypatch.setattr(draws, "_judge_draw", lambda ctx, got, expected: {"passed": True})
     monkeypatch.setattr(draws, "_output_numels", lambda expected: [1])
@@ -215,30 +233,37 @@ def _overlapped_loop(monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_ro
         device="cuda",
         gpu=_GpuState(held=held, drawing=True),
         found=_Found(),
+        cache=_ReferenceCache(tf32_operators_asked=True),
         longest_reduction=1,
     )
-    subject = _OutOfRoomOnce()
+    subject = _OutOfRoomOnce(fails=who == "candidate")
     result = draws._check_distribution(ctx, None, subject, "original")  # type: ignore[arg-type]
-    return SimpleNamespace(result=result, alone_runs=alone_runs, released=released, ctx=ctx, subject=subject)
+    return SimpleNamespace(
+        result=result, alone_runs=alone_runs, released=released, ctx=ctx, subject=subject, asked=asked
+    )
 
 
-def test_a_candidate_out_of_room_beside_the_references_draw_runs_it_again_alone(monkeypatch):
-    """Where kbv's processes held the room (the reference at its peak beside the draw), the draw is
-    run again after the reference has answered, and the rest follow one after the other."""
-    done = _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", True)
+@pytest.mark.parametrize("who", ["candidate", "reference"])
+def test_a_worker_out_of_room_beside_the_others_draw_runs_it_again_alone(monkeypatch, who):
+    """Where kbv's processes held the room (the other worker at its peak beside the draw), the draw
+    is run again one worker after the other, and the rest follow so."""
+    done = _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", True, who)
     per_distribution = VERIFIED.correctness.draws_per_distribution
     assert done.result.passed
-    assert done.subject.sent == 1, "only the first draw ran beside the reference"
+    assert done.subject.sent == 1, "only the first draw ran side by side"
     assert done.alone_runs == [1000 + k for k in range(per_distribution)]
+    assert done.asked == [1000] * (who == "reference") + [1000 + k for k in range(per_distribution)]
     assert done.ctx.gpu.drawing is False
-    assert "the correctness draws one after the other from original draw 0 on" in done.ctx.gpu.held
+    assert f"one after the other from original draw 0 on (the {who} ran out" in done.ctx.gpu.held
     assert done.ctx.gpu.held.startswith("alone")
     assert done.released, "the parent kept its cached blocks for the draw run again"
+    assert done.ctx.cache.tf32_operators_asked is (who == "candidate"), "asked again after a failed request"
 
 
-def test_a_candidate_out_of_its_own_room_keeps_its_failure(monkeypatch):
+@pytest.mark.parametrize("who", ["candidate", "reference"])
+def test_a_worker_out_of_room_of_the_candidates_own_use_keeps_its_failure(monkeypatch, who):
     with pytest.raises(WorkerFailed, match="out of memory"):
-        _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", False)
+        _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", False, who)
 
 
 def test_a_shared_gpu_does_not_run_a_draw_again(monkeypatch):

@@ -158,13 +158,11 @@ def _check_distribution(
         elif ctx.gpu.drawing:
             # The candidate runs its draw while the reference computes the baseline and the truth of
             # the same draw: two processes, so the draw costs the slower side, not the sum. Nothing
-            # passes between them; the parent judges once both have answered.
-            run = subject.send_request(_forward(subject, variant, seed, "native"))
-            expected, used = _reference._usable_reference(ctx, reference, variant, seed)
-            if expected is not None and ctx.gpu.output_numels is None:  # before the candidate's
-                ctx.gpu.output_numels = _output_numels(expected)  # hand-over is copied (_oversized_handover)
-            # (a pending build's reply first); None: run again below, alone
-            outputs = _overlapped_outputs(ctx, (reference, subject), run, f"{distribution} draw {k}")
+            # passes between them; the parent judges once both have answered. Outputs None: the
+            # candidate's draw is run again below, alone.
+            expected, used, outputs = _side_by_side(
+                ctx, (reference, subject), variant, seed, f"{distribution} draw {k}"
+            )
         else:
             expected, used = _reference._usable_reference(ctx, reference, variant, seed)
         if expected is None:
@@ -213,30 +211,62 @@ def _check_distribution(
     return result
 
 
-def _overlapped_outputs(
-    ctx: _Context, workers: tuple[Worker, Worker], run: int, label: str
-) -> dict[str, Any] | None:
-    """The candidate's outputs of a draw it ran beside the reference's, or None where it ran out of
-    device memory in room kbv's own processes held (:func:`kbv.evaluation.budget._room_not_kept`)
-    on a GPU the evaluation holds alone: from then on the draws go one after the other
-    (:func:`_draws_apart`) and the caller runs this one again, alone. Beside the reference's peak
-    an honest candidate can find no room that it would have once the reference has answered: on
-    an H100 36_RMSNorm_'s candidate had 17.4 GiB beside a reference of 28.9 GiB (35.9 at its peak)
-    and the parent's copy of the float64 truth, where one after the other would leave it about 44
-    (2026-12-07, benchmarks/results/2026-12-07-h100-probe-reads-cost-tf32/). Overlapping saves the
-    candidate's seconds a draw, so the draws stay side by side until that happens."""
+def _side_by_side(
+    ctx: _Context, workers: tuple[Worker, Worker], variant: str, seed: int, label: str
+) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None]:
+    """One draw with the candidate's run beside the reference's answer: (the reference's expected,
+    the variant it used, the candidate's outputs). Where either worker ran out of device memory in
+    room the other processes held (:func:`kbv.evaluation.budget._room_not_kept`: kbv's, with a
+    candidate within its limit) on a GPU the evaluation holds alone, the draws go one after the
+    other from here on (:func:`_draws_apart`): a reference that ran out is asked again once the
+    candidate has answered, and the candidate's outputs are None, for the caller to run its draw
+    again, alone. Beside the other's peak an honest worker finds no room that it would have once
+    the other has answered: on an H100 36_RMSNorm_'s candidate had 17.4 GiB beside a reference of
+    28.9 GiB (35.9 at its peak) and the parent's copy of the float64 truth, where one after the
+    other would leave it about 44 (2026-12-07,
+    benchmarks/results/2026-12-07-h100-probe-reads-cost-tf32/); 45_Average_Pooling_2D's reference
+    asked for 32 GiB beside a candidate of 16.6. Overlapping saves the candidate's seconds on every
+    draw, so the draws stay side by side until that happens."""
     reference, subject = workers
+    run = subject.send_request(_forward(subject, variant, seed, "native"))
     try:
-        return _received(subject, subject.receive_reply(run))
+        expected, used = _reference._usable_reference(ctx, reference, variant, seed)
     except WorkerFailed as failure:
-        alone = ctx.gpu.held.startswith("alone")
-        if not alone or _room_not_kept(ctx, subject, failure, reference=reference) is None:
+        if not _room_was_kbvs(ctx, workers, failure):
             raise
-        _draws_apart(ctx, subject, label)
-        return None
+        with contextlib.suppress(WorkerFailed):  # its outputs are not read: it runs the draw again
+            subject.receive_reply(run)
+        _draws_apart(ctx, subject, label, "the reference")
+        if ctx.cache.tf32_operators is None:  # a failed request's record of them is asked for again
+            ctx.cache.tf32_operators_asked = False
+        expected, used = _reference._usable_reference(ctx, reference, variant, seed)
+        return expected, used, None
+    if expected is not None and ctx.gpu.output_numels is None:  # before the candidate's
+        ctx.gpu.output_numels = _output_numels(expected)  # hand-over is copied (_oversized_handover)
+    try:
+        return (
+            expected,
+            used,
+            _received(subject, subject.receive_reply(run)),
+        )  # (a pending build's reply first)
+    except WorkerFailed as failure:
+        if not _room_was_kbvs(ctx, workers, failure):
+            raise
+        _draws_apart(ctx, subject, label, "the candidate")
+        return expected, used, None
 
 
-def _draws_apart(ctx: _Context, subject: Worker, label: str) -> None:
+def _room_was_kbvs(ctx: _Context, workers: tuple[Worker, Worker], failure: WorkerFailed) -> bool:
+    """Whether a worker's failure beside the other's draw is running out of device memory that
+    kbv's processes held, on a GPU the evaluation holds alone (another evaluation's share is not
+    kbv's to take back)."""
+    reference, subject = workers
+    if not ctx.gpu.held.startswith("alone"):
+        return False
+    return _room_not_kept(ctx, subject, failure, reference=reference) is not None
+
+
+def _draws_apart(ctx: _Context, subject: Worker, label: str, who: str) -> None:
     """The rest of the correctness draws one after the other: the reference keeps no more cached
     than the candidate's room allows (:func:`_room_for_candidate`), the parent hands its cached
     blocks back, and the record's ``isolation.gpu`` says from which draw."""
@@ -244,8 +274,8 @@ def _draws_apart(ctx: _Context, subject: Worker, label: str) -> None:
     _room_for_candidate(ctx, subject)
     release_cached_blocks(ctx.device)
     ctx.gpu.held += (
-        f"; the correctness draws one after the other from {label} on (the candidate ran out of "
-        "device memory beside the reference's draw, in room kbv's processes held)"
+        f"; the correctness draws one after the other from {label} on ({who} ran out of device "
+        "memory beside the other worker's draw, in room kbv's processes held)"
     )
 
 
