@@ -273,6 +273,9 @@ def _appending(results: Path, protocol: str) -> Any:
             "bytes": problem_bytes(problem.path),
             # kbv's parent's most reserved GPU memory per phase (GPU only): where its copies go
             "parent_peak_bytes": record.memory.get("parent_device_peak_bytes") or {},
+            # how the evaluation held its GPU, and from which correctness draw on the workers took
+            # turns (kbv.evaluation.draws._side_by_side)
+            "gpu": record.isolation.get("gpu"),
         }
         with open(results, "a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
