@@ -200,6 +200,9 @@ class _OutOfRoomOnce:
     def new_path(self, stem: str) -> str:
         return stem
 
+    def alive(self) -> bool:
+        return True
+
 
 def _overlapped_loop(
     monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_room: bool, who: str = "candidate"

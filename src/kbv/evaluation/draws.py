@@ -234,8 +234,11 @@ def _side_by_side(
     except WorkerFailed as failure:
         if not _room_was_kbvs(ctx, workers, failure):
             raise
-        with contextlib.suppress(WorkerFailed):  # its outputs are not read: it runs the draw again
+        try:  # its outputs are not read: it runs the draw again
             subject.receive_reply(run)
+        except WorkerFailed:
+            if not subject.alive():  # (a CUDA error ends its worker): that failure is its own
+                raise
         _draws_apart(ctx, subject, label, "the reference")
         if ctx.cache.tf32_operators is None:  # a failed request's record of them is asked for again
             ctx.cache.tf32_operators_asked = False
