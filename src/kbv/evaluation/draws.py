@@ -247,16 +247,13 @@ def _side_by_side(
     if expected is not None and ctx.gpu.output_numels is None:  # before the candidate's
         ctx.gpu.output_numels = _output_numels(expected)  # hand-over is copied (_oversized_handover)
     try:
-        return (
-            expected,
-            used,
-            _received(subject, subject.receive_reply(run)),
-        )  # (a pending build's reply first)
+        outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
     except WorkerFailed as failure:
         if not _room_was_kbvs(ctx, workers, failure):
             raise
         _draws_apart(ctx, subject, label, "the candidate")
         return expected, used, None
+    return expected, used, outputs
 
 
 def _room_was_kbvs(ctx: _Context, workers: tuple[Worker, Worker], failure: WorkerFailed) -> bool:
