@@ -183,8 +183,8 @@ class _OutOfRoomOnce:
     """A candidate worker whose first draw beside the reference runs out of device memory (or, where
     the reference is the one, answers it)."""
 
-    def __init__(self, fails: bool) -> None:
-        self.sent, self.fails = 0, fails
+    def __init__(self, fails: bool, ended: bool = False) -> None:
+        self.sent, self.fails, self.ended = 0, fails, ended
 
     def send_request(self, request: Any) -> int:
         self.sent += 1
@@ -201,11 +201,15 @@ class _OutOfRoomOnce:
         return stem
 
     def alive(self) -> bool:
-        return True
+        return not self.ended
 
 
 def _overlapped_loop(
-    monkeypatch: pytest.MonkeyPatch, held: str, kbv_held_the_room: bool, who: str = "candidate"
+    monkeypatch: pytest.MonkeyPatch,
+    held: str,
+    kbv_held_the_room: bool,
+    who: str = "candidate",
+    ended: bool = False,
 ) -> SimpleNamespace:
     """One distribution's draws side by side with stub workers, the first draw of ``who`` running
     out of device memory; what the loop did: the draws run alone, the releases, the context."""
@@ -239,7 +243,7 @@ def _overlapped_loop(
         cache=_ReferenceCache(tf32_operators_asked=True),
         longest_reduction=1,
     )
-    subject = _OutOfRoomOnce(fails=who == "candidate")
+    subject = _OutOfRoomOnce(fails=who == "candidate", ended=ended)
     result = draws._check_distribution(ctx, None, subject, "original")  # type: ignore[arg-type]
     return SimpleNamespace(
         result=result, alone_runs=alone_runs, released=released, ctx=ctx, subject=subject, asked=asked
@@ -273,3 +277,9 @@ def test_a_shared_gpu_does_not_run_a_draw_again(monkeypatch):
     """Beside other evaluations the room may be theirs: the decision stays the orchestrator's."""
     with pytest.raises(WorkerFailed, match="out of memory"):
         _overlapped_loop(monkeypatch, "shared with other evaluations outside the timing phase", True)
+
+
+def test_a_candidate_whose_worker_was_ended_keeps_that_failure(monkeypatch):
+    """A worker the parent ended (a CUDA error, a limit) cannot run the draw again."""
+    with pytest.raises(WorkerFailed, match="out of memory"):
+        _overlapped_loop(monkeypatch, "alone for the whole evaluation: 7.6 GB of inputs", True, ended=True)

@@ -249,8 +249,8 @@ def _side_by_side(
     try:
         outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
     except WorkerFailed as failure:
-        if not _room_was_kbvs(ctx, workers, failure):
-            raise
+        if not subject.alive() or not _room_was_kbvs(ctx, workers, failure):
+            raise  # (a worker that was ended keeps the failure that ended it)
         _draws_apart(ctx, subject, label, "the candidate")
         return expected, used, None
     return expected, used, outputs
