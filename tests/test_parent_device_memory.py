@@ -185,10 +185,14 @@ class _OutOfRoomOnce:
 
     def __init__(self, fails: bool, ended: bool = False) -> None:
         self.sent, self.fails, self.ended = 0, fails, ended
+        self.ops: list[str] = []
 
     def send_request(self, request: Any) -> int:
         self.sent += 1
         return self.sent
+
+    def request(self, request: Any) -> Any:
+        self.ops.append(request.op)
 
     def receive_reply(self, request_id: int) -> Any:
         if self.fails:
@@ -244,9 +248,18 @@ def _overlapped_loop(
         longest_reduction=1,
     )
     subject = _OutOfRoomOnce(fails=who == "candidate", ended=ended)
-    result = draws._check_distribution(ctx, None, subject, "original")  # type: ignore[arg-type]
+    reference = SimpleNamespace(ops=[])
+    reference.request = lambda request: reference.ops.append(request.op)
+    reference.alive = lambda: True
+    result = draws._check_distribution(ctx, reference, subject, "original")  # type: ignore[arg-type]
     return SimpleNamespace(
-        result=result, alone_runs=alone_runs, released=released, ctx=ctx, subject=subject, asked=asked
+        result=result,
+        alone_runs=alone_runs,
+        released=released,
+        ctx=ctx,
+        subject=subject,
+        reference=reference,
+        asked=asked,
     )
 
 
@@ -264,6 +277,7 @@ def test_a_worker_out_of_room_beside_the_others_draw_runs_it_again_alone(monkeyp
     assert f"one after the other from original draw 0 on (the {who} ran out" in done.ctx.gpu.held
     assert done.ctx.gpu.held.startswith("alone")
     assert done.released, "the parent kept its cached blocks for the draw run again"
+    assert done.reference.ops == ["release"] == done.subject.ops, "a worker kept what it held beside the draw"
     assert done.ctx.cache.tf32_operators_asked is (who == "candidate"), "asked again after a failed request"
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import RELU
 
 from kbv import channel, wire, wire_replies
@@ -13,6 +16,7 @@ from kbv.worker import Worker, WorkerSpec
 #: One request of each kind, as the parent builds it.
 SAMPLES: dict[str, wire.Request] = {
     "exit": wire.Exit(),
+    "release": wire.Release(),
     "load": wire.Load(role="reference", device="cpu", problem_source="...", sizes={}, init_seed=1),
     "build": wire.Build(init_seed=7, state_path="/tmp/state.pt"),
     "redraw": wire.Redraw(distribution="original", seed=3, out_path="/tmp/x", hand_over=True),
@@ -204,3 +208,24 @@ def test_each_request_carries_the_parents_memory_rule() -> None:
         finally:
             channel.send = original  # type: ignore[assignment]
         assert sent[-1]["memory"] == {"cached_bytes_kept": CACHED_BYTES_KEPT, "room_bytes": 0}
+
+
+def _memory_files(pid: int) -> int:
+    """How many anonymous memory files (a hand-over on the CPU) process ``pid`` holds open."""
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("/memfd:"))
+
+
+@pytest.mark.skipif(not channel.memfd_available(), reason="needs memory files (memfd_create)")
+def test_a_release_lets_go_of_the_hand_over_and_runs_nothing() -> None:
+    """What the worker handed over stays open until its next request; a ``release`` is such a
+    request, and changes nothing else (the model answers as before)."""
+    with _reference() as worker:
+        pid = worker.members()[0]
+        run = wire.Run(distribution="original", seed=3, precision="fp32", out_path=worker.new_path("out"))
+        first = worker.receive_outputs(wire_replies.RunReply.of(worker.request(run)).outputs)
+        assert _memory_files(pid) >= 1, "the hand-over was not a memory file"
+        assert isinstance(worker.request(wire.Release()), wire_replies.ReleaseReply)
+        assert _memory_files(pid) == 0
+        again = worker.receive_outputs(wire_replies.RunReply.of(worker.request(run)).outputs)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))

@@ -90,6 +90,15 @@ class Exit(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Release(Request):
+    """Run nothing: what every request does first and last is all it does. The worker lets go of
+    what it handed over (the parent has copied it) and applies the memory rule to what its allocator
+    keeps, before its next real request (``kbv.evaluation.draws._draws_apart``)."""
+
+    op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Load(Request):
     """Load the problem (and in a candidate worker the candidate) and build the model."""
 
@@ -241,6 +250,7 @@ KINDS: dict[str, type[Request]] = {
     kind.op: kind
     for kind in (
         Exit,
+        Release,
         Load,
         Build,
         Redraw,

@@ -108,6 +108,11 @@ class ExitReply(Reply):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReleaseReply(Reply):
+    op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadReply(Reply):
     op: ClassVar[str] = "load"
     parameters: dict[str, Any]  # the model's state: name -> shape
@@ -252,6 +257,7 @@ KINDS: dict[str, type[Reply]] = {
     kind.op: kind
     for kind in (
         ExitReply,
+        ReleaseReply,
         LoadReply,
         BuildReply,
         RedrawReply,

@@ -351,7 +351,14 @@ def _memory_after(state: _State, before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _release(state: _State, request: wire.Release) -> wire_replies.ReleaseReply:
+    """Nothing beyond what the request loop does around every request (the hand-over let go before
+    it, the memory rule after it)."""
+    return wire_replies.ReleaseReply()
+
+
 _HANDLERS: dict[str, Callable[[_State, Any], wire_replies.Reply]] = {
+    "release": _release,
     "load": _load,
     "build": _build,
     "redraw": _redraw,

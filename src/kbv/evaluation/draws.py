@@ -239,7 +239,7 @@ def _side_by_side(
         except WorkerFailed:
             if not subject.alive():  # (a CUDA error ends its worker): that failure is its own
                 raise
-        _draws_apart(ctx, subject, label, "the reference")
+        _draws_apart(ctx, workers, label, "the reference")
         if ctx.cache.tf32_operators is None:  # a failed request's record of them is asked for again
             ctx.cache.tf32_operators_asked = False
         expected, used = _reference._usable_reference(ctx, reference, variant, seed)
@@ -249,9 +249,9 @@ def _side_by_side(
     try:
         outputs = _received(subject, subject.receive_reply(run))  # (a pending build's reply first)
     except WorkerFailed as failure:
-        if not subject.alive() or not _room_was_kbvs(ctx, workers, failure):
-            raise  # (a worker that was ended keeps the failure that ended it)
-        _draws_apart(ctx, subject, label, "the candidate")
+        if not _room_was_kbvs(ctx, workers, failure):
+            raise
+        _draws_apart(ctx, workers, label, "the candidate")
         return expected, used, None
     return expected, used, outputs
 
@@ -259,20 +259,27 @@ def _side_by_side(
 def _room_was_kbvs(ctx: _Context, workers: tuple[Worker, Worker], failure: WorkerFailed) -> bool:
     """Whether a worker's failure beside the other's draw is running out of device memory that
     kbv's processes held, on a GPU the evaluation holds alone (another evaluation's share is not
-    kbv's to take back)."""
+    kbv's to take back), with both workers still running (one the parent ended, after a CUDA error
+    or past a limit, keeps the failure that ended it)."""
     reference, subject = workers
-    if not ctx.gpu.held.startswith("alone"):
+    if not (ctx.gpu.held.startswith("alone") and reference.alive() and subject.alive()):
         return False
     return _room_not_kept(ctx, subject, failure, reference=reference) is not None
 
 
-def _draws_apart(ctx: _Context, subject: Worker, label: str, who: str) -> None:
-    """The rest of the correctness draws one after the other: the reference keeps no more cached
-    than the candidate's room allows (:func:`_room_for_candidate`), the parent hands its cached
-    blocks back, and the record's ``isolation.gpu`` says from which draw."""
+def _draws_apart(ctx: _Context, workers: tuple[Worker, Worker], label: str, who: str) -> None:
+    """The rest of the correctness draws one after the other. The reference may keep no more cached
+    than the candidate's room allows (:func:`_room_for_candidate`), and both workers apply that rule
+    now and let go of what they handed over (``release``), as the parent hands its cached blocks
+    back: what the reference kept beside the candidate's draw (its hand-over, and the working
+    memory that the rule of the side-by-side draws lets it keep) would otherwise still be there
+    when the draw is done again. The record's ``isolation.gpu`` says from which draw."""
+    reference, subject = workers
     ctx.gpu.drawing = False
     _room_for_candidate(ctx, subject)
     release_cached_blocks(ctx.device)
+    for worker in workers:
+        worker.request(wire.Release())
     ctx.gpu.held += (
         f"; the correctness draws one after the other from {label} on ({who} ran out of device "
         "memory beside the other worker's draw, in room kbv's processes held)"
