@@ -21,6 +21,7 @@ _ACTIVITY = {"python_threads": 1, "os_threads": 4, "processes": 0}
 #: One well-formed reply of each kind, as a worker's handler builds it.
 SAMPLES: dict[str, wire_replies.Reply] = {
     "exit": wire_replies.ExitReply(),
+    "release": wire_replies.ReleaseReply(),
     "load": wire_replies.LoadReply(parameters={"weight": [4, 4]}),
     "build": wire_replies.BuildReply(parameters="matched_seed"),
     "redraw": wire_replies.RedrawReply(names=["weight"], outputs=_OUTPUTS),
