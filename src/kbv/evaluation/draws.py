@@ -274,7 +274,7 @@ def _draws_apart(ctx: _Context, workers: tuple[Worker, Worker], label: str, who:
     back: what the reference kept beside the candidate's draw (its hand-over, and the working
     memory that the rule of the side-by-side draws lets it keep) would otherwise still be there
     when the draw is done again. The record's ``isolation.gpu`` says from which draw."""
-    reference, subject = workers
+    subject = workers[1]
     ctx.gpu.drawing = False
     _room_for_candidate(ctx, subject)
     release_cached_blocks(ctx.device)
