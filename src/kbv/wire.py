@@ -213,14 +213,32 @@ class ProbeObserveLate(Request):
     out_path: str
 
 
+#: The cache probe's four calls, by index: A, B in A's buffers, B in new buffers, the mix.
+CACHE_CALLS = (0, 1, 2, 3)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProbeCache(Request):
+    """The cache probe's calls ``calls`` of its four (``kbv.child.probes.probe_cache``), asked for two
+    at a time by the parent: the candidate then holds two calls' outputs while the reference
+    answers their draws, not four."""
+
     op: ClassVar[str] = "probe_cache"
     distribution: str
     seed_a: int
     seed_b: int
     out_path: str
     precision: str = "fp32"
+    calls: list[int] = field(default_factory=lambda: list(CACHE_CALLS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        calls = self.calls
+        if not calls or sorted(set(calls)) != calls or not set(calls) <= set(CACHE_CALLS):
+            raise WireError(f"probe_cache's calls must be increasing, among {list(CACHE_CALLS)}: {calls}")
+        if 1 in self.calls and 0 not in self.calls:
+            # call 1 copies draw B into call 0's buffers: the objects the model was given before
+            raise WireError("probe_cache's call 1 (B in A's buffers) needs call 0 (A) in the same request")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -422,30 +422,36 @@ def probe_observe_late(state: Any, request: wire.ProbeObserveLate) -> wire_repli
 def probe_cache(state: Any, request: wire.ProbeCache) -> wire_replies.ProbeCacheReply:
     """Four calls that a cache keyed on pointers, ids, shapes or value samples answers wrongly.
 
-    1. draw A on fresh buffers; 2. draw B's values copied into A's buffers (same pointers and
-    objects, new contents); 3. B's values in new buffers; 4. the A/B mix on fresh buffers (the same
-    sampled values as A, different data). The four calls' outputs are handed over as four lists.
+    0. draw A on fresh buffers; 1. draw B's values copied into A's buffers (same pointers and
+    objects, new contents); 2. B's values in new buffers; 3. the A/B mix on fresh buffers (the same
+    sampled values as A, different data). ``request.calls`` says which run (1 only beside 0), each
+    call's outputs handed over as a list. A candidate's cache meets every request of its process.
     """
     dist, seed_a, seed_b = request.distribution, request.seed_a, request.seed_b
+    asked = set(request.calls)
     # Each call's outputs are handed over (copied) as soon as it returns: kept as copies until the
     # fourth call and then exported beside them, they were eight outputs at once.
     staged = _staged(state, request.out_path)
-    args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
-    staged.add(_forward(state, args))
-    new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
-    _copy_values(new_values, into=args)
-    staged.add(_forward(state, args))
-    # B's own buffers are new to the model (it was only given A's): no clone, which on a problem
-    # with a 7 GiB input was 7 GiB more held while the model ran (the H200's 36_RMSNorm_).
-    staged.add(_forward(state, new_values))
-    # Each draw is let go once its calls are done: A, B and the mix held together beside the four
-    # snapshots and their hand-over were 3 inputs more of the candidate's device limit (with a
-    # 7 GiB input, 37_FrobeniusNorm_ ran out there on an 80 GB H100, 2026-12-06). The mix may now
-    # reuse A's memory: a cache keyed on pointers then answers it with A's output, and is caught.
-    del args, new_values
-    mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
-    staged.add(_forward(state, mixed))
-    del mixed
+    if 0 in asked:
+        args = _probe_inputs(state, {"distribution": dist, "seed": seed_a})
+        staged.add(_forward(state, args))
+        if 1 in asked:
+            _copy_values(_probe_inputs(state, {"distribution": dist, "seed": seed_b}), into=args)
+            staged.add(_forward(state, args))
+        # Each draw is let go once its calls are done: A, B and the mix held together were 3 inputs
+        # more of the candidate's limit (37_FrobeniusNorm_'s 7 GiB input ran out on an 80 GB H100,
+        # 2026-12-06). A later draw may reuse A's memory: a pointer-keyed cache is then caught.
+        del args
+    if 2 in asked:
+        # B's own buffers are new to the model (it was only given A's): no clone, which on a problem
+        # with a 7 GiB input was 7 GiB more held while the model ran (the H200's 36_RMSNorm_).
+        new_values = _probe_inputs(state, {"distribution": dist, "seed": seed_b})
+        staged.add(_forward(state, new_values))
+        del new_values
+    if 3 in asked:
+        mixed = _probe_inputs(state, {"distribution": dist, "seed": seed_a, "mix_seed": seed_b})
+        staged.add(_forward(state, mixed))
+        del mixed
     return wire_replies.ProbeCacheReply(calls=len(staged.sizes), outputs=staged.handed())
 
 

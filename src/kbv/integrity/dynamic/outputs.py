@@ -11,7 +11,7 @@ import torch
 
 from kbv.error_stats import finite_rms, flat_chunks
 from kbv.integrity._registry import register_check
-from kbv.integrity.dynamic._context import DynamicContext, _finding, _fmt, _max_diff
+from kbv.integrity.dynamic._context import CacheCalls, DynamicContext, _finding, _fmt, _max_diff
 from kbv.records import Finding
 
 
@@ -23,9 +23,10 @@ from kbv.records import Finding
     doc="""Memoisation keyed on data_ptr, id(), shape or a value sample. Four calls: draw A on fresh
     buffers; draw B copied into A's buffers (same pointers, new contents); B in new buffers; a mix
     that keeps A's first/last 64 and middle elements and B's values elsewhere. A and B are fresh
-    secret draws the candidate has not seen (unlike the other probes, which reuse correctness draws).
-    Each output is judged against the reference for the values actually passed; the first call is
-    the control. A call that returns, bit for bit, an earlier call's output for other inputs (where
+    secret draws the candidate has not seen (unlike the other probes, which reuse correctness draws),
+    asked for two calls at a time. Each output is judged against the reference for the values
+    actually passed; the first call is the control. A call that returns, bit for bit (two sums of
+    its bytes, one weighted by position, say so), an earlier call's output for other inputs (where
     the reference's answers differ by more than REPEAT_ULPS units of the output's dtype: at bf16 a
     global mean rounds the mix and its source to the same bits honestly) is a cache hit whatever
     else happened; an integer output
@@ -89,13 +90,19 @@ def _cache_calls_judged(
     ctx: DynamicContext, calls: Sequence[list[Any]], specs: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Each call judged against its own draw's answers, and the first call that repeats an earlier
-    one's output (:func:`_repeat_of_an_earlier_call`), read one call at a time: the parent holds
-    one call's outputs and one draw's answers (asked for once per draw: B's two calls share
-    them), not the four calls' outputs at once (:class:`kbv.integrity.dynamic._context.HandedCalls`)."""
+    one's output (:func:`_repeat_of_an_earlier_call`), read once each, in order: the parent holds
+    one call's outputs and one draw's answers (asked for once per draw and request: B's two calls
+    share them where one request holds both), not the four calls' outputs at once
+    (:class:`kbv.integrity.dynamic._context.CacheCalls`)."""
     verdicts: list[dict[str, Any]] = []
     marks: list[tuple[Any, ...]] = []
     held: tuple[dict[str, Any], dict[str, Any]] | None = None
     for i in range(len(calls)):
+        if isinstance(calls, CacheCalls) and calls.starts_request(i):
+            # the parent holds nothing of the probe while the candidate runs its next calls (a
+            # draw's answers too large for the evaluation to keep are asked for again after them)
+            held = None
+            calls.ask_ahead(i)
         if held is None or held[0] != specs[i]:
             # asked for before the call's outputs are read, and after the last draw's answers
             # went: the parent then holds nothing of the probe while the reference works
@@ -104,7 +111,7 @@ def _cache_calls_judged(
         outputs = calls[i]
         marks.append(_fingerprint(outputs))
         verdicts.append(ctx.judge(outputs, specs[i], held[1]))
-        repeated = _repeat_of_an_earlier_call(ctx, i, (outputs, held[1], verdicts[i]), calls, specs, marks)
+        repeated = _repeat_of_an_earlier_call(ctx, i, (outputs, held[1], verdicts[i]), specs, marks)
         if repeated:
             return verdicts, repeated
         del outputs
@@ -115,24 +122,21 @@ def _repeat_of_an_earlier_call(
     ctx: DynamicContext,
     i: int,
     judged: tuple[list[Any], dict[str, Any], dict[str, Any]],
-    calls: Sequence[list[Any]],
     specs: list[dict[str, Any]],
     marks: list[tuple[Any, ...]],
 ) -> str | None:
     """Call ``i`` (``judged``: its outputs, the reference's answers to its draw and its verdict)
     returned, bit for bit, an earlier call's output for other input values, where the reference's
-    answers to the two differ: it came from a cache, not from the inputs. A discrete output
-    (integer or bool, such as argmax indices) that repeats and is right for its own inputs is no
-    evidence: indices of other inputs are often the same. Equal fingerprints (``marks``) only point
-    at a repeat: the earlier call is read again and compared bit for bit."""
+    answers to the two differ: it came from a cache, not from the inputs. Bits are compared through
+    the calls' fingerprints (``marks``, :func:`_fingerprint`): the earlier call's outputs are gone
+    by then. A discrete output (integer or bool, such as argmax indices) that repeats and is right
+    for its own inputs is no evidence: indices of other inputs are often the same."""
     outputs, expected, verdict = judged
     for j in range(i):
-        if specs[i] == specs[j] or marks[i] != marks[j]:
+        if specs[i] == specs[j] or not _same_bits(marks[i], marks[j]):
             continue
         if _uniform(outputs):  # a uniform output (all zeros, say) is a constant, which correctness judges
             return None
-        if not _bitwise_equal(outputs, calls[j]):
-            continue
         truths = expected["truth"]["outputs"], ctx.expected(specs[j])["truth"]["outputs"]
         if _bitwise_equal(*truths) or _apart_by_less_than_output_ulps(outputs, *truths):
             continue  # the reference cannot tell these inputs apart either, in this precision
@@ -145,14 +149,23 @@ def _repeat_of_an_earlier_call(
     return None
 
 
-#: Elements a fingerprint's chunk widens to int64 at once (a 256 MiB temporary).
+def _same_bits(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two calls' fingerprints say their outputs are equal bit for bit: every output a
+    tensor (an output of another type is no evidence) and every fingerprint the same."""
+    return bool(a) and a == b and all(mark is not None for mark in a)
+
+
+#: Elements a fingerprint's chunk reads at once; its weights are a 256 MiB int64 tensor.
 _MARK_CHUNK = 1 << 25
 
 
 def _fingerprint(outputs: list[Any]) -> tuple[Any, ...]:
-    """Per output its dtype, shape and the sum of its bytes read as 16-bit integers (8-bit where
-    their count is odd), exact in int64: outputs equal bit for bit always share it, so only those
-    that share it need comparing (a sum an adversary can match only earns that comparison)."""
+    """Per output its dtype, shape and two sums of its bytes read as 16-bit integers (8-bit where
+    their count is odd), in int64, which wraps: their plain sum, and their sum weighted by a
+    pseudo-random function of their position. Outputs equal bit for bit always share both; outputs
+    that differ share them only where their differences cancel in both sums, which a permutation of
+    the same values, or two honest outputs by chance, does not. An adversary that matches them
+    makes its own outputs look remembered."""
     marks: list[Any] = []
     for value in outputs:
         if not isinstance(value, torch.Tensor):
@@ -161,10 +174,36 @@ def _fingerprint(outputs: list[Any]) -> tuple[Any, ...]:
         raw = value.detach().contiguous().reshape(-1).view(torch.uint8)
         words = raw.view(torch.int16) if raw.numel() % 2 == 0 else raw
         total = torch.zeros((), dtype=torch.int64, device=words.device)
-        for start in range(0, words.numel(), _MARK_CHUNK):  # one read back, not one a chunk
-            total += words[start : start + _MARK_CHUNK].sum(dtype=torch.int64)
-        marks.append((str(value.dtype), tuple(value.shape), int(total)))
+        weighted = torch.zeros((), dtype=torch.int64, device=words.device)
+        weights = _position_weights(min(words.numel(), _MARK_CHUNK), words.device)
+        for chunk, start in enumerate(range(0, words.numel(), _MARK_CHUNK)):  # one read back, not one a chunk
+            part = words[start : start + _MARK_CHUNK]
+            total += part.sum(dtype=torch.int64)
+            weighted += (part * weights[: part.numel()]).sum() * _chunk_factor(chunk)
+        marks.append((str(value.dtype), tuple(value.shape), int(total), int(weighted)))
     return tuple(marks)
+
+
+def _position_weights(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` int64 weights, one a position: an odd multiplier's product with the position, its high
+    bits folded into its low ones (xor-shift), multiplied again; wrapping arithmetic throughout."""
+    w = torch.arange(1, n + 1, dtype=torch.int64, device=device) * _MIX_A
+    w ^= w >> 29
+    w *= _MIX_B
+    return w
+
+
+def _chunk_factor(chunk: int) -> int:
+    """An odd int64 factor for chunk ``chunk``'s weighted sum, so chunks weigh their positions apart."""
+    mixed = ((chunk + 1) * 0x9E3779B97F4A7C15) & (2**64 - 1)
+    mixed ^= mixed >> 31
+    mixed |= 1
+    return mixed - 2**64 if mixed >= 2**63 else mixed
+
+
+#: Odd multipliers (the golden ratio's and a MurmurHash finaliser's 64-bit constants), as int64.
+_MIX_A = 0x9E3779B97F4A7C15 - 2**64
+_MIX_B = 0xFF51AFD7ED558CCD - 2**64
 
 
 #: Units in the last place of the output's dtype within which two truths are one answer: where the
