@@ -138,16 +138,23 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
 # ref_<plain|tf32>_<level>.jsonl, seeded from .kb/ like level 1's); REF_ARGS: more arguments, e.g.
 # "--retry-too-small" on an H200 for the problems an 80 GB card was too small for; REF_TAG: rows of
 # their own (ref_<kind>[_<level>]_<tag>.jsonl), e.g. REF_TAG=v11 REF_ARGS=--long-reductions for a
-# protocol's new distribution on the problems it applies to, which the finished sweeps' rows skip
+# protocol's new distribution on the problems it applies to, which the finished sweeps' rows skip;
+# REF_MATCH: only the level's problems whose file names start with these words, e.g.
+# REF_MATCH="38_L1Norm_ 39_L2Norm_" REF_TAG=big (a fresh evaluation of a few, in rows of their own)
 step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluations
-    local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl"
+    local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl" dir m
     [ "$1" = tf32 ] && flag="--tf32"
     [ "$1" = bf16 ] && flag="--precision bf16"
     [ "$level" != level1 ] && rows="ref_$1_$level.jsonl"
     [ -n "${REF_TAG:-}" ] && rows="${rows%.jsonl}_${REF_TAG}.jsonl"
     seed_from_kb "$rows"
+    dir="$KB/$level"
+    if [ -n "${REF_MATCH:-}" ]; then
+        dir=$(mktemp -d /tmp/kbv-ref-match.XXXX)
+        for m in $REF_MATCH; do cp "$KB/$level/$m"*.py "$dir/"; done
+    fi
     # shellcheck disable=SC2086
-    python benchmarks/reference_as_candidate.py "$KB/$level" --device cuda $flag \
+    python benchmarks/reference_as_candidate.py "$dir" --device cuda $flag \
         --budget-s "$2" --timeout 120 --out "$OUT/$rows" ${REF_ARGS:-}
 }
 
