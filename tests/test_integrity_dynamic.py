@@ -885,15 +885,21 @@ def test_containment_findings_are_made_by_the_registered_checks() -> None:
     assert dynamic.containment_findings([], [], []) == []
 
 
-def test_the_settle_counts_a_thread_started_after_the_warm_up_call_returned() -> None:
+def test_the_settle_counts_a_thread_started_after_the_warm_up_call_returned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A pool's manager thread that starts its workers a moment after the call returned: they belong
     in the count before the observed call, or the observed call reads as starting them. An immediate
-    count misses the worker; the settle waits until two counts agree."""
+    count misses the worker; the settle waits until two counts agree. Its first sleep lasts until
+    the worker has started: on a loaded machine (four test processes on two cores) the manager was
+    not scheduled within the settle's 20 ms, and the test, not the settle, failed."""
     import threading
     import time
 
     release = threading.Event()
     started = threading.Event()
+    sleep = _probes._sleep
+    monkeypatch.setattr(_probes, "_sleep", lambda seconds: started.wait(5.0) and sleep(seconds))
 
     def manager() -> None:
         time.sleep(0.002)
