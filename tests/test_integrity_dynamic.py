@@ -516,16 +516,10 @@ def test_the_cache_probe_lets_go_of_each_calls_inputs_once_they_are_used(monkeyp
                 alive["call 4"] = [r() is not None for r in drawn]
             return x * 2
 
-    class Staged:
-        def __init__(self) -> None:
-            self.sizes: list[int] = []
-
-        def add(self, outputs: list) -> None:
-            self.sizes.append(len(outputs))
-
+    class Staged(_CountingStaged):
         def handed(self) -> dict:
             alive["hand-over"] = [r() is not None for r in drawn]
-            return {"sizes": self.sizes, "outputs": {}}
+            return super().handed()
 
     monkeypatch.setattr(_probes, "_probe_inputs", draw)
     monkeypatch.setattr(_probes, "_staged", lambda state, out_path: Staged())
@@ -581,6 +575,8 @@ class _RecordingModel:
 
 
 class _CountingStaged:
+    """A probe's staged hand-over that only counts each call's outputs."""
+
     def __init__(self) -> None:
         self.sizes: list[int] = []
 

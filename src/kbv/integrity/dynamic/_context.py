@@ -414,7 +414,25 @@ NOT_CHECKED = "not checked"
 _ITEM_TRANSPORTS = ("cuda_vmm", "cuda_ipc")
 
 
-class HandedCalls(Sequence[list[Any]]):
+class _Calls(Sequence[list[Any]]):
+    """A probe's calls' outputs read by index (``calls[k]``: :meth:`_call`), or a slice of them."""
+
+    @overload
+    def __getitem__(self, k: int) -> list[Any]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[list[Any]]: ...
+
+    def __getitem__(self, k: int | slice) -> list[Any] | list[list[Any]]:
+        if isinstance(k, slice):
+            return [self._call(i) for i in range(len(self))[k]]
+        return self._call(range(len(self))[k])  # an IndexError past the end, as a list's
+
+    def _call(self, k: int) -> list[Any]:
+        raise NotImplementedError
+
+
+class HandedCalls(_Calls):
     """The outputs of a probe's calls, call ``k``'s read as ``calls[k]``: copied into the parent's
     memory at each read and not kept here, so a check that reads one call at a time holds one
     call's outputs. The cache probe's four calls held at once were 32 GiB of an 80 GB H100's for
@@ -440,16 +458,7 @@ class HandedCalls(Sequence[list[Any]]):
     def __len__(self) -> int:
         return len(self.sizes)
 
-    @overload
-    def __getitem__(self, k: int) -> list[Any]: ...
-
-    @overload
-    def __getitem__(self, k: slice) -> list[list[Any]]: ...
-
-    def __getitem__(self, k: int | slice) -> list[Any] | list[list[Any]]:
-        if isinstance(k, slice):
-            return [self[i] for i in range(len(self))[k]]
-        k = range(len(self))[k]  # an IndexError past the end, as a list's
+    def _call(self, k: int) -> list[Any]:
         start = sum(self.sizes[:k])
         if self._items is None:
             whole = self._read_whole()
@@ -488,7 +497,7 @@ class HandedCalls(Sequence[list[Any]]):
 CACHE_CALLS_ASKED = ((0, 1), (2, 3))
 
 
-class CacheCalls(Sequence[list[Any]]):
+class CacheCalls(_Calls):
     """The cache probe's four calls' outputs, call ``k``'s read as ``calls[k]``, each pair of
     :data:`CACHE_CALLS_ASKED` asked of the candidate when its first call is read. Asking for the
     next pair lets go of the last one's hand-over (the worker's next request does), so each call
@@ -502,16 +511,7 @@ class CacheCalls(Sequence[list[Any]]):
     def __len__(self) -> int:
         return len(self.specs)
 
-    @overload
-    def __getitem__(self, k: int) -> list[Any]: ...
-
-    @overload
-    def __getitem__(self, k: slice) -> list[list[Any]]: ...
-
-    def __getitem__(self, k: int | slice) -> list[Any] | list[list[Any]]:
-        if isinstance(k, slice):
-            return [self[i] for i in range(len(self))[k]]
-        k = range(len(self))[k]
+    def _call(self, k: int) -> list[Any]:
         pair = self.pair_of(k)
         if self._pair != pair:
             self.ask(pair)
