@@ -24,8 +24,10 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src KBV_CACHE_DIR=${KBV_CACHE_DIR:-/tmp/kbvc} PYTHONUNBUFFERED=1
 # The device has no index to install from: the serve extra (fastapi, uvicorn, ...) travels as a
-# folder made here with `pip install --target .kb/pylib fastapi uvicorn httpx prometheus-client`
-# (the same Python minor version as the device's), after src on the path.
+# folder made here for the device's Python (3.12; pydantic_core is compiled for one version):
+#   pip install --target .kb/pylib --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux2014_x86_64 --implementation cp fastapi uvicorn httpx prometheus-client
+# and put after src on the path.
 [ -d .kb/pylib ] && PYTHONPATH=$PYTHONPATH:$PWD/.kb/pylib
 KB=.kb/kb250
 
@@ -248,6 +250,9 @@ default_limit() {
 
 pack() {  # everything but times.txt and env.txt into one archive: at most 8 files come back
     local files
+    # An earlier run of this script in the same call packed its steps already: unpack them, so the
+    # new archive holds both (a second run overwrote the first's rows on 2026-12-07).
+    if [ -f "$OUT/steps.tar.gz" ]; then (cd "$OUT" && tar xzf steps.tar.gz && rm steps.tar.gz); fi
     files=$(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name times.txt ! -name env.txt ! -name steps.tar.gz)
     [ -z "$files" ] && return 0
     # shellcheck disable=SC2086
