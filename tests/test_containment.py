@@ -311,6 +311,9 @@ def test_exceeding_a_limit_is_resource_limit(fixture: str, limits: LimitSettings
             and info.value.details["figure"] > info.value.details["allowed"]
         )
         assert time.monotonic() - started < 10
+        # the parent's poll says in which request it found the limit past; the kernel's refusal
+        # of a descriptor is the request's own error
+        assert info.value.details.get("during") == (None if limit == "open_files" else "request run")
         if limit == "host_memory":
             assert 1 << 30 < worker.host_peak_bytes < 2 << 30  # killed well before its 3 GiB
         assert not worker.alive()
@@ -385,6 +388,7 @@ def test_resource_limit_is_the_outcome_with_the_limit_and_the_host_peak() -> Non
         record.error
         and record.error["limit"]["limit"] == "host_memory"
         and record.error["limit"]["allowed"] == 1 << 30
+        and record.error["limit"]["during"] == "request run"
     )
     assert record.memory["candidate_host_peak_bytes"] > 1 << 30
     honest = evaluate_paths(

@@ -494,11 +494,14 @@ def test_the_device_limit_polled_is_the_one_the_budget_holds(monkeypatch: pytest
         assert worker.isolation["limits"]["device_memory_gb"] == 105.3  # the record names the limit in force
         used["bytes"] = 110 * gib
         worker._last_poll = 0.0  # the next poll now, not POLL_S later
+        worker._receiving = "probe_cache"  # as while the parent waits for that request's reply
         assert not worker._watch() and not worker.alive()
         assert worker.exceeded == {
             "limit": "device_memory",
             "figure": 110 * gib,
             "allowed": int(105.3 * gib),
             "unit": "bytes",
+            "during": "request probe_cache",  # the record says in which request the limit was found
         }
+        assert str(worker._exceeded_failure(worker.exceeded)).endswith("allowed (request probe_cache)")
         assert worker.spec is spec and spec.limits == LimitSettings()

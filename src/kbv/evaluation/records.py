@@ -130,8 +130,10 @@ def _failure_record(ctx: _Context, hello: wire_replies.Hello | None, failure: Wo
     }
     if failure.role:  # a candidate's outcome can come from the reference's failure beside it
         error["worker"] = failure.role
-    if failure.kind == "resource_limit":  # which limit, and the figure that exceeded it
+    if failure.kind == "resource_limit":  # which limit, the figure that exceeded it, and when
         error["limit"] = {k: failure.details.get(k) for k in ("limit", "figure", "allowed", "unit")}
+        if failure.details.get("during"):
+            error["limit"]["during"] = failure.details["during"]
     logs = {k: str(failure.details.get(k, ""))[-4000:] for k in ("stdout", "stderr")}
     timing, speedup, memory = _empty_timing()
     return _record(ctx, hello, outcome, False, [], timing, speedup, memory, error=error, logs=logs)

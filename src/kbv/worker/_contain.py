@@ -376,12 +376,16 @@ def open_files_exceeded(limits: Any) -> dict[str, Any]:
 
 
 def describe_exceeded(over: dict[str, Any]) -> str:
+    """What a limit found past says: the figure, the limit and, where the poll knew it, what the
+    worker was doing then (``during``: ``request OP`` or ``between requests``)."""
+    during = f" ({over['during']})" if over.get("during") else ""
     if over["unit"] == "bytes":
         return (
             f"{over['limit']} limit exceeded: {over['figure'] / (1 << 20):.1f} MiB used, "
-            f"{over['allowed'] / (1 << 20):.1f} MiB allowed"
+            f"{over['allowed'] / (1 << 20):.1f} MiB allowed{during}"
         )
-    return f"{over['limit']} limit exceeded: {over['figure']} {over['unit']}, {over['allowed']} allowed"
+    figure = f"{over['figure']} {over['unit']}"
+    return f"{over['limit']} limit exceeded: {figure}, {over['allowed']} allowed{during}"
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,6 +37,9 @@ class LimitWatch:
     _last_scan: float
     _pausing: bool
     exceeded: dict[str, Any] | None
+    _awaited: Any  # ids of the requests whose replies are unread, oldest first
+    _sent: dict[int, tuple[str, float]]  # request id -> (op, when sent)
+    _receiving: str | None  # the op whose reply is being waited for
     host_peak_bytes: int
     device_peak_bytes: int | None
     stopped: dict[str, Any] | None
@@ -69,9 +72,21 @@ class LimitWatch:
         over = self.poll()
         if over is None:
             return True
-        self.exceeded = over
+        self.exceeded = {**over, "during": self.request_running()}
         self.kill()
         return False
+
+    def request_running(self) -> str:
+        """What the worker was doing when measured: the op of the request whose reply is awaited, or
+        of its oldest one sent and not yet answered, else ``between requests``. A limit found
+        past says where the memory went: 45_Average_Pooling_2D's candidate was over its device limit
+        on an H100 and the record could not say in which of kbv's requests (2026-12-07)."""
+        if self._receiving:
+            return f"request {self._receiving}"
+        for request_id in self._awaited:
+            if request_id in self._sent:
+                return f"request {self._sent[request_id][0]}"
+        return "between requests"
 
     def poll(self) -> dict[str, Any] | None:
         """Measure the worker's tree once (peaks are kept); the first limit it is over, or None."""
@@ -164,6 +179,6 @@ class LimitWatch:
         if self.exceeded is None and self.alive():
             over = self.poll()
             if over is not None:
-                self.exceeded = over
+                self.exceeded = {**over, "during": self.request_running()}
                 self.kill()
         return None if self.exceeded is None else self._exceeded_failure(self.exceeded)

@@ -82,6 +82,7 @@ class Worker(LimitWatch, IsolationReport):
         #: Each request whose reply is still to be read: its op (it names the reply's kind) and when
         #: it was sent (the parent's monotonic clock, for :attr:`last_span`).
         self._sent: dict[int, tuple[str, float]] = {}
+        self._receiving: str | None = None  # the op whose reply is being waited for
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
         self._unread: dict[int, wire_replies.Reply] = {}
         #: The span of the last request whose reply was read, a failed one's too (:class:`RequestSpan`).
@@ -239,7 +240,11 @@ class Worker(LimitWatch, IsolationReport):
             awaited = self._awaited.popleft()
             # (an id without an entry is a mixed-up one: wire.check_reply refuses its reply below)
             op, sent_at = self._sent.pop(awaited, ("", time.monotonic()))
-            message = self._receive()
+            self._receiving = op
+            try:
+                message = self._receive()
+            finally:
+                self._receiving = None
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
             self.last_span = RequestSpan(sent_at, time.monotonic(), reply.device_reserved_peak)
