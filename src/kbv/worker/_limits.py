@@ -39,7 +39,7 @@ class LimitWatch:
     exceeded: dict[str, Any] | None
     _awaited: Any  # ids of the requests whose replies are unread, oldest first
     _sent: dict[int, tuple[str, float]]  # request id -> (op, when sent)
-    _receiving: str | None  # the op whose reply is being waited for
+    _receiving: str | None = None  # the op whose reply the parent is waiting for
     host_peak_bytes: int
     device_peak_bytes: int | None
     stopped: dict[str, Any] | None

@@ -45,12 +45,10 @@ class RequestSpan:
         return self.sent_at < other.replied_at and other.sent_at < self.replied_at
 
 
-#: PyTorch intra-op threads of a CPU worker, unless the user set ``OMP_NUM_THREADS``. With two
-#: threads on a shared two-core machine, an op that splits its work waits at OpenMP's barrier for a
-#: helper thread the scheduler has not run yet: the eager baseline of a 0.006 ms reduction took
-#: 16-24 ms per call in bursts, while the candidate's single-threaded kernel was untouched, and one
-#: pair read 640x. One thread per worker keeps CPU timings independent of the machine's load and
-#: treats baseline and candidate alike.
+#: PyTorch intra-op threads of a CPU worker, unless the user set ``OMP_NUM_THREADS``. With two threads
+#: on a shared two-core machine, an op waits at OpenMP's barrier for a helper thread not yet run: the
+#: eager baseline of a 0.006 ms reduction took 16-24 ms per call in bursts (one pair read 640x). One
+#: thread per worker keeps CPU timings independent of the load and treats baseline and candidate alike.
 CPU_INTRA_OP_THREADS = "1"
 
 
@@ -82,7 +80,6 @@ class Worker(LimitWatch, IsolationReport):
         #: Each request whose reply is still to be read: its op (it names the reply's kind) and when
         #: it was sent (the parent's monotonic clock, for :attr:`last_span`).
         self._sent: dict[int, tuple[str, float]] = {}
-        self._receiving: str | None = None  # the op whose reply is being waited for
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
         self._unread: dict[int, wire_replies.Reply] = {}
         #: The span of the last request whose reply was read, a failed one's too (:class:`RequestSpan`).
@@ -240,11 +237,9 @@ class Worker(LimitWatch, IsolationReport):
             awaited = self._awaited.popleft()
             # (an id without an entry is a mixed-up one: wire.check_reply refuses its reply below)
             op, sent_at = self._sent.pop(awaited, ("", time.monotonic()))
-            self._receiving = op
-            try:
-                message = self._receive()
-            finally:
-                self._receiving = None
+            self._receiving = op  # what a limit found past while waiting is charged to
+            message = self._receive()
+            self._receiving = None
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
             self.last_span = RequestSpan(sent_at, time.monotonic(), reply.device_reserved_peak)
