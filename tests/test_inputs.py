@@ -555,3 +555,58 @@ def test_a_draw_upcast_from_the_host_is_the_draw_upcast_on_its_device(
     originals = {t.data_ptr() for t in _tensors(draw) + _tensors(host)}
     assert not originals & {t.data_ptr() for t in _tensors(made) if t.numel()}  # copies
     assert inputs.draw_bytes(draw, as_float64=True) == 8 * (65 + 65 + 120 + 6 + 0) + 8 * 4
+
+
+def _mixed_problem() -> types.SimpleNamespace:
+    def get_inputs() -> list:
+        return [
+            torch.rand(40, 30),
+            torch.rand(20, 10).T,  # not contiguous: the mix is a contiguous copy, shaped as A's
+            [torch.rand(3), 7],  # nested: the mix keeps A's whole
+            torch.randint(0, 5, (6,)),  # integer: A's
+            torch.rand(0),
+        ]
+
+    return types.SimpleNamespace(get_inputs=get_inputs)
+
+
+@pytest.mark.parametrize("distribution", ["original", "signed", "wide"])
+def test_a_mixed_draw_is_b_with_as_ends_and_middle(distribution: str) -> None:
+    """The cache probe's mix: draw B everywhere but the first and last 64 elements and the middle
+    one of each floating tensor, which are draw A's; every other value A's."""
+    problem = _mixed_problem()
+    a = inputs.make_draw(problem, distribution, 5, "cpu")
+    b = inputs.make_draw(problem, distribution, 9, "cpu")
+    mixed = inputs.make_draw(problem, distribution, 5, "cpu", mix_seed=9)
+    for k in (0, 1):
+        want = b[k].contiguous().clone().view(-1)
+        flat_a, n = a[k].reshape(-1), want.numel()
+        want[:64], want[n - 64 :], want[n // 2] = flat_a[:64], flat_a[n - 64 :], flat_a[n // 2]
+        assert torch.equal(mixed[k], want.view(a[k].shape)) and mixed[k].is_contiguous()
+        assert not torch.equal(mixed[k], b[k]) and not torch.equal(mixed[k], a[k])
+    assert torch.equal(mixed[2][0], a[2][0]) and mixed[2][1] == 7 and torch.equal(mixed[3], a[3])
+    assert mixed[4].numel() == 0
+
+
+def test_a_mix_lets_draw_as_tensors_go_before_it_draws_b(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A, B and their mix held at once were three inputs of the candidate's device limit (64 GiB
+    with a cached block for 45_Average_Pooling_2D, whose candidate went past its 64 GiB on an H100
+    about the cache probe, 2026-12-07): A's floating tensors are gone when B is drawn, and each B
+    tensor once its mix is made."""
+    import weakref
+
+    drawn: list[list[weakref.ref]] = []
+    alive_at_draw: list[list[bool]] = []
+    make = inputs.make_inputs
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        alive_at_draw.append([r() is not None for group in drawn for r in group])
+        out = make(*args, **kwargs)
+        drawn.append([weakref.ref(t) for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()])
+        return out
+
+    monkeypatch.setattr(inputs, "make_inputs", recorded)
+    mixed = inputs.make_draw(_mixed_problem(), "signed", 5, "cpu", mix_seed=9)
+    assert alive_at_draw == [[], [False, False, False]]  # A's three floating tensors, gone
+    assert [r() is not None for r in drawn[1]] == [False, False, False]  # B's too, but its mix
+    assert len(mixed) == 5
