@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import types
 
@@ -610,3 +611,25 @@ def test_a_mix_lets_draw_as_tensors_go_before_it_draws_b(monkeypatch: pytest.Mon
     assert alive_at_draw == [[], [False, False, False]]  # A's three floating tensors, gone
     assert [r() is not None for r in drawn[1]] == [False, False, False]  # B's too, but its mix
     assert len(mixed) == 5
+
+
+@pytest.mark.parametrize("positive", [False, True])
+def test_a_wide_fill_made_in_chunks_is_the_fill_made_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch, positive: bool
+) -> None:
+    """The magnitudes of ``wide`` are made a chunk at a time (a third input's worth less on the
+    device), bit for bit what one pass made: the same seed draws the same inputs as before."""
+
+    def one_pass(n: int) -> torch.Tensor:
+        y = torch.empty(n)
+        gen = torch.Generator().manual_seed(3)
+        if positive:
+            return y.uniform_(-4.0, 4.0, generator=gen).mul_(math.log(10.0)).exp_()
+        y.uniform_(-1.0, 1.0, generator=gen)
+        return y.abs().mul_(8.0).add_(-4.0).mul_(math.log(10.0)).exp_().copysign_(y)
+
+    monkeypatch.setattr(_input_fills, "WIDE_CHUNK", 64)
+    for n in (0, 1, 64, 1000, 70_001):
+        chunked = torch.empty(n)
+        _input_fills._fill_wide(chunked, torch.Generator().manual_seed(3), positive)
+        assert torch.equal(chunked, one_pass(n)), n
