@@ -613,16 +613,29 @@ def test_a_mix_lets_draw_as_tensors_go_before_it_draws_b(monkeypatch: pytest.Mon
     assert len(mixed) == 5
 
 
+_CUDA_DEVICE = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA_DEVICE])
 @pytest.mark.parametrize("positive", [False, True])
 def test_a_wide_fill_made_in_chunks_is_the_fill_made_in_one_pass(
-    monkeypatch: pytest.MonkeyPatch, positive: bool
+    monkeypatch: pytest.MonkeyPatch, positive: bool, device: str
 ) -> None:
     """The magnitudes of ``wide`` are made a chunk at a time (a third input's worth less on the
     device), bit for bit what one pass made: the same seed draws the same inputs as before."""
 
+    def generator() -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(3)
+
     def one_pass(n: int) -> torch.Tensor:
-        y = torch.empty(n)
-        gen = torch.Generator().manual_seed(3)
+        y = torch.empty(n, device=device)
+        gen = generator()
         if positive:
             return y.uniform_(-4.0, 4.0, generator=gen).mul_(math.log(10.0)).exp_()
         y.uniform_(-1.0, 1.0, generator=gen)
@@ -630,6 +643,6 @@ def test_a_wide_fill_made_in_chunks_is_the_fill_made_in_one_pass(
 
     monkeypatch.setattr(_input_fills, "WIDE_CHUNK", 64)
     for n in (0, 1, 64, 1000, 70_001):
-        chunked = torch.empty(n)
-        _input_fills._fill_wide(chunked, torch.Generator().manual_seed(3), positive)
+        chunked = torch.empty(n, device=device)
+        _input_fills._fill_wide(chunked, generator(), positive)
         assert torch.equal(chunked, one_pass(n)), n
