@@ -236,7 +236,7 @@ class ProbeCache(Request):
         calls = self.calls
         if not calls or sorted(set(calls)) != calls or not set(calls) <= set(CACHE_CALLS):
             raise WireError(f"probe_cache's calls must be increasing, among {list(CACHE_CALLS)}: {calls}")
-        if 1 in self.calls and 0 not in self.calls:
+        if 1 in calls and 0 not in calls:
             # call 1 copies draw B into call 0's buffers: the objects the model was given before
             raise WireError("probe_cache's call 1 (B in A's buffers) needs call 0 (A) in the same request")
 

@@ -512,11 +512,10 @@ class CacheCalls(_Calls):
         return len(self.specs)
 
     def _call(self, k: int) -> list[Any]:
-        pair = self.pair_of(k)
-        if self._pair != pair:
-            self.ask(pair)
+        if self.starts_request(k):
+            self.ask(self.pair_of(k))
         assert self._handed is not None
-        return self._handed[CACHE_CALLS_ASKED[pair].index(k)]
+        return self._handed[CACHE_CALLS_ASKED[self.pair_of(k)].index(k)]
 
     @staticmethod
     def pair_of(k: int) -> int:
@@ -526,11 +525,6 @@ class CacheCalls(_Calls):
     def starts_request(self, k: int) -> bool:
         """Whether reading call ``k`` asks the candidate for its pair (not held now)."""
         return self.pair_of(k) != self._pair
-
-    def ask_ahead(self, k: int) -> None:
-        """Ask the candidate now for call ``k``'s pair where it is not held, before it is read."""
-        if self.starts_request(k):
-            self.ask(self.pair_of(k))
 
     def ask(self, pair: int) -> None:
         """Ask the candidate for the calls of pair ``pair`` (after the pair before it, never again)."""

@@ -102,7 +102,7 @@ def _cache_calls_judged(
             # the parent holds nothing of the probe while the candidate runs its next calls (a
             # draw's answers too large for the evaluation to keep are asked for again after them)
             held = None
-            calls.ask_ahead(i)
+            calls.ask(calls.pair_of(i))
         if held is None or held[0] != specs[i]:
             # asked for before the call's outputs are read, and after the last draw's answers
             # went: the parent then holds nothing of the probe while the reference works
