@@ -142,7 +142,8 @@ step_problems_audit() {  # issue 11's target: the 250 KernelBench problems audit
 # their own (ref_<kind>[_<level>]_<tag>.jsonl), e.g. REF_TAG=v11 REF_ARGS=--long-reductions for a
 # protocol's new distribution on the problems it applies to, which the finished sweeps' rows skip;
 # REF_MATCH: only the level's problems whose file names start with these words, e.g.
-# REF_MATCH="38_L1Norm_ 39_L2Norm_" REF_TAG=big (a fresh evaluation of a few, in rows of their own)
+# REF_MATCH="38_L1Norm_ 39_L2Norm_" REF_TAG=big (a fresh evaluation of a few, in rows of their own);
+# REF_TIMEOUT: seconds one evaluation may take (default 120; 45_Average_Pooling_2D needs 300 on an H100)
 step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluations
     local flag="" level=${REF_LEVEL:-level1} rows="ref_$1.jsonl" dir m
     [ "$1" = tf32 ] && flag="--tf32"
@@ -157,7 +158,7 @@ step_ref() {  # $1: plain, tf32 or bf16; $2: seconds of budget for new evaluatio
     fi
     # shellcheck disable=SC2086
     python benchmarks/reference_as_candidate.py "$dir" --device cuda $flag \
-        --budget-s "$2" --timeout 120 --out "$OUT/$rows" ${REF_ARGS:-}
+        --budget-s "$2" --timeout "${REF_TIMEOUT:-120}" --out "$OUT/$rows" ${REF_ARGS:-}
 }
 
 step_stability() {  # STABILITY_MATCH=NAME keeps the candidates whose file name contains NAME
