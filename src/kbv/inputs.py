@@ -346,8 +346,12 @@ def upcast_draw(args: list) -> list:
     return [_map_tensors(a, copy) for a in args]
 
 
-#: Elements per step of :func:`upcast_from_host` (256 MiB of float32): the host converts one step
-#: to float64 before it is copied to the device, so the host holds a step's float64 copy, no more.
+#: Elements per step of :func:`upcast_from_host` (256 MiB of float32): a step crosses to the device
+#: in its own dtype, into a staging buffer of this many elements, and is widened there. Copied
+#: straight into the float64 tensor, torch converts a blocking host-to-device copy on the host, so
+#: twice the bytes crossed after a conversion on the host's cores: 45_Average_Pooling_2D's 16 GiB
+#: draws spent 218.6 s in that path on an H100 (2026-12-07,
+#: benchmarks/results/2026-12-07-h100-cache-pairs-tests-service/).
 HOST_UPCAST_STEP = 1 << 26
 
 
@@ -358,8 +362,9 @@ def draw_to_host(args: list) -> list:
 
 def upcast_from_host(args: list, device: torch.device | str) -> list:
     """:func:`upcast_draw` of a draw held by the host (:func:`draw_to_host`), made on ``device``:
-    each floating tensor reaches it as float64 one step at a time, so a device that held the draw
-    never holds its float32 values beside their float64 copy (the caller has let the draw go).
+    each floating tensor reaches it one step at a time and is widened to float64 there, so a device
+    that held the draw never holds its float32 values beside their float64 copy (the caller has let
+    the draw go), only one step of them.
     Values and layouts are :func:`upcast_draw`'s: float32 values are exact in float64 wherever
     they are converted."""
 
@@ -370,8 +375,12 @@ def upcast_from_host(args: list, device: torch.device | str) -> list:
         if not (t.is_contiguous() and wide.is_contiguous()):
             return wide.copy_(t)  # another layout: the host converts it whole
         source, target = t.view(-1), wide.view(-1)
+        staging = torch.empty(min(HOST_UPCAST_STEP, t.numel()), dtype=t.dtype, device=device)
         for start in range(0, t.numel(), HOST_UPCAST_STEP):
-            target[start : start + HOST_UPCAST_STEP].copy_(source[start : start + HOST_UPCAST_STEP])
+            step = source[start : start + HOST_UPCAST_STEP]
+            landed = staging[: step.numel()]
+            landed.copy_(step)
+            target[start : start + step.numel()].copy_(landed)
         return wide
 
     return [_map_tensors(a, copy) for a in args]
