@@ -925,8 +925,8 @@ def test_the_cpu_poison_is_what_the_next_allocations_of_its_sizes_find() -> None
     script = (
         "import torch\n"
         "torch.set_num_threads(1)\n"
-        "from kbv.child import probes\n"
-        "probes._poison(torch.device('cpu'), [1 << 20])\n"
+        "from kbv.child import poison, probes  # the worker's imports, as its heap holds them\n"
+        "poison.poison_freed_memory(torch.device('cpu'), [1 << 20])\n"
         "big, small = torch.empty((16 << 20) // 4), torch.empty((1 << 20) // 4)\n"
         "print(float(big.isnan().float().mean()), float(small.isnan().float().mean()))\n"
     )
@@ -935,6 +935,58 @@ def test_the_cpu_poison_is_what_the_next_allocations_of_its_sizes_find() -> None
     )
     big, small = map(float, out.stdout.split())
     assert big > 0.99 and small > 0.99, out.stdout
+
+
+def test_the_cuda_poison_takes_back_each_free_block_its_pool_can_hand_over_whole() -> None:
+    """The free blocks of the caching allocator's snapshot that the poison fills: this device's and
+    this stream's, free ones, largest first; not a wholly free 2 MiB small-pool segment (a 2 MiB
+    request goes to the large pool and would reserve new memory)."""
+    from kbv.child.poison import free_block_sizes
+
+    def segment(device: int, stream: int, kind: str, *blocks: tuple[int, str]) -> dict:
+        return {
+            "device": device,
+            "stream": stream,
+            "segment_type": kind,
+            "blocks": [{"size": size, "state": state} for size, state in blocks],
+        }
+
+    mib = 1 << 20
+    snapshot = [
+        segment(0, 7, "large", (512 * mib, "inactive"), (4 * mib, "active_allocated"), (3 * mib, "inactive")),
+        segment(0, 7, "small", (512, "inactive"), (mib, "inactive"), (512, "active_pending_free")),
+        segment(0, 7, "small", (2 * mib, "inactive")),  # wholly free: no request takes it back
+        segment(0, 9, "large", (64 * mib, "inactive")),  # another stream's
+        segment(1, 7, "large", (64 * mib, "inactive")),  # another device's
+    ]
+    assert free_block_sizes(snapshot, 0, 7) == [512 * mib, 3 * mib, mib, 512]
+    assert free_block_sizes(snapshot, 0, 9) == [64 * mib]
+    assert free_block_sizes([], 0, 7) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_on_a_gpu_an_output_larger_than_the_exact_blocks_finds_nan_not_an_earlier_copy() -> None:
+    """A freed 512 MiB block holding an earlier copy of the inputs (the right answer of ReLU on
+    ``torch.rand``) is what ``torch.empty_like`` of a 512 MiB output gets back; after the poison it
+    reads NaN, and the poison reserved no new memory for it (``gpu_unwritten_output`` passed the
+    poisoned runs on an H100 before, 2026-12-07)."""
+    from kbv.child.poison import EXACT_MAX, poison_freed_memory
+
+    device = torch.device("cuda")
+    poison_freed_memory(device, [16])  # the fixed blocks reserved once
+    shape = (4096, 32768)  # 512 MiB of float32, over EXACT_MAX
+    assert 4 * shape[0] * shape[1] > EXACT_MAX
+    copy = torch.full(shape, 7.0, device=device)
+    keep = torch.ones(1 << 20, device=device)  # something live beside it
+    del copy
+    reserved = torch.cuda.memory_reserved(device)
+    poison_freed_memory(device, [16])
+    torch.cuda.synchronize(device)
+    assert torch.cuda.memory_reserved(device) == reserved
+    out = torch.empty(shape, device=device)
+    assert bool(out.isnan().all()), float(out.isnan().float().mean())
+    del out, keep
 
 
 def _evaluated_without_a_kept_truth(monkeypatch: pytest.MonkeyPatch, candidate: str) -> tuple[object, int]:

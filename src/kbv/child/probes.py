@@ -25,6 +25,7 @@ from kbv import inputs as kbv_inputs
 from kbv import wire, wire_replies
 from kbv._staged_handoff import Staged
 from kbv.child import timing as kbv_timing
+from kbv.child.poison import poison_freed_memory
 
 # Bound before the candidate is imported, so a later monkey-patch of these names does not reach us.
 _active_count = threading.active_count
@@ -40,9 +41,6 @@ _hand_over = _handoff.hand_over
 _spin_kernel = getattr(torch.cuda, "_sleep", None)
 #: Elements per chunk of the on-device input digest (bounds its temporary memory).
 _DIGEST_CHUNK = 1 << 25
-
-#: Bytes of NaN written into freed allocator memory before a poisoned call (per block size).
-POISON_BYTES = (64 * 1024, 1 << 20, 16 << 20)
 
 
 def numeric_flags() -> dict[str, Any]:
@@ -463,49 +461,6 @@ def _copy_values(values: list[Any], into: list[Any]) -> None:
                 target.copy_(value)
 
 
-def _poison(device: torch.device, output_nbytes: list[int] | tuple[int, ...] = ()) -> None:
-    """Fill blocks of freed allocator memory with NaN, so ``torch.empty`` hands back NaN, not stale data.
-
-    On CUDA the blocks stay in the caching allocator (no ``empty_cache``); on the CPU the allocator
-    returns small blocks to the heap, where the next allocation of that size class finds them, so
-    blocks of exactly the expected outputs' sizes (in the float64 truth's bytes: at least the fp32
-    output's) are poisoned too, at both sizes.
-    """
-    sizes = [n for n in output_nbytes if 0 < n <= (256 << 20)]
-    exact = [m for n in sizes for m in (n, n // 2)]
-    if device.type == "cpu":
-        _raise_mmap_threshold(max([POISON_BYTES[-1], *(n for n in exact if n <= _MMAP_THRESHOLD_MAX)]))
-    blocks = [
-        torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device) for n in POISON_BYTES
-    ]
-    for _ in range(4):
-        blocks.extend(
-            torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device)
-            for n in (*POISON_BYTES[:1], *exact)
-        )
-    del blocks
-
-
-#: glibc's largest dynamic mmap threshold on 64-bit Linux (``DEFAULT_MMAP_THRESHOLD_MAX``).
-_MMAP_THRESHOLD_MAX = 32 << 20
-
-
-def _raise_mmap_threshold(nbytes: int) -> None:
-    """Allocate and free ``nbytes`` without touching them, so the poison's blocks come from the heap.
-
-    glibc serves an allocation at or above its mmap threshold (128 KiB at first) with fresh pages,
-    and unmaps it when freed; freeing such a block raises the threshold to its size (up to 32 MiB)
-    and the trim threshold to twice that. Without this, the 16 MiB block of a worker's first
-    poisoned run is such a block: its pages are faulted in and filled only to be unmapped, its NaN
-    lost, and the second run's copy grows the heap by 16 MiB, faulted in again (about 20 ms of a
-    worker's first poison, measured 2026-12-06 with one thread, against about 11 ms with it). An
-    untouched block costs an mmap and a munmap, no page; after it the filled blocks, up to this
-    size, are heap memory that stays when freed (while the heap's free top is under the trim
-    threshold), where the candidate's next allocation of that size looks first. Blocks over 32 MiB
-    are mapped and unmapped whatever is done here."""
-    torch.empty(max(nbytes, 1), dtype=torch.uint8)
-
-
 def probe_poison(state: Any, request: wire.ProbePoison) -> wire_replies.ProbePoisonReply:
     """The same draw twice, each on fresh input buffers after freed memory was poisoned with NaN.
 
@@ -515,7 +470,7 @@ def probe_poison(state: Any, request: wire.ProbePoison) -> wire_replies.ProbePoi
     staged = _staged(state, request.out_path)
     for _ in range(2):
         args = _probe_inputs(state, request.inputs)
-        _poison(state.device, request.output_nbytes or ())
+        poison_freed_memory(state.device, request.output_nbytes or ())
         _sync(state)
         staged.add(_forward(state, args))
         del args

@@ -382,7 +382,7 @@ class DynamicContext:
 
     def _truth_nbytes(self, spec: dict[str, Any]) -> list[int]:
         """The bytes of ``spec``'s float64 truth, output by output: blocks of exactly these sizes are
-        what the CPU heap hands back to ``torch.empty`` (``kbv.child.probes._poison``). Where the
+        what the CPU heap hands back to ``torch.empty`` (``kbv.child.poison.poison_freed_memory``). Where the
         evaluation's cache cannot keep a draw's answers they are counted from the outputs' element
         counts, not asked for: asking would compute a float64 truth (12 GiB for a 1.6e9-element
         output) only to read its sizes."""
