@@ -838,6 +838,43 @@ def test_an_input_checksum_sees_a_flipped_bit_and_a_zero_sized_input() -> None:
     assert _probes._checksum(odd)["sum"] == 21.0
 
 
+def test_an_input_checksum_sums_in_float64_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checksum's float64 sum over many chunks, the last one partial, is the sum of the values
+    in float64, not of their float32 rounding."""
+    monkeypatch.setattr(_probes, "_DIGEST_CHUNK", 64)
+    x = torch.full((1000,), 1.0 + 2.0**-20)
+    x[999] = 2.0**24  # float32 sums lose the small parts beside it
+    want = 999 * (1.0 + 2.0**-20) + 2.0**24
+    assert _probes._sum_in_float64(x) == pytest.approx(want, rel=1e-15)
+    assert _probes._checksum(x)["sum"] == _probes._sum_in_float64(x)
+
+
+def test_an_input_checksum_makes_no_float64_copy_of_its_input() -> None:
+    """In a fresh process the checksum's float64 sum of a 400 MB float32 input raises the peak RSS
+    by about one chunk's float64 copy (268 MB), not by the 800 MB that ``sum(dtype=torch.float64)``
+    of the whole input takes (its float64 copy, measured in a process of its own as the control)."""
+    import subprocess
+    import sys
+
+    def peak_rise(call: str) -> int:
+        script = (
+            "import resource, torch\n"
+            "from kbv.child import probes\n"
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "x = torch.ones(100_000_000)\n"
+            "start = peak()\n"
+            f"assert float({call}) == 1e8\n"
+            "print(peak() - start)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        )
+        return int(out.stdout)
+
+    assert peak_rise("x.sum(dtype=torch.float64)") > 700e6  # the control
+    assert peak_rise("probes._sum_in_float64(x)") < 400e6
+
+
 def test_the_registry_orders_the_checks_and_says_which_need_a_probe() -> None:
     order = dynamic.dynamic_order()
     # timing first (it may correct the speedup), plausibility after the correction, containment last

@@ -174,14 +174,24 @@ def _checksum(value: Any) -> dict[str, Any] | None:
     data = data.contiguous().reshape(-1)
     if not data.numel():
         return {"sum": 0.0, "sha": "0"}
-    # Accumulated in float64 without a float64 copy of the input (a pass less, half the bytes).
-    total = float(data.sum(dtype=torch.float64)) if data.dtype != torch.bool else float(data.sum())
+    total = _sum_in_float64(data) if data.dtype != torch.bool else float(data.sum())
     raw = data.view(torch.uint8)
     try:
         words = raw.view(torch.int32)
     except RuntimeError:  # a size or offset that is not a whole number of words
         words = raw
     return {"sum": total, "sha": f"{_digest(words) & _WORD64:016x}"}
+
+
+def _sum_in_float64(data: torch.Tensor) -> float:
+    """The sum of a flat tensor accumulated in float64, a chunk of :data:`_DIGEST_CHUNK` elements
+    at a time. ``sum(dtype=torch.float64)`` of a float32 tensor converts the whole input first:
+    45_Average_Pooling_2D's candidate held a 32 GiB copy of its 16 GiB input for each checksum of
+    the observation probe, and its worker went past its 64 GiB on an H100 (2026-12-07)."""
+    total = torch.zeros((), dtype=torch.float64, device=data.device)
+    for start in range(0, data.numel(), _DIGEST_CHUNK):
+        total += data[start : start + _DIGEST_CHUNK].sum(dtype=torch.float64)
+    return float(total)
 
 
 _WORD64 = (1 << 64) - 1
