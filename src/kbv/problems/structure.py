@@ -102,10 +102,11 @@ class _Accumulator:
 
     def _add_float(self, x: torch.Tensor) -> None:
         zero = x == 0
-        first = self.zeros_all is None or self.zeros_any is None
         if self.zeros_all is None or self.zeros_any is None:
+            first = True
             self.zeros_all, self.zeros_any = zero, zero.clone()
         else:
+            first = False
             # This draw's zeros outside the zeros every earlier draw shares are its zeros outside
             # the common pattern once it is folded in (``zero > common``: zero here, not there).
             self.last_zero_outside = bool(torch.gt(zero, self.zeros_all).any())
