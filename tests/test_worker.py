@@ -505,3 +505,22 @@ def test_the_device_limit_polled_is_the_one_the_budget_holds(monkeypatch: pytest
         }
         assert str(worker._exceeded_failure(worker.exceeded)).endswith("allowed (request probe_cache)")
         assert worker.spec is spec and spec.limits == LimitSettings()
+
+
+def test_a_reply_that_fails_to_arrive_leaves_no_request_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the parent reads a request's reply, a limit found past is charged to that request; once
+    the read has failed, the worker is waiting on none, and a later poll says so."""
+    worker = Worker(WorkerSpec(build_key="test-receiving"))
+    worker._awaited.append(7)
+    worker._sent[7] = ("probe_observe", time.monotonic())
+    seen: list[str] = []
+
+    def failing_read() -> dict:
+        seen.append(worker.request_running())
+        raise WorkerFailed("crashed", "the worker died while the parent waited")
+
+    monkeypatch.setattr(worker, "_receive", failing_read)
+    with pytest.raises(WorkerFailed):
+        worker.receive_reply()
+    assert seen == ["request probe_observe"]
+    assert worker.request_running() == "between requests"

@@ -73,12 +73,10 @@ class Worker(LimitWatch, IsolationReport):
         self._stdout = self.scratch / "stdout.log"
         self._stderr = self.scratch / "stderr.log"
         self._counter = 0
-        #: The last request id sent, and the ids whose replies are still to be read, oldest first
-        #: (a pipelined request's reply comes before a later one's).
+        #: The last request id sent, and the ids whose replies are still to be read, oldest first.
         self._last_id = 0
         self._awaited: deque[int] = deque()
-        #: Each request whose reply is still to be read: its op (it names the reply's kind) and when
-        #: it was sent (the parent's monotonic clock, for :attr:`last_span`).
+        #: Each request whose reply is unread: its op (the reply's kind) and when sent (:attr:`last_span`).
         self._sent: dict[int, tuple[str, float]] = {}
         #: Replies read while a later request's was awaited, by request id (:meth:`receive_reply`).
         self._unread: dict[int, wire_replies.Reply] = {}
@@ -238,8 +236,10 @@ class Worker(LimitWatch, IsolationReport):
             # (an id without an entry is a mixed-up one: wire.check_reply refuses its reply below)
             op, sent_at = self._sent.pop(awaited, ("", time.monotonic()))
             self._receiving = op  # what a limit found past while waiting is charged to
-            message = self._receive()
-            self._receiving = None
+            try:
+                message = self._receive()
+            finally:
+                self._receiving = None  # a failed read too: a later poll is not charged to it
             wire.check_reply(message, awaited)
             reply = self._parsed(op, message)
             self.last_span = RequestSpan(sent_at, time.monotonic(), reply.device_reserved_peak)
