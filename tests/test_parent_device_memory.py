@@ -20,7 +20,13 @@ from kbv.evaluation import draws
 from kbv.evaluation.budget import GPU_TOO_SMALL
 from kbv.evaluation.context import _Found, _GpuState, _ReferenceCache
 from kbv.evaluation.reference import _all_finite
-from kbv.integrity.dynamic.outputs import _nan_where_finite
+from kbv.integrity.dynamic.outputs import (
+    REPEAT_ULPS,
+    _apart_by_less_than_output_ulps,
+    _bitwise_equal,
+    _nan_where_finite,
+    _uniform,
+)
 from kbv.protocol import VERIFIED
 from kbv.worker import WorkerFailed
 
@@ -74,6 +80,53 @@ def test_a_shared_gpu_keeps_the_allocators_blocks_between_draws(monkeypatch):
     assert released == []
 
 
+def test_a_failing_draws_truth_and_outputs_are_gone_before_a_re_run_asks_for_its_truth(monkeypatch):
+    """A draw that fails is run again; each re-run's float64 truth arrives once the parent has let
+    go of the failing draw's truth and outputs and of the last re-run's, and the allocator's blocks
+    went back first where the GPU is held alone. Kept, the parent held two truths of a
+    2.1e9-element output at once (an H100 ran out, 2026-12-08)."""
+    alive: list[weakref.ref[_Output]] = []
+    seen_at_re_runs: list[list[bool]] = []
+    released: list[str] = []
+
+    def held() -> _Output:
+        output = _Output()
+        alive.append(weakref.ref(output))
+        return output
+
+    def re_run_truth(ctx: Any, reference: Any, variant: str, seed: int, fresh: bool) -> dict:
+        gc.collect()
+        seen_at_re_runs.append([ref() is not None for ref in alive])
+        return {"reference": {"outputs": [held()]}}
+
+    verdicts = iter([False] + [True] * 8)  # the first draw fails, its re-runs pass: a transient
+    first_truth = lambda ctx, reference, variant, seed: ({"reference": {"outputs": [held()]}}, variant)  # noqa: E731
+    monkeypatch.setattr(draws._reference, "_usable_reference", first_truth)
+    monkeypatch.setattr(draws._reference, "_reference_outputs", re_run_truth)
+    monkeypatch.setattr(draws, "_run", lambda *a, **k: {"outputs": [held()]})
+    monkeypatch.setattr(
+        draws, "_judge_draw", lambda ctx, got, expected: {"passed": next(verdicts), "tolerance": {}}
+    )
+    monkeypatch.setattr(draws, "_output_numels", lambda expected: [1])
+    monkeypatch.setattr(draws, "release_cached_blocks", released.append)
+    monkeypatch.setattr(draws, "draws_overlap", lambda device: False)
+    ctx = SimpleNamespace(
+        protocol=VERIFIED,
+        seeds=SimpleNamespace(draw=lambda distribution, k: 1000 + k),
+        device="cuda",
+        gpu=_GpuState(held="alone for the whole evaluation: 17.2 GB of inputs"),
+        found=_Found(),
+        longest_reduction=1,
+    )
+    result = draws._check_distribution(ctx, None, None, "original")  # type: ignore[arg-type]
+    assert result.passed and len(ctx.found.transients) == 1
+    assert len(seen_at_re_runs) == VERIFIED.correctness.confirm_reruns >= 2
+    assert not any(any(kept) for kept in seen_at_re_runs), "a truth or output was held into a re-run"
+    # once before the re-runs, after each re-run, and after each of the distribution's draws
+    reruns, draws_made = VERIFIED.correctness.confirm_reruns, VERIFIED.correctness.draws_per_distribution
+    assert len(released) == 1 + reruns + draws_made
+
+
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(error_stats, "CHUNK_ELEMENTS", 7)
@@ -96,6 +149,67 @@ def test_a_non_finite_output_is_found_in_any_chunk(small_chunks):
         bad = finite.clone()
         bad.view(-1)[position] = math.inf
         assert not _all_finite([bad]), position  # reject, whichever chunk holds it
+
+
+def test_the_cache_probes_uniform_and_equal_outputs_are_judged_across_chunks(small_chunks):
+    """The cache probe's whole-output tests read a chunk at a time and still see every element."""
+    flat = torch.full((5, 10), 3.0)
+    assert _uniform([flat])  # accept
+    truth = torch.linspace(-1, 1, 50, dtype=torch.float64).reshape(5, 10)
+    assert _bitwise_equal([truth], [truth.clone()])  # accept
+    for position in (0, 23, 49):  # reject, whichever chunk differs
+        other, bumped = flat.clone(), truth.clone()
+        other.view(-1)[position] = 4.0
+        bumped.view(-1)[position] += 2.0**-40
+        assert not _uniform([other]), position
+        assert not _bitwise_equal([truth], [bumped]), position
+
+
+def test_two_truths_within_a_few_output_ulps_are_one_answer_in_every_chunk(small_chunks):
+    """Truths that a bf16 output cannot tell apart (under REPEAT_ULPS of bf16 at the element's
+    magnitude, or at the truth's RMS near zero) are one answer; one element further apart, or a NaN
+    against a number, in any chunk, makes them two."""
+    out = [torch.zeros(50, dtype=torch.bfloat16)]
+    x = torch.linspace(1, 2, 50, dtype=torch.float64)
+    x[10], x[20] = 0.0, math.nan
+    unit = REPEAT_ULPS * torch.finfo(torch.bfloat16).eps
+    near = x * (1 + unit / 2)
+    near[10] = unit / 2  # near zero: judged at the truth's RMS, not at its own magnitude
+    assert _apart_by_less_than_output_ulps(out, [x], [near])  # accept
+    for position in (0, 23, 49):
+        far = near.clone()
+        far[position] *= 1 + 4 * unit
+        assert not _apart_by_less_than_output_ulps(out, [x], [far]), position  # reject
+    number = near.clone()
+    number[20] = 1.5
+    assert not _apart_by_less_than_output_ulps(out, [x], [number])  # a NaN against a number
+
+
+def test_the_uniform_output_test_makes_no_temporary_of_the_outputs_size() -> None:
+    """In a fresh process, telling whether a 400 MB output holds one value raises the peak RSS by
+    about one chunk's bool temporary (34 MB), not by the 400 MB that ``x == x[0]`` of the whole
+    output makes (measured in a process of its own as the control). On a GPU ``torch.equal`` makes
+    the same temporary, which the CPU's does not: that half is shown by the chunked test above."""
+    import subprocess
+    import sys
+
+    def peak_rise(call: str) -> int:
+        script = (
+            "import resource, torch\n"
+            "from kbv.integrity.dynamic.outputs import _uniform\n"
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "x = torch.zeros(400_000_000, dtype=torch.uint8)\n"
+            "start = peak()\n"
+            f"assert {call}\n"
+            "print(peak() - start)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        )
+        return int(out.stdout)
+
+    assert peak_rise("bool((x == x.reshape(-1)[0]).all())") > 350e6  # the control
+    assert peak_rise("_uniform([x])") < 150e6
 
 
 class _Worker:
