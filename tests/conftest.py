@@ -100,6 +100,28 @@ def _gpu_sources_prebuilt(request: pytest.FixtureRequest) -> None:
     request.addfinalizer(wait_for_builds)
 
 
+def peak_rss_rise(imports: str, tensor: str, check: str) -> int:
+    """Bytes by which ``check`` (a Python expression that must be true) raises the peak resident
+    memory of a fresh process that ran ``imports`` and made ``x = tensor`` first: what a CPU test
+    can see of a temporary as large as its input. A process of its own, so no earlier test's peak
+    hides it."""
+    import subprocess
+    import sys
+
+    script = (
+        f"import resource, torch\n{imports}\n"
+        "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        f"x = {tensor}\n"
+        "start = peak()\n"
+        f"assert {check}\n"
+        "print(peak() - start)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    return int(run.stdout)
+
+
 def extensions_dir_of(path: Path) -> Path:
     """Where the prebuild put a source's extensions: an in-process import that builds there reuses them."""
     from kbv.candidates import load_candidate

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import peak_rss_rise
 
 from kbv import wire, wire_replies
 from kbv.child import probes as _probes
@@ -853,23 +854,10 @@ def test_an_input_checksum_makes_no_float64_copy_of_its_input() -> None:
     """In a fresh process the checksum's float64 sum of a 400 MB float32 input raises the peak RSS
     by about one chunk's float64 copy (268 MB), not by the 800 MB that ``sum(dtype=torch.float64)``
     of the whole input takes (its float64 copy, measured in a process of its own as the control)."""
-    import subprocess
-    import sys
 
     def peak_rise(call: str) -> int:
-        script = (
-            "import resource, torch\n"
-            "from kbv.child import probes\n"
-            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-            "x = torch.ones(100_000_000)\n"
-            "start = peak()\n"
-            f"assert float({call}) == 1e8\n"
-            "print(peak() - start)\n"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
-        )
-        return int(out.stdout)
+        imports = "from kbv.child import probes"
+        return peak_rss_rise(imports, "torch.ones(100_000_000)", f"float({call}) == 1e8")
 
     assert peak_rise("x.sum(dtype=torch.float64)") > 700e6  # the control
     assert peak_rise("probes._sum_in_float64(x)") < 400e6

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import peak_rss_rise
 
 from kbv import error_stats
 from kbv.evaluation import draws
@@ -190,23 +191,10 @@ def test_the_uniform_output_test_makes_no_temporary_of_the_outputs_size() -> Non
     about one chunk's bool temporary (34 MB), not by the 400 MB that ``x == x[0]`` of the whole
     output makes (measured in a process of its own as the control). On a GPU ``torch.equal`` makes
     the same temporary, which the CPU's does not: that half is shown by the chunked test above."""
-    import subprocess
-    import sys
 
     def peak_rise(call: str) -> int:
-        script = (
-            "import resource, torch\n"
-            "from kbv.integrity.dynamic.outputs import _uniform\n"
-            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-            "x = torch.zeros(400_000_000, dtype=torch.uint8)\n"
-            "start = peak()\n"
-            f"assert {call}\n"
-            "print(peak() - start)\n"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
-        )
-        return int(out.stdout)
+        imports = "from kbv.integrity.dynamic.outputs import _uniform"
+        return peak_rss_rise(imports, "torch.zeros(400_000_000, dtype=torch.uint8)", call)
 
     assert peak_rise("bool((x == x.reshape(-1)[0]).all())") > 350e6  # the control
     assert peak_rise("_uniform([x])") < 150e6
