@@ -100,8 +100,10 @@ def test_a_failing_draws_truth_and_outputs_are_gone_before_a_re_run_asks_for_its
         seen_at_re_runs.append([ref() is not None for ref in alive])
         return {"reference": {"outputs": [held()]}}
 
+    def first_truth(ctx: Any, reference: Any, variant: str, seed: int) -> tuple[dict, str]:
+        return {"reference": {"outputs": [held()]}}, variant
+
     verdicts = iter([False] + [True] * 8)  # the first draw fails, its re-runs pass: a transient
-    first_truth = lambda ctx, reference, variant, seed: ({"reference": {"outputs": [held()]}}, variant)  # noqa: E731
     monkeypatch.setattr(draws._reference, "_usable_reference", first_truth)
     monkeypatch.setattr(draws._reference, "_reference_outputs", re_run_truth)
     monkeypatch.setattr(draws, "_run", lambda *a, **k: {"outputs": [held()]})
