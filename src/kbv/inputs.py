@@ -50,7 +50,6 @@ __all__ = [
     "domain_fallback",
     "make_draw",
     "make_inputs",
-    "mix_values",
     "new_seed",
     "redraw_parameters",
     "split_distribution",
@@ -301,7 +300,7 @@ def make_draw(
 ) -> list:
     """:func:`make_inputs` for one draw, or (``mix_seed``) the mix of two draws that the cache probe
     uses: draw ``seed`` at the positions a value-sample cache key most likely reads, draw
-    ``mix_seed`` elsewhere (:func:`mix_values`), with the structure invariants restored. Both
+    ``mix_seed`` elsewhere (:func:`mix_kept`, :func:`mix_into`), with the structure invariants restored. Both
     workers make every draw with this one function, so the reference sees what the candidate saw."""
     args = make_inputs(
         module, distribution, seed, device, precision=precision, domain=domain, structure=structure, cast=cast
@@ -401,22 +400,15 @@ def draw_bytes(args: list, *, as_float64: bool = False) -> int:
     return sum(sizes)
 
 
-def mix_values(a: Any, b: Any) -> Any:
-    """Draw A at the positions a value-sample cache key most likely reads (the first and last 64
-    elements and the middle one of a floating tensor), draw B everywhere else; other values are A's.
-    (:func:`make_draw` takes A's few values and lets A go before it draws B.)"""
-    kept = mix_kept(a)
-    return a if kept is None else mix_into(b, kept)
-
-
 #: Elements of draw A a mix keeps at each end of a floating tensor (and its middle one).
 MIX_KEPT_AT_ENDS = 64
 
 
 def mix_kept(a: Any) -> dict[str, Any] | None:
     """What of ``a`` (draw A's value at one position) a mix keeps: a floating tensor's first and
-    last :data:`MIX_KEPT_AT_ENDS` elements and its middle one, copied; None where the mix keeps the
-    value whole (anything else)."""
+    last :data:`MIX_KEPT_AT_ENDS` elements and its middle one, copied, the positions a value-sample
+    cache key most likely reads; None where the mix keeps the value whole (anything else). Taken
+    before draw B is made, so :func:`make_draw` can let A go first."""
     if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
         return None
     flat = a.reshape(-1)
@@ -443,7 +435,7 @@ def mix_into(b: Any, kept: dict[str, Any]) -> Any:
 
 
 def restore_structure(args: list[Any], structure: list[Any] | None) -> list[Any]:
-    """A mix of two draws (:func:`mix_values`) keeps their zero pattern and value set but not
+    """A mix of two draws (:func:`make_draw` with ``mix_seed``) keeps their zero pattern and value set but not
     symmetry: restore every invariant of ``structure`` (one entry per input) on the mix."""
     if not structure:
         return args

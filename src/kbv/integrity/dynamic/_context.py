@@ -512,10 +512,11 @@ class CacheCalls(_Calls):
         return len(self.specs)
 
     def _call(self, k: int) -> list[Any]:
-        if self.starts_request(k):
-            self.ask(self.pair_of(k))
+        pair = self.pair_of(k)
+        if pair != self._pair:
+            self.ask(pair)
         assert self._handed is not None
-        return self._handed[CACHE_CALLS_ASKED[self.pair_of(k)].index(k)]
+        return self._handed[CACHE_CALLS_ASKED[pair].index(k)]
 
     @staticmethod
     def pair_of(k: int) -> int:
